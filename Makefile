@@ -1,0 +1,46 @@
+# Front door to the CMake build (CMakeLists.txt is the real one).
+#   make            build libzerocta.so, the tools and the tests into ./build
+#   make test       run the CPU test suite (GPU tests skip without a GPU)
+#   make demo       side-by-side all-gather on the local GPUs, NCCL vs zerocta
+#   make install PREFIX=/opt/zerocta
+#   make sanitize   CPU tests under ASan+UBSan (./build-asan)
+#   make tsan       CPU tests under ThreadSanitizer (./build-tsan)
+#   make format     clang-format every source file
+BUILD ?= build
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc)
+GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+
+.PHONY: all configure test demo install sanitize tsan format clean
+
+all: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+configure:
+	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+test: all
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+demo: all
+	./$(BUILD)/tools/zerocta-demo
+	LD_PRELOAD=$(CURDIR)/$(BUILD)/libzerocta.so ZEROCTA_STATS=1 ./$(BUILD)/tools/zerocta-demo
+
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+sanitize:
+	cmake -S . -B build-asan $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DZEROCTA_SANITIZE=address,undefined -DZEROCTA_BUILD_TOOLS=OFF
+	cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure -LE nosan -j $(JOBS)
+
+tsan:
+	cmake -S . -B build-tsan $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DZEROCTA_SANITIZE=thread -DZEROCTA_BUILD_TOOLS=OFF
+	cmake --build build-tsan -j $(JOBS)
+	ctest --test-dir build-tsan --output-on-failure -LE nosan -j $(JOBS)
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h' '*.cu')
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

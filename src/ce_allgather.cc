@@ -1,0 +1,46 @@
+#include "ce_allgather.h"
+
+#include "ce_exec.h"
+#include "log.h"
+
+namespace zc {
+
+bool stream_is_capturing(CUstream stream) {
+  const CudaDriver* cu = cuda_driver();
+  if (!cu || !cu->ce_ok) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // The legacy stream cannot be captured, and querying it during another thread's global-mode
+  // capture is itself an error; it never needs the question.
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return false;
+  if (cu->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;  // be safe
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, uint64_t bytes,
+                          CUstream stream) {
+  const CudaDriver* cu = cuda_driver();
+  std::lock_guard<std::mutex> lock(st.issue_mu);
+  if (int p = st.poisoned.load(); p != ncclSuccess) return static_cast<ncclResult_t>(p);
+  CeComm* ce = st.ce.get();
+  if (!ce || !cu) {
+    st.poisoned.store(ncclInternalError);
+    return ncclInternalError;
+  }
+  ScopedDevice dev(st.device);
+  AllGatherArgs args;
+  args.send = reinterpret_cast<uint64_t>(sendbuff);
+  args.recv = reinterpret_cast<uint64_t>(recvbuff);
+  args.bytes = bytes;
+  ce->plan.clear();
+  build_allgather_plan(ce->layout, ce->view, args, &ce->slot_cursor, &ce->plan);
+  CUresult r = dev.ok() ? issue_plan(*cu, *ce, stream, ce->plan) : CUDA_ERROR_INVALID_CONTEXT;
+  if (r != CUDA_SUCCESS) {
+    st.poisoned.store(ncclUnhandledCudaError);
+    ZC_WARN("copy-engine all-gather failed on rank %d (%s); the communicator is poisoned", st.rank,
+            cuda_error_string(r));
+    return ncclUnhandledCudaError;
+  }
+  return ncclSuccess;
+}
+
+}  // namespace zc

@@ -1,0 +1,36 @@
+#include "ce_exec.h"
+
+namespace zc {
+
+CUresult issue_plan(const CudaDriver& cu, CeComm& ce, CUstream user_stream,
+                    const std::vector<PlanOp>& plan) {
+  for (const PlanOp& op : plan) {
+    CUstream s = op.stream == PlanStream::kUser ? user_stream
+                                                : ce.streams[static_cast<int>(op.stream)];
+    CUresult r = CUDA_SUCCESS;
+    switch (op.kind) {
+      case PlanOpKind::kWaitEq1:
+        r = cu.cuStreamWaitValue32(s, op.dst, 1, CU_STREAM_WAIT_VALUE_EQ);
+        break;
+      case PlanOpKind::kWrite0:
+        r = cu.cuStreamWriteValue32(s, op.dst, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
+        break;
+      case PlanOpKind::kCopy:
+      case PlanOpKind::kSignal:
+        // Peer flags are written by a 4-byte copy, not cuStreamWriteValue32: remote stream
+        // memory writes are gone from CUDA 13.1 drivers.
+        r = cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
+        break;
+      case PlanOpKind::kRecord:
+        r = cu.cuEventRecord(ce.events[op.event], s);
+        break;
+      case PlanOpKind::kWaitEvent:
+        r = cu.cuStreamWaitEvent(s, ce.events[op.event], 0);
+        break;
+    }
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace zc

@@ -1,0 +1,88 @@
+#include "ce_plan.h"
+
+#include <algorithm>
+
+namespace zc {
+namespace {
+
+constexpr uint64_t kFlag = 4;  // bytes per flag
+
+void push(std::vector<PlanOp>* plan, PlanStream s, PlanOpKind k, uint64_t dst, uint64_t src = 0,
+          uint64_t bytes = 0, uint8_t event = 0) {
+  plan->push_back(PlanOp{s, k, event, dst, src, bytes});
+}
+
+}  // namespace
+
+uint64_t ArenaLayout::ready_offset(int slot, int from_rank) const {
+  return (static_cast<uint64_t>(slot) * kMaxRanks + from_rank) * kFlag;
+}
+uint64_t ArenaLayout::done_offset(int slot, int from_peer) const {
+  return (static_cast<uint64_t>(nslots + slot) * kMaxRanks + from_peer) * kFlag;
+}
+uint64_t ArenaLayout::one_offset() const { return 2ull * nslots * kMaxRanks * kFlag; }
+uint64_t ArenaLayout::marker_offset() const { return one_offset() + 64; }
+uint64_t ArenaLayout::slot_offset(int slot) const {
+  return flags_bytes + static_cast<uint64_t>(slot) * slot_bytes;
+}
+uint64_t ArenaLayout::arena_bytes() const { return flags_bytes + slot_bytes * nslots; }
+
+ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
+  ArenaLayout l;
+  l.slot_bytes = chunk_bytes;
+  l.nslots = static_cast<int>(std::max<uint64_t>(2, pool_bytes / chunk_bytes));
+  // Flags, the constant and the marker, rounded to the window alignment so slots are 4 KiB
+  // aligned (copy engines run fastest on aligned, large pieces).
+  uint64_t need = l.marker_offset() + 64;
+  l.flags_bytes = (need + 4095) / 4096 * 4096;
+  return l;
+}
+
+void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGatherArgs& a,
+                          uint64_t* slot_cursor, std::vector<PlanOp>* plan) {
+  const int me = v.rank, n = v.nranks;
+  const uint64_t mine = v.arena[me];
+  // Start: both internal streams wait for the user's stream.
+  push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
+  push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  push(plan, PlanStream::kPull, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+
+  const uint64_t npieces = (a.bytes + L.slot_bytes - 1) / L.slot_bytes;
+  for (uint64_t j = 0; j < npieces; ++j) {
+    const int s = static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(L.nslots));
+    const uint64_t off = j * L.slot_bytes;
+    const uint64_t pb = std::min(L.slot_bytes, a.bytes - off);
+    // Copy-in: take slot s back from every peer, fill it, tell every peer.
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEq1, mine + L.done_offset(s, p));
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kWrite0, mine + L.done_offset(s, p));
+    }
+    push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, mine + L.slot_offset(s), a.send + off, pb);
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kSignal, v.arena[p] + L.ready_offset(s, me),
+           mine + L.one_offset(), kFlag);
+    }
+    // Pull: peers in rotated order so that no peer is read by everyone at once.
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + n - k) % n;
+      push(plan, PlanStream::kPull, PlanOpKind::kWaitEq1, mine + L.ready_offset(s, p));
+      push(plan, PlanStream::kPull, PlanOpKind::kWrite0, mine + L.ready_offset(s, p));
+      push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + p * a.bytes + off,
+           v.arena[p] + L.slot_offset(s), pb);
+      push(plan, PlanStream::kPull, PlanOpKind::kSignal, v.arena[p] + L.done_offset(s, me),
+           mine + L.one_offset(), kFlag);
+    }
+  }
+  // The own chunk, unless the op is in place; it overlaps the pulls.
+  const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
+  if (a.send != own) push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, own, a.send, a.bytes);
+  // End: the user's stream waits for both internal streams.
+  push(plan, PlanStream::kCopyIn, PlanOpKind::kRecord, 0, 0, 0, 1);
+  push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 2);
+  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 1);
+  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 2);
+}
+
+}  // namespace zc

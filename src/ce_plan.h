@@ -1,0 +1,74 @@
+// The copy-engine all-gather protocol, as a plan: a list of stream operations per stream.
+// Pure (addresses are plain integers), so that the CPU tests can run the plans of several
+// simulated ranks against each other and check data, flags and slot reuse; ce_exec.cc
+// turns the same plan into CUDA driver calls.
+//
+// Glossary
+//   arena   one rank's symmetric pool: [flags | slots], registered as an NCCL window, so a
+//           byte at offset X of my arena is at offset X of every peer's arena.
+//   slot    a staging area of `slot_bytes` in the arena; a rank copies a piece of its send
+//           chunk into a slot and its peers pull it from there.
+//   piece   the part of one rank's chunk that goes through a slot at once (pipelining).
+//   ready[s][r]  flag in MY arena: rank r's slot s holds a piece for me to pull (r sets it).
+//   done[s][p]   flag in MY arena: peer p has finished pulling my slot s (p sets it).
+// Flags hold 0 or 1 and are reset by their consumer, so a flag's state after an op is the
+// same as before it: the plan needs no sequence numbers and eager ops can be replayed.
+// Initial state: ready = 0 (nothing to pull), done = 1 (every slot free).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace zc {
+
+constexpr int kMaxRanks = 64;
+
+enum class PlanStream : uint8_t { kUser = 0, kCopyIn = 1, kPull = 2, kCount = 3 };
+
+enum class PlanOpKind : uint8_t {
+  kWaitEq1,    // wait until the local 32-bit flag at dst == 1
+  kWrite0,     // write 0 to the local 32-bit flag at dst
+  kCopy,       // copy bytes from src to dst (local or peer memory) on a copy engine
+  kSignal,     // copy the 32-bit constant 1 at src into the (usually peer) flag at dst
+  kRecord,     // record event `event` on this stream
+  kWaitEvent,  // make this stream wait for event `event`
+};
+
+struct PlanOp {
+  PlanStream stream;
+  PlanOpKind kind;
+  uint8_t event;
+  uint64_t dst, src, bytes;
+};
+
+struct ArenaLayout {
+  uint64_t flags_bytes = 0;  // size of the flag region at the start of the arena
+  uint64_t slot_bytes = 0;
+  int nslots = 0;
+  // Offsets inside an arena.
+  uint64_t ready_offset(int slot, int from_rank) const;
+  uint64_t done_offset(int slot, int from_peer) const;
+  uint64_t one_offset() const;     // holds the constant 1 used by kSignal
+  uint64_t marker_offset() const;  // written at setup, read by peers to verify peer pointers
+  uint64_t slot_offset(int slot) const;
+  uint64_t arena_bytes() const;
+  // A layout for `pool_bytes` of slots of `chunk_bytes` (nslots = pool/chunk).
+  static ArenaLayout make(uint64_t pool_bytes, uint64_t chunk_bytes);
+};
+
+struct RankView {
+  int rank = 0, nranks = 0;
+  uint64_t arena[kMaxRanks] = {};  // every rank's arena base in MY address space (mine too)
+};
+
+struct AllGatherArgs {
+  uint64_t send = 0, recv = 0;  // user buffers
+  uint64_t bytes = 0;           // bytes per rank (sendcount * typesize)
+};
+
+// Appends the plan for one all-gather. `slot_cursor` is the comm's running slot counter
+// (identical on every rank because every rank issues the same ops in the same order).
+void build_allgather_plan(const ArenaLayout& layout, const RankView& view, const AllGatherArgs& args,
+                          uint64_t* slot_cursor, std::vector<PlanOp>* plan);
+
+}  // namespace zc

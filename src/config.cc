@@ -1,0 +1,359 @@
+// The ZEROCTA_* variables: one table drives parsing, the README table and the fuzzer, so a
+// variable cannot be documented without being read, or read without being documented.
+#include "config.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace zc {
+namespace {
+
+constexpr const char* kBoolValues = "0|1|true|false|yes|no|on|off";
+constexpr const char* kPoolName = "ZEROCTA_POOL_BYTES";
+constexpr const char* kChunkName = "ZEROCTA_CHUNK_BYTES";
+// Enough of a bad value to recognize it; the rest of a line is ours.
+constexpr size_t kMaxQuotedBytes = 64;
+
+bool equals_ignore_case(const char* a, const char* b) {
+  for (; *a != '\0' && *b != '\0'; ++a, ++b) {
+    char ca = *a >= 'A' && *a <= 'Z' ? static_cast<char>(*a - 'A' + 'a') : *a;
+    char cb = *b >= 'A' && *b <= 'Z' ? static_cast<char>(*b - 'A' + 'a') : *b;
+    if (ca != cb) return false;
+  }
+  return *a == *b;
+}
+
+bool parse_bool(const char* text, bool* out) {
+  static const char* const kTrue[] = {"1", "true", "yes", "on"};
+  static const char* const kFalse[] = {"0", "false", "no", "off"};
+  for (const char* word : kTrue) {
+    if (equals_ignore_case(text, word)) {
+      *out = true;
+      return true;
+    }
+  }
+  for (const char* word : kFalse) {
+    if (equals_ignore_case(text, word)) {
+      *out = false;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Enum words are exactly what to_string prints, so parse and print cannot disagree.
+template <typename E, size_t N>
+bool parse_enum(const char* text, const E (&all)[N], E* out) {
+  for (E e : all) {
+    if (equals_ignore_case(text, to_string(e))) {
+      *out = e;
+      return true;
+    }
+  }
+  return false;
+}
+
+constexpr LogLevel kLogLevels[] = {LogLevel::kNone, LogLevel::kWarn, LogLevel::kInfo,
+                                   LogLevel::kDebug};
+constexpr CtaPolicyMode kCtaPolicies[] = {CtaPolicyMode::kZero, CtaPolicyMode::kEfficiency,
+                                          CtaPolicyMode::kDefault, CtaPolicyMode::kKeep};
+constexpr AllGatherMode kAllGatherModes[] = {AllGatherMode::kAuto, AllGatherMode::kZerocta,
+                                             AllGatherMode::kNccl, AllGatherMode::kNcclStaged,
+                                             AllGatherMode::kOff};
+
+// Stores a variable's value into the config; false = the text is not acceptable (the config
+// is then unchanged and keeps the default).
+using Apply = bool (*)(const char* text, Config* c);
+
+struct VarSpec {
+  ConfigVar row;
+  Apply apply;
+};
+
+const std::vector<VarSpec>& specs() {
+  static const std::vector<VarSpec> kSpecs = {
+      {{"ZEROCTA_ENABLE", "bool", kBoolValues, "1",
+        "0 makes the library a pure forwarder to NCCL that changes nothing."},
+       [](const char* t, Config* c) { return parse_bool(t, &c->enable); }},
+      {{"ZEROCTA_STRICT", "bool", kBoolValues, "0",
+        "1 makes an NCCL call fail with ncclInvalidUsage when a ZEROCTA_* value is invalid."},
+       [](const char* t, Config* c) { return parse_bool(t, &c->strict); }},
+      {{"ZEROCTA_LOG", "enum", "none|warn|info|debug", "warn",
+        "How much zerocta logs to stderr, in NCCL's line format."},
+       [](const char* t, Config* c) { return parse_enum(t, kLogLevels, &c->log); }},
+      {{"ZEROCTA_CTA_POLICY", "enum", "zero|efficiency|default|keep", "zero",
+        "CTA policy given to every communicator (keep = leave the application's config "
+        "untouched)."},
+       [](const char* t, Config* c) { return parse_enum(t, kCtaPolicies, &c->cta_policy); }},
+      {{"ZEROCTA_CTA_POLICY_FORCE", "bool", kBoolValues, "0",
+        "1 lets ZEROCTA_CTA_POLICY override a CTA policy the application set explicitly."},
+       [](const char* t, Config* c) { return parse_bool(t, &c->cta_policy_force); }},
+      {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|nccl-staged|off", "auto",
+        "Route of all-gathers: auto picks the copy engines from ZEROCTA_MIN_BYTES up, the "
+        "others force one route."},
+       [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
+      {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "16M",
+        "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
+       [](const char* t, Config* c) { return parse_size(t, &c->min_bytes); }},
+      {{kPoolName, "size", "a size of at least 2 * ZEROCTA_CHUNK_BYTES", "256M",
+        "GPU memory of each communicator's symmetric pool, fixed for its life; larger "
+        "all-gathers are chunked through it."},
+       [](const char* t, Config* c) { return parse_size(t, &c->pool_bytes); }},
+      {{kChunkName, "size", "a size of at least 64K that is a multiple of 4K", "32M",
+        "Pipeline piece of the copy-engine all-gather."},
+       [](const char* t, Config* c) {
+         uint64_t v = 0;
+         if (!parse_size(t, &v) || v < kMinChunkBytes || v % kChunkGranule != 0) return false;
+         c->chunk_bytes = v;
+         return true;
+       }},
+      {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
+        "Prints the counters at exit to stderr (1) or writes them as JSON to the given path."},
+       // Any text is acceptable; an empty value is the same as unset.
+       [](const char* t, Config* c) {
+         c->stats = t;
+         return true;
+       }},
+      {{"ZEROCTA_NVTX", "bool", kBoolValues, "1",
+        "1 emits NVTX ranges (domain zerocta) around each intercepted collective."},
+       [](const char* t, Config* c) { return parse_bool(t, &c->nvtx); }},
+      {{"ZEROCTA_NCCL_LIBRARY", "string", "a path to libnccl.so", "",
+        "The libnccl to load when the process has not loaded one yet."},
+       [](const char* t, Config* c) {
+         c->nccl_library = t;
+         return true;
+       }},
+  };
+  return kSpecs;
+}
+
+// The value as it goes into an error line: quoted, escaped so it stays one printable line,
+// and shortened so a huge value cannot flood the log.
+std::string quote(const char* text) {
+  std::string q = "\"";
+  size_t n = 0;
+  for (; text[n] != '\0' && n < kMaxQuotedBytes; ++n) {
+    unsigned char ch = static_cast<unsigned char>(text[n]);
+    if (ch == '"' || ch == '\\') {
+      q += '\\';
+      q += static_cast<char>(ch);
+    } else if (ch < 0x20 || ch >= 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", ch);
+      q += hex;
+    } else {
+      q += static_cast<char>(ch);
+    }
+  }
+  q += '"';
+  if (text[n] != '\0') q += "...";
+  return q;
+}
+
+std::string invalid_line(const ConfigVar& row, const char* text) {
+  return std::string(row.name) + "=" + quote(text) + " is invalid (accepted: " + row.values +
+         "); using the default " + quote(row.def);
+}
+
+const char* default_of(const char* name) {
+  for (const VarSpec& s : specs()) {
+    if (std::strcmp(s.row.name, name) == 0) return s.row.def;
+  }
+  return "";
+}
+
+// The pool holds two chunks so one can be copied while the next is staged. When it cannot,
+// neither value can be trusted to be the one the user meant, so both fall back.
+void check_pool_holds_two_chunks(const char* pool_text, const char* chunk_text, Config* c) {
+  if (c->chunk_bytes <= c->pool_bytes / 2) return;
+  std::string pool_shown = pool_text ? quote(pool_text) : quote(default_of(kPoolName));
+  std::string chunk_shown = chunk_text ? quote(chunk_text) : quote(default_of(kChunkName));
+  c->errors.push_back(std::string(kPoolName) + "=" + pool_shown + " is less than 2 * " +
+                      kChunkName + "=" + chunk_shown + "; using the defaults " + kPoolName + "=" +
+                      quote(default_of(kPoolName)) + " and " + kChunkName + "=" +
+                      quote(default_of(kChunkName)));
+  Config defaults;
+  c->pool_bytes = defaults.pool_bytes;
+  c->chunk_bytes = defaults.chunk_bytes;
+}
+
+// GFM table cells: '|' would end the cell, even inside a code span.
+std::string markdown_cell(const char* text) {
+  std::string out;
+  for (const char* p = text; *p != '\0'; ++p) {
+    if (*p == '|') out += '\\';
+    out += *p;
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<ConfigVar>& config_table() {
+  static const std::vector<ConfigVar> kTable = [] {
+    std::vector<ConfigVar> rows;
+    for (const VarSpec& s : specs()) rows.push_back(s.row);
+    return rows;
+  }();
+  return kTable;
+}
+
+std::string config_table_markdown() {
+  std::string md = "| Variable | Meaning | Values | Default |\n|---|---|---|---|\n";
+  for (const ConfigVar& v : config_table()) {
+    std::string def = v.def[0] != '\0' ? "`" + markdown_cell(v.def) + "`" : "unset";
+    // Word lists are literal text to type; the other value descriptions are prose.
+    bool words = std::strcmp(v.type, "bool") == 0 || std::strcmp(v.type, "enum") == 0;
+    std::string values = words ? "`" + markdown_cell(v.values) + "`" : markdown_cell(v.values);
+    md += "| `" + std::string(v.name) + "` | " + markdown_cell(v.meaning) + " | " + values + " | " +
+          def + " |\n";
+  }
+  return md;
+}
+
+Config parse_config(const EnvLookup& getenv_fn) {
+  Config c;
+  const char* pool_text = nullptr;
+  const char* chunk_text = nullptr;
+  for (const VarSpec& s : specs()) {
+    const char* text = getenv_fn ? getenv_fn(s.row.name) : nullptr;
+    if (text == nullptr) continue;
+    if (!s.apply(text, &c)) {
+      c.errors.push_back(invalid_line(s.row, text));
+      continue;
+    }
+    if (std::strcmp(s.row.name, kPoolName) == 0) pool_text = text;
+    if (std::strcmp(s.row.name, kChunkName) == 0) chunk_text = text;
+  }
+  check_pool_holds_two_chunks(pool_text, chunk_text, &c);
+  c.fingerprint = config_fingerprint(c);
+  return c;
+}
+
+const Config& config() {
+  // A function-local static: initialized once, thread-safe, and never from a constructor.
+  static const Config kConfig = parse_config([](const char* name) { return std::getenv(name); });
+  return kConfig;
+}
+
+uint64_t config_fingerprint(const Config& c) {
+  // The canonical text uses the enum words and plain byte counts, so "16M" and "16777216"
+  // hash alike, and the version tag lets a protocol change make old and new ranks differ.
+  std::string canon = "zerocta-config-v1";
+  canon += " enable=" + std::to_string(c.enable ? 1 : 0);
+  canon += " cta_policy=" + std::string(to_string(c.cta_policy));
+  canon += " allgather=" + std::string(to_string(c.allgather));
+  canon += " min_bytes=" + std::to_string(c.min_bytes);
+  canon += " pool_bytes=" + std::to_string(c.pool_bytes);
+  canon += " chunk_bytes=" + std::to_string(c.chunk_bytes);
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis
+  for (unsigned char ch : canon) {
+    h ^= ch;
+    h *= 0x100000001b3ull;  // FNV-1a 64-bit prime
+  }
+  return h;
+}
+
+bool parse_size(const char* text, uint64_t* out) {
+  if (text == nullptr || out == nullptr) return false;
+  const char* p = text;
+  if (*p < '0' || *p > '9') return false;  // also rejects "", "-1", "+1", " 1"
+  uint64_t value = 0;
+  for (; *p >= '0' && *p <= '9'; ++p) {
+    uint64_t digit = static_cast<uint64_t>(*p - '0');
+    if (value > (UINT64_MAX - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  unsigned shift = 0;
+  if (*p != '\0') {
+    switch (*p) {
+      case 'K':
+      case 'k':
+        shift = 10;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        break;
+      case 'T':
+      case 't':
+        shift = 40;
+        break;
+      default:
+        return false;
+    }
+    // "KiB" spelled exactly; a bare lower-case letter is accepted, "kib" is not.
+    bool upper = *p >= 'A' && *p <= 'Z';
+    ++p;
+    if (upper && p[0] == 'i' && p[1] == 'B') p += 2;
+    if (*p != '\0') return false;
+  }
+  if (value > (UINT64_MAX >> shift)) return false;
+  *out = value << shift;
+  return true;
+}
+
+std::string format_size(uint64_t bytes) {
+  static const struct {
+    unsigned shift;
+    char suffix;
+  } kUnits[] = {{40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}};
+  if (bytes != 0) {
+    for (const auto& u : kUnits) {
+      uint64_t unit = 1ull << u.shift;
+      if (bytes % unit == 0) return std::to_string(bytes >> u.shift) + u.suffix;
+    }
+  }
+  return std::to_string(bytes);
+}
+
+const char* to_string(CtaPolicyMode m) {
+  switch (m) {
+    case CtaPolicyMode::kZero:
+      return "zero";
+    case CtaPolicyMode::kEfficiency:
+      return "efficiency";
+    case CtaPolicyMode::kDefault:
+      return "default";
+    case CtaPolicyMode::kKeep:
+      return "keep";
+  }
+  return "unknown";
+}
+
+const char* to_string(AllGatherMode m) {
+  switch (m) {
+    case AllGatherMode::kAuto:
+      return "auto";
+    case AllGatherMode::kZerocta:
+      return "zerocta";
+    case AllGatherMode::kNccl:
+      return "nccl";
+    case AllGatherMode::kNcclStaged:
+      return "nccl-staged";
+    case AllGatherMode::kOff:
+      return "off";
+  }
+  return "unknown";
+}
+
+const char* to_string(LogLevel l) {
+  switch (l) {
+    case LogLevel::kNone:
+      return "none";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
+  }
+  return "unknown";
+}
+
+}  // namespace zc

@@ -1,0 +1,93 @@
+// The ZEROCTA_* configuration: one table of every variable, parsed once, validated strictly.
+// Glossary: "fingerprint" = hash of every value that can change what peers expect from a
+// rank; ranks compare fingerprints before using the copy-engine route.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "log.h"
+
+namespace zc {
+
+enum class CtaPolicyMode { kZero, kEfficiency, kDefault, kKeep };
+enum class AllGatherMode { kAuto, kZerocta, kNccl, kNcclStaged, kOff };
+
+// Defaults of the size variables; config_table() shows the same values as text.
+constexpr uint64_t kDefaultMinBytes = 16ull << 20;
+constexpr uint64_t kDefaultPoolBytes = 256ull << 20;
+constexpr uint64_t kDefaultChunkBytes = 32ull << 20;
+// A chunk is a multiple of the copy engines' page-friendly granule and not tiny.
+constexpr uint64_t kChunkGranule = 4ull << 10;
+constexpr uint64_t kMinChunkBytes = 64ull << 10;
+
+// A default-constructed Config holds every documented default (no variable set).
+struct Config {
+  bool enable = true;                               // ZEROCTA_ENABLE
+  bool strict = false;                              // ZEROCTA_STRICT
+  LogLevel log = LogLevel::kWarn;                   // ZEROCTA_LOG
+  CtaPolicyMode cta_policy = CtaPolicyMode::kZero;  // ZEROCTA_CTA_POLICY
+  bool cta_policy_force = false;                    // ZEROCTA_CTA_POLICY_FORCE
+  AllGatherMode allgather = AllGatherMode::kAuto;   // ZEROCTA_ALLGATHER
+  uint64_t min_bytes = kDefaultMinBytes;            // ZEROCTA_MIN_BYTES (total output bytes)
+  uint64_t pool_bytes = kDefaultPoolBytes;          // ZEROCTA_POOL_BYTES (per communicator)
+  uint64_t chunk_bytes = kDefaultChunkBytes;        // ZEROCTA_CHUNK_BYTES (pipeline piece)
+  std::string stats;                                // ZEROCTA_STATS: "" | "0" | "1" | a path
+  bool nvtx = true;                                 // ZEROCTA_NVTX
+  std::string nccl_library;                         // ZEROCTA_NCCL_LIBRARY
+
+  // One line per bad value, e.g.
+  // ZEROCTA_LOG="verbose" is invalid (accepted: none|warn|info|debug); using the default "warn"
+  // plus one line when ZEROCTA_POOL_BYTES < 2 * ZEROCTA_CHUNK_BYTES (both then keep defaults).
+  // Lines never contain a newline: the bad value is escaped and shortened.
+  std::vector<std::string> errors;
+  // Hash of the values that change the inter-rank protocol (allgather, min_bytes,
+  // pool_bytes, chunk_bytes, enable, cta_policy). Identical configs give identical hashes.
+  uint64_t fingerprint = 0;
+};
+
+// One row of the variable table (also used to generate/check the README table).
+struct ConfigVar {
+  const char* name;     // "ZEROCTA_LOG"
+  const char* type;     // "enum", "bool", "size", "string"
+  const char* values;   // "none|warn|info|debug", "0|1|true|...", "size ...", "path"
+  const char* def;      // default as text ("" = unset)
+  const char* meaning;  // one sentence
+};
+const std::vector<ConfigVar>& config_table();
+
+// The README table: "| Variable | Meaning | Values | Default |", one row per config_table()
+// entry, newline-terminated. tools/zerocta-env-table prints exactly this.
+std::string config_table_markdown();
+
+// Returns the value of a variable, or nullptr when it is unset.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// Pure: parses from the given lookup (tests pass a map). Never prints. Reads exactly the
+// variables of config_table().
+Config parse_config(const EnvLookup& getenv_fn);
+
+// Parsed once from the process environment, cached; thread-safe. Does not print either: the
+// caller that initializes the library sets the log level and reports config().errors once.
+const Config& config();
+
+// The fingerprint of c's protocol fields (what parse_config stores in c.fingerprint).
+// Stable across processes and builds: FNV-1a over a canonical text.
+uint64_t config_fingerprint(const Config& c);
+
+// Parses a size: decimal digits with an optional K/M/G/T suffix (powers of 1024,
+// also "KiB"/"MiB"/"GiB"/"TiB", and lower-case "k"/"m"/"g"/"t"); rejects negatives, junk,
+// whitespace, overflow. Returns false on error and then leaves *out unchanged.
+bool parse_size(const char* text, uint64_t* out);
+
+// Shortest exact text for a size with a K/M/G/T suffix where one fits: 16777216 -> "16M",
+// 1000 -> "1000". parse_size(format_size(v)) == v for every v.
+std::string format_size(uint64_t bytes);
+
+const char* to_string(CtaPolicyMode m);
+const char* to_string(AllGatherMode m);
+const char* to_string(LogLevel l);
+
+}  // namespace zc

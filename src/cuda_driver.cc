@@ -1,0 +1,133 @@
+#include "cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "log.h"
+
+namespace zc {
+namespace {
+
+using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                      CUdriverProcAddressQueryResult*);
+
+// Asks for the 12.0 ABI of each entry point (e.g. cuStreamWaitValue32_v2, cuMemAlloc_v2)
+// with legacy default-stream semantics for stream 0, which is how NCCL treats stream 0.
+constexpr int kAbiVersion = 12000;
+
+template <typename Fn>
+bool get(GetProcAddressFn gpa, const char* name, Fn* out) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (gpa(name, &p, kAbiVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
+      p == nullptr) {
+    *out = nullptr;
+    return false;
+  }
+  *out = reinterpret_cast<Fn>(p);
+  return true;
+}
+
+CudaDriver* load() {
+  void* h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
+  if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return nullptr;
+  auto gpa = reinterpret_cast<GetProcAddressFn>(dlsym(h, "cuGetProcAddress_v2"));
+  if (!gpa) return nullptr;
+  static CudaDriver d;
+  bool ctx = true;
+  ctx &= get(gpa, "cuInit", &d.cuInit);
+  ctx &= get(gpa, "cuDriverGetVersion", &d.cuDriverGetVersion);
+  ctx &= get(gpa, "cuDeviceGet", &d.cuDeviceGet);
+  ctx &= get(gpa, "cuDeviceGetCount", &d.cuDeviceGetCount);
+  ctx &= get(gpa, "cuCtxGetCurrent", &d.cuCtxGetCurrent);
+  ctx &= get(gpa, "cuCtxSetCurrent", &d.cuCtxSetCurrent);
+  ctx &= get(gpa, "cuCtxGetDevice", &d.cuCtxGetDevice);
+  ctx &= get(gpa, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain);
+  ctx &= get(gpa, "cuDevicePrimaryCtxRelease", &d.cuDevicePrimaryCtxRelease);
+  bool ce = ctx;
+  ce &= get(gpa, "cuDeviceGetUuid", &d.cuDeviceGetUuid);
+  ce &= get(gpa, "cuDeviceCanAccessPeer", &d.cuDeviceCanAccessPeer);
+  ce &= get(gpa, "cuStreamCreate", &d.cuStreamCreate);
+  ce &= get(gpa, "cuStreamDestroy", &d.cuStreamDestroy);
+  ce &= get(gpa, "cuStreamSynchronize", &d.cuStreamSynchronize);
+  ce &= get(gpa, "cuStreamQuery", &d.cuStreamQuery);
+  ce &= get(gpa, "cuStreamIsCapturing", &d.cuStreamIsCapturing);
+  ce &= get(gpa, "cuStreamWaitEvent", &d.cuStreamWaitEvent);
+  ce &= get(gpa, "cuEventCreate", &d.cuEventCreate);
+  ce &= get(gpa, "cuEventDestroy", &d.cuEventDestroy);
+  ce &= get(gpa, "cuEventRecord", &d.cuEventRecord);
+  ce &= get(gpa, "cuMemAlloc", &d.cuMemAlloc);
+  ce &= get(gpa, "cuMemFree", &d.cuMemFree);
+  ce &= get(gpa, "cuMemcpyAsync", &d.cuMemcpyAsync);
+  ce &= get(gpa, "cuMemcpyDtoH", &d.cuMemcpyDtoH);
+  ce &= get(gpa, "cuMemcpyHtoD", &d.cuMemcpyHtoD);
+  ce &= get(gpa, "cuMemsetD32Async", &d.cuMemsetD32Async);
+  ce &= get(gpa, "cuStreamWaitValue32", &d.cuStreamWaitValue32);
+  ce &= get(gpa, "cuStreamWriteValue32", &d.cuStreamWriteValue32);
+  get(gpa, "cuGetErrorString", &d.cuGetErrorString);
+  d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
+  d.ce_ok = ce && d.context_ok;
+  if (!d.context_ok) return nullptr;
+  return &d;
+}
+
+}  // namespace
+
+const CudaDriver* cuda_driver() {
+  static std::once_flag once;
+  static CudaDriver* d = nullptr;
+  std::call_once(once, [] { d = load(); });
+  return d;
+}
+
+const char* cuda_error_string(CUresult r) {
+  const char* s = nullptr;
+  const CudaDriver* d = cuda_driver();
+  if (d && d->cuGetErrorString) d->cuGetErrorString(r, &s);
+  return s ? s : "unknown CUDA error";
+}
+
+namespace {
+
+// Primary contexts retained once per device and kept: it is the context the CUDA runtime and
+// NCCL use on that device anyway, and retaining per call would leak references.
+CUcontext primary_context(const CudaDriver& d, int device) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static CUcontext cache[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!cache[device]) {
+    CUdevice dev;
+    CUcontext ctx = nullptr;
+    if (d.cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
+        d.cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS)
+      cache[device] = ctx;
+  }
+  return cache[device];
+}
+
+}  // namespace
+
+ScopedDevice::ScopedDevice(int device) {
+  const CudaDriver* d = cuda_driver();
+  if (!d) return;
+  if (d->cuCtxGetCurrent(&saved_) != CUDA_SUCCESS) saved_ = nullptr;
+  CUcontext ctx = primary_context(*d, device);
+  if (!ctx) return;
+  if (ctx == saved_) {
+    ok_ = true;
+    restore_ = false;
+    return;
+  }
+  ok_ = d->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+ScopedDevice::~ScopedDevice() {
+  const CudaDriver* d = cuda_driver();
+  if (d && restore_) d->cuCtxSetCurrent(saved_);
+}
+
+}  // namespace zc

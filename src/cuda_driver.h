@@ -1,0 +1,70 @@
+// The CUDA driver API, resolved at run time through cuGetProcAddress. zerocta links no CUDA
+// library: a process that never calls NCCL never loads or initialises CUDA because of us,
+// and we never carry a second copy of the CUDA runtime's state.
+#pragma once
+
+#include <cuda.h>
+
+namespace zc {
+
+struct CudaDriver {
+  // Device and context handling (also offered by the test suite's fake driver).
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+
+  // The copy-engine route. `ce_ok` is true only when every one of these resolved.
+  CUresult (*cuDeviceGetUuid)(CUuuid*, CUdevice);
+  CUresult (*cuDeviceCanAccessPeer)(int*, CUdevice, CUdevice);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  CUresult (*cuStreamDestroy)(CUstream);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuStreamQuery)(CUstream);
+  CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*);
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
+  CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+  CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+  CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+
+  bool context_ok = false;  // the device/context group resolved
+  bool ce_ok = false;       // the copy-engine group resolved too
+};
+
+// nullptr when no CUDA driver can be loaded. Loads libcuda.so.1 on first use only.
+const CudaDriver* cuda_driver();
+
+// Text for a CUresult ("CUDA_ERROR_..."), never NULL.
+const char* cuda_error_string(CUresult r);
+
+// Makes `device`'s primary context current on this thread and restores the previous
+// context when destroyed: the caller's current device is never changed by zerocta.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device);
+  ~ScopedDevice();
+  bool ok() const { return ok_; }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  CUcontext saved_ = nullptr;
+  bool ok_ = false;
+  bool restore_ = true;
+};
+
+}  // namespace zc

@@ -1,0 +1,25 @@
+// The application's NCCL group nesting on this thread, and the work zerocta defers to the
+// outermost ncclGroupEnd: pool set-up of communicators created inside the group (one thread
+// driving several GPUs must register all of them together) and copy-engine all-gathers
+// issued inside the group (issued in program order after NCCL's part, the same on every rank).
+#pragma once
+
+#include <nccl.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm_state.h"
+
+namespace zc {
+
+struct GroupState {
+  int depth = 0;
+  std::vector<std::shared_ptr<CommState>> pending_setup;
+  std::vector<std::function<ncclResult_t()>> pending_ops;
+};
+
+GroupState& group_state();  // this thread's
+
+}  // namespace zc

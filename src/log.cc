@@ -1,0 +1,67 @@
+// NCCL-format log lines. Kept dependency-free (no config.h) so that configuration parsing
+// itself can log; the level is pushed in by whoever reads the configuration.
+#include "log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+namespace zc {
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
+
+const char* level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    default:
+      return "";
+  }
+}
+
+// The CUDA device in the "[dev]" field. Reading it would need a CUDA call (and could create a
+// context), which the good-guest rules forbid in a logging path; callers that know the device
+// set it per thread.
+thread_local int t_device = -1;
+
+}  // namespace
+
+void log_set_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
+LogLevel log_level() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
+bool log_enabled(LogLevel level) {
+  return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed) &&
+         level != LogLevel::kNone;
+}
+
+void log_set_thread_device(int device) { t_device = device; }
+
+void log_print(LogLevel level, const char* fmt, ...) {
+  if (!log_enabled(level)) return;
+  char host[64] = "?";
+  gethostname(host, sizeof(host) - 1);
+  if (char* dot = strchr(host, '.')) *dot = '\0';
+  char line[2048];
+  int n = snprintf(line, sizeof(line), "%s:%d:%ld [%d] zerocta %s ", host, static_cast<int>(getpid()),
+                   static_cast<long>(syscall(SYS_gettid)), t_device, level_name(level));
+  if (n < 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
+  if (len > sizeof(line) - 2) len = sizeof(line) - 2;
+  line[len++] = '\n';
+  // One write(2) per line so lines from several threads or ranks never interleave.
+  ssize_t w = write(STDERR_FILENO, line, len);
+  (void)w;
+}
+
+}  // namespace zc

@@ -1,0 +1,32 @@
+// Logging in NCCL's line format: "host:pid:tid [dev] zerocta LEVEL message".
+// WARN is shown unless ZEROCTA_LOG=none; INFO/DEBUG are filtered by ZEROCTA_LOG.
+#pragma once
+
+#include <cstdarg>
+
+namespace zc {
+
+enum class LogLevel { kNone = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+
+// Sets the active level (done once config is read; before that, WARN).
+void log_set_level(LogLevel level);
+LogLevel log_level();
+bool log_enabled(LogLevel level);
+
+// The "[dev]" field of this thread's lines (-1 until set).
+void log_set_thread_device(int device);
+
+// printf-style; appends a newline. Thread-safe: one write(2) per line.
+void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+}  // namespace zc
+
+#define ZC_WARN(...) ::zc::log_print(::zc::LogLevel::kWarn, __VA_ARGS__)
+#define ZC_INFO(...)                                                          \
+  do {                                                                        \
+    if (::zc::log_enabled(::zc::LogLevel::kInfo)) ::zc::log_print(::zc::LogLevel::kInfo, __VA_ARGS__); \
+  } while (0)
+#define ZC_DEBUG(...)                                                         \
+  do {                                                                        \
+    if (::zc::log_enabled(::zc::LogLevel::kDebug)) ::zc::log_print(::zc::LogLevel::kDebug, __VA_ARGS__); \
+  } while (0)

@@ -1,0 +1,55 @@
+#include "shim_entry.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "config.h"
+#include "log.h"
+#include "stats.h"
+
+namespace zc {
+namespace {
+
+void announce(const Config& c) {
+  for (const std::string& e : c.errors) ZC_WARN("%s", e.c_str());
+  if (c.strict && !c.errors.empty())
+    ZC_WARN("ZEROCTA_STRICT=1: NCCL calls fail with ncclInvalidUsage until the values above are "
+            "fixed");
+  ZC_INFO("config: ZEROCTA_ENABLE=%d ZEROCTA_CTA_POLICY=%s%s ZEROCTA_ALLGATHER=%s "
+          "ZEROCTA_MIN_BYTES=%llu ZEROCTA_POOL_BYTES=%llu ZEROCTA_CHUNK_BYTES=%llu "
+          "ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
+          c.enable ? 1 : 0, to_string(c.cta_policy), c.cta_policy_force ? " (forced)" : "",
+          to_string(c.allgather), static_cast<unsigned long long>(c.min_bytes),
+          static_cast<unsigned long long>(c.pool_bytes),
+          static_cast<unsigned long long>(c.chunk_bytes), c.stats.empty() ? "0" : c.stats.c_str(),
+          c.nvtx ? 1 : 0, static_cast<unsigned long long>(c.fingerprint));
+  if (const char* env = getenv("NCCL_CTA_POLICY"))
+    if (c.enable && c.cta_policy != CtaPolicyMode::kKeep)
+      ZC_WARN("NCCL_CTA_POLICY=%s is set in the environment: NCCL uses it instead of the policy "
+              "zerocta puts in the communicator config",
+              env);
+}
+
+}  // namespace
+
+Entry enter(const void* return_address) {
+  static std::once_flag once;
+  const Config& c = config();
+  std::call_once(once, [&c] {
+    log_set_level(c.log);
+    announce(c);
+    if (c.enable) stats_install_reporter();
+  });
+  const RealNccl* real = real_nccl();
+  if (real == nullptr) return {Gate::kFail, nullptr, ncclSystemError};
+  if (address_in_real_nccl(return_address)) {
+    if (c.enable) stats_inner_call();
+    return {Gate::kInner, real, ncclSuccess};
+  }
+  if (c.strict && !c.errors.empty()) return {Gate::kFail, real, ncclInvalidUsage};
+  if (!c.enable || runtime_tier() == RuntimeTier::kForwardOnly)
+    return {Gate::kForward, real, ncclSuccess};
+  return {Gate::kActive, real, ncclSuccess};
+}
+
+}  // namespace zc

@@ -1,0 +1,283 @@
+// Counters behind zerocta_get_stats and ZEROCTA_STATS.
+//
+// Hot path: one relaxed fetch_add per field, no lock, no allocation. The counters are plain
+// zero-initialised globals (constant initialisation), so counting works before any constructor
+// has run and costs no static-init guard.
+//
+// Reporting happens at exit and must not touch CUDA or NCCL: by then the application may have
+// torn its contexts down, and NCCL's own exit handlers may already have run.
+#include "stats.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "config.h"
+#include "log.h"
+#include "stats_snapshot.h"
+
+namespace zc {
+namespace {
+
+struct AtomicCounter {
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> bytes{0};
+};
+
+AtomicCounter g_counters[zerocta_op_count][zerocta_route_count];
+std::atomic<uint64_t> g_comms_created{0};
+std::atomic<uint64_t> g_comms_zero_policy{0};
+std::atomic<uint64_t> g_comms_ce_ready{0};
+std::atomic<int64_t> g_pool_bytes{0};  // signed: a free may be counted before its alloc is seen
+std::atomic<uint64_t> g_inner_calls{0};
+// The process whose counters these are; the exit report runs only there.
+std::atomic<pid_t> g_owner_pid{0};
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+void reset_counters() {
+  for (auto& per_op : g_counters) {
+    for (AtomicCounter& c : per_op) {
+      c.calls.store(0, kRelaxed);
+      c.bytes.store(0, kRelaxed);
+    }
+  }
+  g_comms_created.store(0, kRelaxed);
+  g_comms_zero_policy.store(0, kRelaxed);
+  g_comms_ce_ready.store(0, kRelaxed);
+  g_inner_calls.store(0, kRelaxed);
+}
+
+// A forked child inherits a copy of the parent's counters; without this it would report the
+// parent's work a second time. CUDA contexts do not survive fork, so the child holds no pool
+// memory either. Only atomic stores and getpid(): safe in an atfork child handler.
+void on_fork_child() {
+  reset_counters();
+  g_pool_bytes.store(0, kRelaxed);
+  g_owner_pid.store(getpid(), kRelaxed);
+}
+
+// "3221225472" -> "3.00 GiB"; for the human table only (the JSON carries exact bytes).
+void human_bytes(uint64_t bytes, char* buf, size_t len) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (v >= 1024.0 && unit + 1 < sizeof(kUnits) / sizeof(kUnits[0])) {
+    v /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) {
+    snprintf(buf, len, "%" PRIu64 " B", bytes);
+  } else {
+    snprintf(buf, len, "%.2f %s", v, kUnits[unit]);
+  }
+}
+
+void print_table(const zerocta_stats_t& s) {
+  char human[32];
+  for (int op = 0; op < zerocta_op_count; ++op) {
+    for (int route = 0; route < zerocta_route_count; ++route) {
+      const zerocta_counter_t& c = s.counters[op][route];
+      if (c.calls == 0 && c.bytes == 0) continue;
+      human_bytes(c.bytes, human, sizeof(human));
+      ZC_WARN("stats %s %s calls=%" PRIu64 " bytes=%" PRIu64 " (%s)",
+              zerocta_op_name(static_cast<zerocta_op_t>(op)),
+              zerocta_route_name(static_cast<zerocta_route_t>(route)), c.calls, c.bytes, human);
+    }
+  }
+  human_bytes(s.pool_bytes, human, sizeof(human));
+  ZC_WARN("stats comms created=%" PRIu64 " zero_policy=%" PRIu64 " ce_ready=%" PRIu64
+          " pool_bytes=%" PRIu64 " (%s) inner_calls=%" PRIu64,
+          s.comms_created, s.comms_zero_policy, s.comms_ce_ready, s.pool_bytes, human,
+          s.inner_calls);
+}
+
+void report_at_exit() {
+  // A child made by vfork/clone without our atfork handler still shares this handler; it
+  // must not report (or overwrite) the counters of the process that gathered them.
+  if (getpid() != g_owner_pid.load(kRelaxed)) return;
+  const std::string& mode = config().stats;
+  if (mode.empty() || mode == "0") return;
+  if (mode == "1") {
+    zerocta_stats_t s;
+    stats_snapshot(&s);
+    print_table(s);
+    return;
+  }
+  const std::string path = stats_expand_path(mode.c_str(), getpid());
+  const int err = stats_write_json(path.c_str());
+  if (err != 0) ZC_WARN("stats: cannot write %s: %s", path.c_str(), strerror(err));
+}
+
+void append_field(std::string* out, const char* key, uint64_t value) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "\"%s\":%" PRIu64 ",", key, value);
+  *out += buf;
+}
+
+}  // namespace
+
+void stats_count(zerocta_op_t op, zerocta_route_t route, uint64_t bytes) {
+  if (static_cast<unsigned>(op) >= zerocta_op_count ||
+      static_cast<unsigned>(route) >= zerocta_route_count) {
+    return;
+  }
+  AtomicCounter& c = g_counters[op][route];
+  c.calls.fetch_add(1, kRelaxed);
+  c.bytes.fetch_add(bytes, kRelaxed);
+}
+
+void stats_comm_created(bool zero_policy) {
+  g_comms_created.fetch_add(1, kRelaxed);
+  if (zero_policy) g_comms_zero_policy.fetch_add(1, kRelaxed);
+}
+
+void stats_comm_ce_ready() { g_comms_ce_ready.fetch_add(1, kRelaxed); }
+
+void stats_pool_bytes_add(int64_t delta) { g_pool_bytes.fetch_add(delta, kRelaxed); }
+
+void stats_inner_call() { g_inner_calls.fetch_add(1, kRelaxed); }
+
+void stats_install_reporter() {
+  // A function-local static: thread-safe, once per process, and after the first call only an
+  // acquire load and a branch.
+  static const bool installed = [] {
+    // config() is a function-local static too. Constructing it before atexit() registers our
+    // handler guarantees it is destroyed after the handler runs (reverse order of
+    // registration), so the handler may read it.
+    (void)config();
+    g_owner_pid.store(getpid(), kRelaxed);
+    if (pthread_atfork(nullptr, nullptr, &on_fork_child) != 0) {
+      ZC_WARN("stats: pthread_atfork failed; a forked child would report its parent's counters");
+    }
+    if (std::atexit(&report_at_exit) != 0) {
+      ZC_WARN("stats: atexit failed; ZEROCTA_STATS will not be reported");
+    }
+    return true;
+  }();
+  (void)installed;
+}
+
+void stats_snapshot(zerocta_stats_t* out) {
+  for (int op = 0; op < zerocta_op_count; ++op) {
+    for (int route = 0; route < zerocta_route_count; ++route) {
+      out->counters[op][route].calls = g_counters[op][route].calls.load(kRelaxed);
+      out->counters[op][route].bytes = g_counters[op][route].bytes.load(kRelaxed);
+    }
+  }
+  out->comms_created = g_comms_created.load(kRelaxed);
+  out->comms_zero_policy = g_comms_zero_policy.load(kRelaxed);
+  out->comms_ce_ready = g_comms_ce_ready.load(kRelaxed);
+  const int64_t pool = g_pool_bytes.load(kRelaxed);
+  out->pool_bytes = pool > 0 ? static_cast<uint64_t>(pool) : 0;
+  out->inner_calls = g_inner_calls.load(kRelaxed);
+}
+
+void stats_reset() { reset_counters(); }
+
+std::string stats_json(const zerocta_stats_t& s, pid_t pid) {
+  std::string out = "{";
+  char buf[96];
+  snprintf(buf, sizeof(buf), "\"version\":\"%d.%d.%d\",\"pid\":%ld,", ZEROCTA_VERSION_MAJOR,
+           ZEROCTA_VERSION_MINOR, ZEROCTA_VERSION_PATCH, static_cast<long>(pid));
+  out += buf;
+  append_field(&out, "comms_created", s.comms_created);
+  append_field(&out, "comms_zero_policy", s.comms_zero_policy);
+  append_field(&out, "comms_ce_ready", s.comms_ce_ready);
+  append_field(&out, "pool_bytes", s.pool_bytes);
+  append_field(&out, "inner_calls", s.inner_calls);
+  out += "\"ops\":{";
+  bool first_op = true;
+  for (int op = 0; op < zerocta_op_count; ++op) {
+    bool first_route = true;
+    for (int route = 0; route < zerocta_route_count; ++route) {
+      const zerocta_counter_t& c = s.counters[op][route];
+      if (c.calls == 0 && c.bytes == 0) continue;
+      if (first_route) {
+        if (!first_op) out += ",";
+        first_op = false;
+        out += "\"";
+        out += zerocta_op_name(static_cast<zerocta_op_t>(op));
+        out += "\":{";
+      } else {
+        out += ",";
+      }
+      first_route = false;
+      snprintf(buf, sizeof(buf), "\"%s\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 "}",
+               zerocta_route_name(static_cast<zerocta_route_t>(route)), c.calls, c.bytes);
+      out += buf;
+    }
+    if (!first_route) out += "}";
+  }
+  out += "}}\n";
+  return out;
+}
+
+int stats_write_json(const char* path) {
+  if (path == nullptr || path[0] == '\0') return EINVAL;
+  zerocta_stats_t s;
+  stats_snapshot(&s);
+  const std::string json = stats_json(s, getpid());
+
+  // O_NOFOLLOW: a planted symlink cannot redirect the write (ELOOP). O_NONBLOCK: a planted FIFO
+  // cannot block the exit path in open(); the fstat check below then refuses it.
+  const int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+  if (fd < 0) return errno;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return err;
+  }
+  // Truncate only after checking: never clobber a device, a FIFO, or another user's file that
+  // a shared directory (e.g. /tmp) let us open.
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    close(fd);
+    return EPERM;
+  }
+  if (ftruncate(fd, 0) != 0) {
+    const int err = errno;
+    close(fd);
+    return err;
+  }
+  size_t done = 0;
+  while (done < json.size()) {
+    const ssize_t n = write(fd, json.data() + done, json.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0) return errno;
+  return 0;
+}
+
+std::string stats_expand_path(const char* pattern, pid_t pid) {
+  std::string out;
+  for (const char* p = pattern; *p != '\0'; ++p) {
+    if (p[0] == '%' && p[1] == 'p') {
+      out += std::to_string(static_cast<long>(pid));
+      ++p;
+    } else if (p[0] == '%' && p[1] == '%') {
+      out += '%';
+      ++p;
+    } else {
+      out += *p;
+    }
+  }
+  return out;
+}
+
+}  // namespace zc

@@ -1,0 +1,33 @@
+// Reading side of the counters in stats.h: snapshot, reset and the JSON file. Kept apart from
+// stats.h because only the public C API (zerocta_api.cc) and tests need it; the collective
+// wrappers only count.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "zerocta.h"
+
+namespace zc {
+
+// Copies every counter (each one read atomically; a call in flight on another thread may be
+// in calls but not yet in bytes).
+void stats_snapshot(zerocta_stats_t* out);
+
+// Zeroes every counter. pool_bytes is a gauge of memory held now, not a counter, so it stays.
+void stats_reset();
+
+// The snapshot as one JSON object (see zerocta_write_stats_json), newline-terminated.
+std::string stats_json(const zerocta_stats_t& stats, pid_t pid);
+
+// Writes stats_json(current snapshot, getpid()) to path: never follows a final symlink, creates
+// with mode 0600, refuses (EPERM) anything but a regular file owned by the effective user.
+// Returns 0 or an errno value.
+int stats_write_json(const char* path);
+
+// ZEROCTA_STATS path with every "%p" replaced by pid, so each rank of a job writes its own file
+// ("%%" is a literal '%'; any other '%' is kept as is).
+std::string stats_expand_path(const char* pattern, pid_t pid);
+
+}  // namespace zc

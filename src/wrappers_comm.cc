@@ -1,0 +1,341 @@
+// Communicator life cycle: every creation path gets the CTA policy (and, on NCCL 2.28, the
+// copy-engine pool); every teardown path frees our resources before NCCL tears down.
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "ce_setup.h"
+#include "comm_state.h"
+#include "config.h"
+#include "cta_policy.h"
+#include "cuda_driver.h"
+#include "group_state.h"
+#include "log.h"
+#include "shim_entry.h"
+#include "stats.h"
+
+namespace zc {
+namespace {
+
+// Whether a communicator created with this config will be non-blocking.
+bool nonblocking_config(const ncclConfig_t* c, bool inherit_nonblocking) {
+  if (c == nullptr) {
+    if (inherit_nonblocking) return true;
+    const char* env = getenv("NCCL_COMM_BLOCKING");
+    return env && strcmp(env, "0") == 0;
+  }
+  int blocking = NCCL_CONFIG_UNDEF_INT;
+  memcpy(&blocking, reinterpret_cast<const char*>(c) + offsetof(ncclConfig_t, blocking),
+         sizeof(int));
+  if (blocking == NCCL_CONFIG_UNDEF_INT) {
+    const char* env = getenv("NCCL_COMM_BLOCKING");
+    return env && strcmp(env, "0") == 0;
+  }
+  return blocking == 0;
+}
+
+bool wants_ce() {
+  const Config& c = config();
+  return runtime_tier() == RuntimeTier::kFull && c.allgather != AllGatherMode::kOff &&
+         c.allgather != AllGatherMode::kNccl && c.allgather != AllGatherMode::kNcclStaged;
+}
+
+PolicyResult policy_for(const ncclConfig_t* caller, NullConfig null_config,
+                        std::vector<unsigned char>* storage, const char* fn) {
+  const Config& c = config();
+  PolicyResult p = apply_cta_policy(caller, null_config, c.cta_policy, c.cta_policy_force, storage);
+  ZC_INFO("%s: CTAPolicy %d (%s)", fn, p.policy, p.why.c_str());
+  return p;
+}
+
+// Records a new communicator; sets up its pool now, or at the outermost group end.
+std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, ncclResult_t r,
+                                        int policy, bool nonblocking, bool setup_now = true) {
+  if ((r != ncclSuccess && r != ncclInProgress) || comm == nullptr) return nullptr;
+  auto st = comm_add(comm);
+  st->zero_policy = policy == NCCL_CTA_POLICY_ZERO;
+  st->nonblocking = nonblocking || r == ncclInProgress;
+  stats_comm_created(st->zero_policy);
+  if (st->nonblocking) {
+    st->ce_missing = "non-blocking communicator (copy-engine route not supported yet)";
+    return st;
+  }
+  nccl.ncclCommUserRank(comm, &st->rank);
+  nccl.ncclCommCount(comm, &st->nranks);
+  nccl.ncclCommCuDevice(comm, &st->device);
+  if (!wants_ce()) {
+    st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
+    return st;
+  }
+  if (!setup_now) return st;  // the caller sets up several comms together
+  GroupState& g = group_state();
+  if (g.depth > 0)
+    g.pending_setup.push_back(st);
+  else
+    ce_setup({st});
+  return st;
+}
+
+// Teardown shared by Finalize/Destroy: wait for our work, deregister, free.
+void release_pool(ncclComm_t comm, bool remove) {
+  auto st = remove ? comm_remove(comm) : comm_lookup(comm);
+  if (!st) return;
+  std::lock_guard<std::mutex> lock(st->issue_mu);
+  ce_teardown(*st, st->poisoned.load() == ncclRemoteError);
+}
+
+}  // namespace
+}  // namespace zc
+
+using namespace zc;
+
+ZC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                              int rank, ncclConfig_t* config) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRankConfig, (comm, nranks, commId, rank, config));
+  if (!e.real->ncclCommInitRankConfig) {
+    warn_missing_function("ncclCommInitRankConfig");
+    return ncclInternalError;
+  }
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(config, NullConfig::kFresh, &storage, "ncclCommInitRankConfig");
+  ncclResult_t r = e.real->ncclCommInitRankConfig(comm, nranks, commId, rank, p.config);
+  after_create(*e.real, *comm, r, p.policy, nonblocking_config(p.config, false));
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                        int rank) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate != Gate::kActive || config().cta_policy == CtaPolicyMode::kKeep) {
+    if (e.gate == Gate::kActive && e.real->ncclCommInitRank) {
+      ncclResult_t r = e.real->ncclCommInitRank(comm, nranks, commId, rank);
+      after_create(*e.real, *comm, r, -1, nonblocking_config(nullptr, false));
+      return r;
+    }
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRank, (comm, nranks, commId, rank));
+  }
+  if (!e.real->ncclCommInitRankConfig) {
+    warn_missing_function("ncclCommInitRankConfig");
+    return ncclInternalError;
+  }
+  // InitRank passes no config; InitRankConfig with a fresh one is the same call plus our policy.
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(nullptr, NullConfig::kFresh, &storage, "ncclCommInitRank");
+  ncclResult_t r = e.real->ncclCommInitRankConfig(comm, nranks, commId, rank, p.config);
+  after_create(*e.real, *comm, r, p.policy, nonblocking_config(p.config, false));
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank,
+                                                int nId, ncclUniqueId* commIds,
+                                                ncclConfig_t* config) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate != Gate::kActive)
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRankScalable, (newcomm, nranks, myrank, nId, commIds, config));
+  if (!e.real->ncclCommInitRankScalable) {
+    warn_missing_function("ncclCommInitRankScalable");
+    return ncclInternalError;
+  }
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(config, NullConfig::kFresh, &storage, "ncclCommInitRankScalable");
+  ncclResult_t r = e.real->ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, p.config);
+  after_create(*e.real, *newcomm, r, p.policy, nonblocking_config(p.config, false));
+  return r;
+}
+
+// NCCL's own InitAll never passes a config through; rebuild it from its parts: one unique
+// id, a group, one ncclCommInitRankConfig per device, the caller's device restored.
+ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  const CudaDriver* cu = e.gate == Gate::kActive ? cuda_driver() : nullptr;
+  bool rebuild = e.gate == Gate::kActive && config().cta_policy != CtaPolicyMode::kKeep && cu &&
+                 e.real->ncclGetUniqueId && e.real->ncclCommInitRankConfig && comm && ndev > 0;
+  if (e.gate == Gate::kActive && !rebuild && config().cta_policy != CtaPolicyMode::kKeep)
+    ZC_WARN("ncclCommInitAll forwarded unchanged (no CUDA driver to switch devices): the CTA "
+            "policy is not applied to these communicators");
+  if (!rebuild) ZC_CALL_REAL(ncclResult_t, e, ncclCommInitAll, (comm, ndev, devlist));
+  ncclUniqueId id;
+  ncclResult_t r = e.real->ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return r;
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(nullptr, NullConfig::kFresh, &storage, "ncclCommInitAll");
+  std::vector<std::shared_ptr<CommState>> created;
+  {
+    ScopedDevice restore(-1);  // only saves and restores the caller's context
+    e.real->ncclGroupStart();
+    for (int i = 0; i < ndev && r == ncclSuccess; ++i) {
+      int dev = devlist ? devlist[i] : i;
+      ScopedDevice on(dev);
+      if (!on.ok()) {
+        r = ncclInvalidArgument;
+        break;
+      }
+      r = e.real->ncclCommInitRankConfig(&comm[i], ndev, id, i, p.config);
+    }
+    ncclResult_t end = e.real->ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
+    if (r == ncclSuccess)
+      for (int i = 0; i < ndev; ++i) {
+        auto st = after_create(*e.real, comm[i], r, p.policy, nonblocking_config(p.config, false),
+                               /*setup_now=*/false);
+        if (st && wants_ce() && !st->nonblocking) created.push_back(st);
+      }
+  }
+  // Outside any group of the caller's, the pools of all devices are set up together.
+  if (group_state().depth == 0)
+    ce_setup(created);
+  else
+    for (auto& st : created) group_state().pending_setup.push_back(st);
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                     ncclConfig_t* config) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate != Gate::kActive)
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommSplit, (comm, color, key, newcomm, config));
+  if (!e.real->ncclCommSplit) {
+    warn_missing_function("ncclCommSplit");
+    return ncclInternalError;
+  }
+  auto parent = comm_lookup(comm);
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(config, NullConfig::kInherit, &storage, "ncclCommSplit");
+  ncclResult_t r = e.real->ncclCommSplit(comm, color, key, newcomm, p.config);
+  int policy = p.config ? p.policy : (parent && parent->zero_policy ? NCCL_CTA_POLICY_ZERO : -1);
+  if (newcomm)
+    after_create(*e.real, *newcomm, r, policy,
+                 nonblocking_config(p.config, parent && parent->nonblocking));
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                      ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate != Gate::kActive)
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommShrink, (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags));
+  if (!e.real->ncclCommShrink) {
+    warn_missing_function("ncclCommShrink");
+    return ncclInternalError;
+  }
+  auto parent = comm_lookup(comm);
+  if (parent && (shrinkFlags & NCCL_SHRINK_ABORT)) {
+    // The parent's operations are being terminated: release ours first.
+    parent->poisoned.store(ncclRemoteError);
+    ce_release_waits(*parent);
+  }
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(config, NullConfig::kInherit, &storage, "ncclCommShrink");
+  ncclResult_t r = e.real->ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm,
+                                          p.config, shrinkFlags);
+  int policy = p.config ? p.policy : (parent && parent->zero_policy ? NCCL_CTA_POLICY_ZERO : -1);
+  if (newcomm)
+    after_create(*e.real, *newcomm, r, policy,
+                 nonblocking_config(p.config, parent && parent->nonblocking));
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate == Gate::kActive) release_pool(comm, /*remove=*/false);
+  ZC_CALL_REAL(ncclResult_t, e, ncclCommFinalize, (comm));
+}
+
+ZC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate == Gate::kActive) release_pool(comm, /*remove=*/true);
+  ZC_CALL_REAL(ncclResult_t, e, ncclCommDestroy, (comm));
+}
+
+// Abort must never wait on our work: release our device-side waits, let NCCL abort, then
+// free what is ours. No lock is taken that an issuing thread could hold.
+ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, ncclCommAbort, (comm));
+  auto st = comm_remove(comm);
+  if (st) {
+    st->poisoned.store(ncclRemoteError);
+    ce_release_waits(*st);
+  }
+  if (!e.real->ncclCommAbort) {
+    warn_missing_function("ncclCommAbort");
+    return ncclInternalError;
+  }
+  ncclResult_t r = e.real->ncclCommAbort(comm);
+  if (st) ce_teardown(*st, /*aborting=*/true);
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate == Gate::kActive)
+    if (auto st = comm_lookup(comm)) {
+      st->poisoned.store(ncclRemoteError);
+      ce_release_waits(*st);
+    }
+  ZC_CALL_REAL(ncclResult_t, e, ncclCommRevoke, (comm, revokeFlags));
+}
+
+// PyTorch's watchdog polls this from its own thread: no CUDA call, no lock NCCL could hold.
+ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (!e.real->ncclCommGetAsyncError) {
+    warn_missing_function("ncclCommGetAsyncError");
+    return ncclInternalError;
+  }
+  ncclResult_t r = e.real->ncclCommGetAsyncError(comm, asyncError);
+  if (e.gate == Gate::kActive && r == ncclSuccess && asyncError && *asyncError == ncclSuccess)
+    if (auto st = comm_lookup(comm)) {
+      int p = st->poisoned.load(std::memory_order_relaxed);
+      if (p != ncclSuccess) *asyncError = static_cast<ncclResult_t>(p);
+    }
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                              ncclWindow_t* win, int winFlags) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (!e.real->ncclCommWindowRegister) {
+    warn_missing_function("ncclCommWindowRegister");
+    return ncclInternalError;
+  }
+  ncclResult_t r = e.real->ncclCommWindowRegister(comm, buff, size, win, winFlags);
+  if (e.gate == Gate::kActive && r == ncclSuccess && win && *win &&
+      (winFlags & NCCL_WIN_COLL_SYMMETRIC))
+    if (auto st = comm_lookup(comm)) {
+      std::lock_guard<std::mutex> lock(st->windows_mu);
+      st->app_windows.push_back({reinterpret_cast<uintptr_t>(buff), size, *win});
+      st->has_app_windows.store(true);
+    }
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  Entry e = enter(__builtin_return_address(0));
+  if (e.gate == Gate::kFail) return e.code;
+  if (e.gate == Gate::kActive)
+    if (auto st = comm_lookup(comm)) {
+      std::lock_guard<std::mutex> lock(st->windows_mu);
+      auto& v = st->app_windows;
+      for (auto it = v.begin(); it != v.end(); ++it)
+        if (it->win == win) {
+          v.erase(it);
+          break;
+        }
+      st->has_app_windows.store(!v.empty());
+    }
+  ZC_CALL_REAL(ncclResult_t, e, ncclCommWindowDeregister, (comm, win));
+}

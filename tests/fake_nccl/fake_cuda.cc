@@ -1,0 +1,193 @@
+// A fake CUDA driver (libcuda.so.1) for CPU-only tests of device switching.
+//
+// It implements only what a shim needs to save, switch and restore the current device:
+// cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, the primary-context and
+// current-context calls. cuGetProcAddress_v2 hands out exactly those; for every other name it
+// answers CUDA_ERROR_NOT_FOUND, which is how a shim learns that (for example) the copy-engine
+// path cannot be used here. Contexts are fake pointers (void*)(0x1000 + device), so a test can
+// read the device straight from a logged context. Each call logs "cuda <name> ...".
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "fake_log.h"
+
+namespace {
+
+constexpr uintptr_t kCtxBase = 0x1000;
+constexpr int kMaxDevices = 64;
+
+std::atomic<bool> g_initialized{false};
+std::mutex g_retain_mu;
+int g_retain_count[kMaxDevices];
+
+// The per-thread context stack; its top is the current context, as in the real driver.
+thread_local std::vector<CUcontext> t_stack;
+
+int device_count() {
+  const char* env = getenv("FAKE_CUDA_DEVICES");
+  int n = env ? atoi(env) : 4;
+  if (n < 0) n = 0;
+  return n > kMaxDevices ? kMaxDevices : n;
+}
+
+CUcontext ctx_of(int dev) { return reinterpret_cast<CUcontext>(kCtxBase + dev); }
+
+// -1 for a pointer that is not one of our contexts.
+int device_of(CUcontext ctx) {
+  auto v = reinterpret_cast<uintptr_t>(ctx);
+  if (v < kCtxBase || v >= kCtxBase + static_cast<uintptr_t>(device_count())) return -1;
+  return static_cast<int>(v - kCtxBase);
+}
+
+CUcontext current() { return t_stack.empty() ? nullptr : t_stack.back(); }
+
+CUresult done(const std::string& what, CUresult r) {
+  fake::log_line("cuda " + what + fake::strf(" -> %d", static_cast<int>(r)));
+  return r;
+}
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuInit(unsigned int flags) {
+  g_initialized = true;
+  return done(fake::strf("cuInit flags=%u", flags), CUDA_SUCCESS);
+}
+
+CUresult cuDriverGetVersion(int* version) {
+  if (version == nullptr) return done("cuDriverGetVersion", CUDA_ERROR_INVALID_VALUE);
+  *version = 13000;
+  return done("cuDriverGetVersion version=13000", CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetCount(int* count) {
+  if (!g_initialized) return done("cuDeviceGetCount", CUDA_ERROR_NOT_INITIALIZED);
+  if (count == nullptr) return done("cuDeviceGetCount", CUDA_ERROR_INVALID_VALUE);
+  *count = device_count();
+  return done(fake::strf("cuDeviceGetCount count=%d", *count), CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  std::string what = fake::strf("cuDeviceGet ordinal=%d", ordinal);
+  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (device == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (ordinal < 0 || ordinal >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  *device = ordinal;
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  std::string what = fake::strf("cuDevicePrimaryCtxRetain dev=%d", dev);
+  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (pctx == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  {
+    std::lock_guard<std::mutex> lock(g_retain_mu);
+    g_retain_count[dev]++;
+  }
+  *pctx = ctx_of(dev);
+  return done(what + " ctx=" + fake::hex_ptr(*pctx), CUDA_SUCCESS);
+}
+
+// cuda.h maps cuDevicePrimaryCtxRelease to the _v2 entry point, as the real driver exports it.
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  std::string what = fake::strf("cuDevicePrimaryCtxRelease dev=%d", dev);
+  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  std::lock_guard<std::mutex> lock(g_retain_mu);
+  if (g_retain_count[dev] <= 0) return done(what, CUDA_ERROR_INVALID_CONTEXT);
+  g_retain_count[dev]--;
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  if (!g_initialized) return done("cuCtxGetCurrent", CUDA_ERROR_NOT_INITIALIZED);
+  if (pctx == nullptr) return done("cuCtxGetCurrent", CUDA_ERROR_INVALID_VALUE);
+  *pctx = current();
+  return done("cuCtxGetCurrent ctx=" + fake::hex_ptr(*pctx), CUDA_SUCCESS);
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  std::string what = "cuCtxSetCurrent ctx=" + fake::hex_ptr(ctx);
+  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (ctx != nullptr && device_of(ctx) < 0) return done(what, CUDA_ERROR_INVALID_CONTEXT);
+  // Real semantics: replace the top of the stack; NULL pops it.
+  if (ctx == nullptr) {
+    if (!t_stack.empty()) t_stack.pop_back();
+  } else if (t_stack.empty()) {
+    t_stack.push_back(ctx);
+  } else {
+    t_stack.back() = ctx;
+  }
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuCtxGetDevice(CUdevice* device) {
+  if (!g_initialized) return done("cuCtxGetDevice", CUDA_ERROR_NOT_INITIALIZED);
+  if (device == nullptr) return done("cuCtxGetDevice", CUDA_ERROR_INVALID_VALUE);
+  int dev = device_of(current());
+  if (dev < 0) return done("cuCtxGetDevice", CUDA_ERROR_INVALID_CONTEXT);
+  *device = dev;
+  return done(fake::strf("cuCtxGetDevice dev=%d", dev), CUDA_SUCCESS);
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+  std::string what = "cuCtxPushCurrent ctx=" + fake::hex_ptr(ctx);
+  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (device_of(ctx) < 0) return done(what, CUDA_ERROR_INVALID_CONTEXT);
+  t_stack.push_back(ctx);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  if (!g_initialized) return done("cuCtxPopCurrent", CUDA_ERROR_NOT_INITIALIZED);
+  if (t_stack.empty()) return done("cuCtxPopCurrent", CUDA_ERROR_INVALID_CONTEXT);
+  CUcontext top = t_stack.back();
+  t_stack.pop_back();
+  if (pctx != nullptr) *pctx = top;
+  return done("cuCtxPopCurrent ctx=" + fake::hex_ptr(top), CUDA_SUCCESS);
+}
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* symbolStatus) {
+  struct Entry {
+    const char* name;
+    void* fn;
+  };
+  // Base names, as callers ask for them; the version argument is accepted but unused.
+  static const Entry kTable[] = {
+      {"cuInit", reinterpret_cast<void*>(&cuInit)},
+      {"cuDriverGetVersion", reinterpret_cast<void*>(&cuDriverGetVersion)},
+      {"cuDeviceGetCount", reinterpret_cast<void*>(&cuDeviceGetCount)},
+      {"cuDeviceGet", reinterpret_cast<void*>(&cuDeviceGet)},
+      {"cuCtxGetCurrent", reinterpret_cast<void*>(&cuCtxGetCurrent)},
+      {"cuCtxSetCurrent", reinterpret_cast<void*>(&cuCtxSetCurrent)},
+      {"cuCtxGetDevice", reinterpret_cast<void*>(&cuCtxGetDevice)},
+      {"cuDevicePrimaryCtxRetain", reinterpret_cast<void*>(&cuDevicePrimaryCtxRetain)},
+      {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease)},
+      {"cuCtxPushCurrent", reinterpret_cast<void*>(&cuCtxPushCurrent)},
+      {"cuCtxPopCurrent", reinterpret_cast<void*>(&cuCtxPopCurrent)},
+  };
+  std::string what = fake::strf("cuGetProcAddress symbol=%s version=%d flags=%llu",
+                                symbol ? symbol : "(null)", cudaVersion,
+                                static_cast<unsigned long long>(flags));
+  if (pfn == nullptr || symbol == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  for (const Entry& e : kTable) {
+    if (strcmp(e.name, symbol) == 0) {
+      *pfn = e.fn;
+      if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+      return done(what + " found", CUDA_SUCCESS);
+    }
+  }
+  *pfn = nullptr;
+  if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return done(what + " not_found", CUDA_ERROR_NOT_FOUND);
+}
+
+}  // extern "C"

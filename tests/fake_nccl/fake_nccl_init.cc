@@ -1,0 +1,249 @@
+// Fake NCCL: versions, ids, communicator creation and the communicator queries.
+// Init functions log the config bytes they received and the current CUDA device (read from
+// the fake driver), which is what the interposition tests inspect.
+#include <cstdlib>
+#include <cstring>
+
+#include "fake_nccl_internal.h"
+
+using fake::finish;
+using fake::name_of;
+using fake::strf;
+
+namespace {
+
+// Creates the fake comm for an init call that received `config` and logs the call.
+ncclResult_t init_common(const char* fn, const std::string& args, ncclComm_t* out, int nranks,
+                         int rank, const ncclConfig_t* config) {
+  int device = fake::current_device();
+  std::string line =
+      std::string(fn) + " " + args + strf(" device=%d ", device) + fake::describe_config(config);
+  if (fake::should_fail(fn)) return finish(line, ncclInternalError);
+  if (out == nullptr || nranks < 1 || rank < 0 || rank >= nranks)
+    return finish(line, ncclInvalidArgument);
+  if (config != nullptr && !fake::config_magic_ok(config)) return finish(line, ncclInvalidArgument);
+  fake::Comm* c = fake::new_comm(nranks, rank, device, config);
+  *out = reinterpret_cast<ncclComm_t>(c);
+  fake::log_line(line + " -> 0 newcomm=" + name_of(c));
+  return ncclSuccess;
+}
+
+int version_code() {
+  const char* env = getenv("FAKE_NCCL_VERSION");
+  return env ? atoi(env) : 22809;
+}
+
+}  // namespace
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (fake::should_fail("ncclGetVersion")) return finish("ncclGetVersion", ncclInternalError);
+  if (version == nullptr) return finish("ncclGetVersion", ncclInvalidArgument);
+  *version = version_code();
+  fake::log_line(strf("ncclGetVersion -> 0 version=%d", *version));
+  return ncclSuccess;
+}
+FAKE_PNCCL_ALIAS(ncclGetVersion)
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  if (fake::should_fail("ncclGetUniqueId")) return finish("ncclGetUniqueId", ncclInternalError);
+  if (uniqueId == nullptr) return finish("ncclGetUniqueId", ncclInvalidArgument);
+  fake::fill_unique_id(uniqueId);
+  fake::log_line("ncclGetUniqueId -> 0 id=" + fake::describe_id(*uniqueId));
+  return ncclSuccess;
+}
+FAKE_PNCCL_ALIAS(ncclGetUniqueId)
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
+  return init_common("ncclCommInitRankConfig", strf("nranks=%d rank=%d id=", nranks, rank) +
+                         fake::describe_id(commId),
+                     comm, nranks, rank, config);
+}
+FAKE_PNCCL_ALIAS(ncclCommInitRankConfig)
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return init_common(
+      "ncclCommInitRank", strf("nranks=%d rank=%d id=", nranks, rank) + fake::describe_id(commId),
+      comm, nranks, rank, nullptr);
+}
+FAKE_PNCCL_ALIAS(ncclCommInitRank)
+
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId* commIds, ncclConfig_t* config) {
+  std::string ids = "[";
+  for (int i = 0; commIds != nullptr && i < nId; ++i)
+    ids += (i ? "," : "") + fake::describe_id(commIds[i]);
+  ids += "]";
+  return init_common("ncclCommInitRankScalable", strf("nranks=%d rank=%d nId=%d ids=", nranks,
+                          myrank, nId) +
+                         ids,
+                     newcomm, nranks, myrank, config);
+}
+FAKE_PNCCL_ALIAS(ncclCommInitRankScalable)
+
+ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
+  std::string line =
+      strf("ncclCommInitAll ndev=%d devlist=", ndev) + fake::int_list(devlist, ndev);
+  if (fake::should_fail("ncclCommInitAll")) return finish(line, ncclInternalError);
+  if (comm == nullptr || ndev < 1) return finish(line, ncclInvalidArgument);
+  std::string names;
+  for (int i = 0; i < ndev; ++i) {
+    comm[i] = reinterpret_cast<ncclComm_t>(
+        fake::new_comm(ndev, i, devlist ? devlist[i] : i, nullptr));
+    names += (i ? "," : "") + name_of(comm[i]);
+  }
+  fake::log_line(line + " -> 0 comms=[" + names + "]");
+  return ncclSuccess;
+}
+FAKE_PNCCL_ALIAS(ncclCommInitAll)
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  std::string line = "ncclCommSplit comm=" + name_of(comm) +
+                     strf(" color=%d key=%d ", color, key) + fake::describe_config(config);
+  if (fake::should_fail("ncclCommSplit")) return finish(line, ncclInternalError);
+  fake::Comm* parent = fake::find_comm(comm);
+  if (parent == nullptr || newcomm == nullptr) return finish(line, ncclInvalidArgument);
+  if (config != nullptr && !fake::config_magic_ok(config)) return finish(line, ncclInvalidArgument);
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    *newcomm = nullptr;
+    fake::log_line(line + " -> 0 newcomm=NULL");
+    return ncclSuccess;
+  }
+  // NULL config: the child inherits the parent's configuration, as in NCCL.
+  const ncclConfig_t* inherited =
+      config ? config
+             : (parent->config.empty()
+                    ? nullptr
+                    : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
+  fake::Comm* c = fake::new_comm(parent->nranks, parent->rank, parent->device, inherited);
+  *newcomm = reinterpret_cast<ncclComm_t>(c);
+  fake::log_line(line + " -> 0 newcomm=" + name_of(c));
+  return ncclSuccess;
+}
+FAKE_PNCCL_ALIAS(ncclCommSplit)
+
+#ifndef FAKE_NCCL_OMIT_SHRINK
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  std::string line = "ncclCommShrink comm=" + name_of(comm) +
+                     " exclude=" + fake::int_list(excludeRanksList, excludeRanksCount) +
+                     strf(" count=%d flags=%d ", excludeRanksCount, shrinkFlags) +
+                     fake::describe_config(config);
+  if (fake::should_fail("ncclCommShrink")) return finish(line, ncclInternalError);
+  fake::Comm* parent = fake::find_comm(comm);
+  if (parent == nullptr || newcomm == nullptr || excludeRanksCount < 0 ||
+      excludeRanksCount >= parent->nranks)
+    return finish(line, ncclInvalidArgument);
+  if (config != nullptr && !fake::config_magic_ok(config)) return finish(line, ncclInvalidArgument);
+  const ncclConfig_t* inherited =
+      config ? config
+             : (parent->config.empty()
+                    ? nullptr
+                    : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
+  fake::Comm* c = fake::new_comm(parent->nranks - excludeRanksCount, 0, parent->device, inherited);
+  *newcomm = reinterpret_cast<ncclComm_t>(c);
+  fake::log_line(line + " -> 0 newcomm=" + name_of(c));
+  return ncclSuccess;
+}
+FAKE_PNCCL_ALIAS(ncclCommShrink)
+#endif
+
+namespace {
+
+// Finalize/Destroy/Abort/Revoke share this shape: validate the comm, log, maybe free it.
+ncclResult_t comm_lifecycle(const char* fn, ncclComm_t comm, const std::string& extra,
+                            bool free_it) {
+  std::string line = std::string(fn) + " comm=" + name_of(comm) + extra;
+  if (fake::should_fail(fn)) return finish(line, ncclInternalError);
+  if (fake::find_comm(comm) == nullptr) return finish(line, ncclInvalidArgument);
+  finish(line, ncclSuccess);
+  if (free_it) fake::delete_comm(comm);
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return comm_lifecycle("ncclCommFinalize", comm, "", false);
+}
+FAKE_PNCCL_ALIAS(ncclCommFinalize)
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return comm_lifecycle("ncclCommDestroy", comm, "", true);
+}
+FAKE_PNCCL_ALIAS(ncclCommDestroy)
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return comm_lifecycle("ncclCommAbort", comm, "", true);
+}
+FAKE_PNCCL_ALIAS(ncclCommAbort)
+
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  return comm_lifecycle("ncclCommRevoke", comm, strf(" flags=%d", revokeFlags), false);
+}
+FAKE_PNCCL_ALIAS(ncclCommRevoke)
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  std::string line = "ncclCommGetAsyncError comm=" + name_of(comm);
+  if (fake::should_fail("ncclCommGetAsyncError")) return finish(line, ncclInternalError);
+  fake::Comm* c = fake::find_comm(comm);
+  if (c == nullptr || asyncError == nullptr) return finish(line, ncclInvalidArgument);
+  *asyncError = c->async_error;
+  fake::log_line(line + strf(" -> 0 asyncError=%d", static_cast<int>(*asyncError)));
+  return ncclSuccess;
+}
+FAKE_PNCCL_ALIAS(ncclCommGetAsyncError)
+
+namespace {
+
+// Count/CuDevice/UserRank: one int answered from the fake comm.
+ncclResult_t comm_query(const char* fn, ncclComm_t comm, int* out, int fake::Comm::*field) {
+  std::string line = std::string(fn) + " comm=" + name_of(comm);
+  if (fake::should_fail(fn)) return finish(line, ncclInternalError);
+  fake::Comm* c = fake::find_comm(comm);
+  if (c == nullptr || out == nullptr) return finish(line, ncclInvalidArgument);
+  *out = c->*field;
+  fake::log_line(line + strf(" -> 0 value=%d", *out));
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  return comm_query("ncclCommCount", comm, count, &fake::Comm::nranks);
+}
+FAKE_PNCCL_ALIAS(ncclCommCount)
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  return comm_query("ncclCommCuDevice", comm, device, &fake::Comm::device);
+}
+FAKE_PNCCL_ALIAS(ncclCommCuDevice)
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  return comm_query("ncclCommUserRank", comm, rank, &fake::Comm::rank);
+}
+FAKE_PNCCL_ALIAS(ncclCommUserRank)
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  static const char* const kNames[] = {
+      "ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+      "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+      "ncclRemoteError",   "ncclInProgress"};
+  fake::log_line(strf("ncclGetErrorString result=%d", static_cast<int>(result)));
+  auto r = static_cast<unsigned>(result);
+  return r < sizeof(kNames) / sizeof(kNames[0]) ? kNames[r] : "unknown result code";
+}
+FAKE_PNCCL_ALIAS(ncclGetErrorString)
+
+const char* ncclGetLastError(ncclComm_t comm) {
+  fake::log_line("ncclGetLastError comm=" + name_of(comm));
+  return "fake nccl: no error";
+}
+FAKE_PNCCL_ALIAS(ncclGetLastError)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+void ncclResetDebugInit() { fake::log_line("ncclResetDebugInit"); }
+FAKE_PNCCL_ALIAS(ncclResetDebugInit)
+#pragma GCC diagnostic pop

@@ -1,0 +1,695 @@
+// Tests of the ZEROCTA_* configuration (src/config.cc): defaults, every bad-input class per
+// variable type, size suffixes and boundaries, the pool/chunk cross-check, the fingerprint,
+// and that the table documents exactly the variables that are read.
+#include "config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace zc {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+Config parse_env(const Env& env) {
+  return parse_config([&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+const ConfigVar& row(const std::string& name) {
+  for (const ConfigVar& v : config_table()) {
+    if (name == v.name) return v;
+  }
+  ADD_FAILURE() << name << " is not in config_table()";
+  static const ConfigVar kMissing = {"", "", "", "", ""};
+  return kMissing;
+}
+
+// The documented error line for a printable value.
+std::string invalid_line(const std::string& name, const std::string& value) {
+  const ConfigVar& v = row(name);
+  return name + "=\"" + value + "\" is invalid (accepted: " + v.values + "); using the default \"" +
+         v.def + "\"";
+}
+
+// Every parsed value (not errors, not fingerprint), so "kept the default" can be checked
+// field by field with a readable failure.
+void expect_same_values(const Config& a, const Config& b) {
+  EXPECT_EQ(a.enable, b.enable);
+  EXPECT_EQ(a.strict, b.strict);
+  EXPECT_EQ(a.log, b.log);
+  EXPECT_EQ(a.cta_policy, b.cta_policy);
+  EXPECT_EQ(a.cta_policy_force, b.cta_policy_force);
+  EXPECT_EQ(a.allgather, b.allgather);
+  EXPECT_EQ(a.min_bytes, b.min_bytes);
+  EXPECT_EQ(a.pool_bytes, b.pool_bytes);
+  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
+  EXPECT_EQ(a.stats, b.stats);
+  EXPECT_EQ(a.nvtx, b.nvtx);
+  EXPECT_EQ(a.nccl_library, b.nccl_library);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == sep) {
+      parts.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return parts;
+}
+
+std::string to_upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Upper-cases every other letter: "nccl-staged" -> "NcCl-StAgEd".
+std::string mixed_case(std::string s) {
+  for (size_t i = 0; i < s.size(); i += 2) {
+    s[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[i])));
+  }
+  return s;
+}
+
+// The test's own map from each variable to its field; a new variable must be added here
+// (TableTest.TypedFieldMapsCoverTheTable fails otherwise).
+const std::map<std::string, bool Config::*> kBoolFields = {
+    {"ZEROCTA_ENABLE", &Config::enable},
+    {"ZEROCTA_STRICT", &Config::strict},
+    {"ZEROCTA_CTA_POLICY_FORCE", &Config::cta_policy_force},
+    {"ZEROCTA_NVTX", &Config::nvtx},
+};
+const std::map<std::string, uint64_t Config::*> kSizeFields = {
+    {"ZEROCTA_MIN_BYTES", &Config::min_bytes},
+    {"ZEROCTA_POOL_BYTES", &Config::pool_bytes},
+    {"ZEROCTA_CHUNK_BYTES", &Config::chunk_bytes},
+};
+const std::map<std::string, std::string Config::*> kStringFields = {
+    {"ZEROCTA_STATS", &Config::stats},
+    {"ZEROCTA_NCCL_LIBRARY", &Config::nccl_library},
+};
+const std::set<std::string> kEnumNames = {"ZEROCTA_LOG", "ZEROCTA_CTA_POLICY", "ZEROCTA_ALLGATHER"};
+
+// ---------------------------------------------------------------- defaults
+
+TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
+  Config c = parse_env({});
+  EXPECT_TRUE(c.errors.empty());
+  EXPECT_TRUE(c.enable);
+  EXPECT_FALSE(c.strict);
+  EXPECT_EQ(c.log, LogLevel::kWarn);
+  EXPECT_EQ(c.cta_policy, CtaPolicyMode::kZero);
+  EXPECT_FALSE(c.cta_policy_force);
+  EXPECT_EQ(c.allgather, AllGatherMode::kAuto);
+  EXPECT_EQ(c.min_bytes, 16ull << 20);
+  EXPECT_EQ(c.pool_bytes, 256ull << 20);
+  EXPECT_EQ(c.chunk_bytes, 32ull << 20);
+  EXPECT_EQ(c.stats, "");
+  EXPECT_TRUE(c.nvtx);
+  EXPECT_EQ(c.nccl_library, "");
+}
+
+TEST(ConfigDefaults, DefaultConstructedConfigIsTheParsedEmptyEnvironment) {
+  Config parsed = parse_env({});
+  expect_same_values(Config{}, parsed);
+  EXPECT_EQ(config_fingerprint(Config{}), parsed.fingerprint);
+}
+
+TEST(ConfigDefaults, NoLookupFunctionMeansNothingIsSet) {
+  Config c = parse_config(EnvLookup{});
+  EXPECT_TRUE(c.errors.empty());
+  expect_same_values(c, parse_env({}));
+}
+
+TEST(ConfigDefaults, TableDefaultTextsParseToTheDefaults) {
+  Env env;
+  for (const ConfigVar& v : config_table()) {
+    if (v.def[0] != '\0') env[v.name] = v.def;
+  }
+  Config c = parse_env(env);
+  EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+  expect_same_values(c, parse_env({}));
+  EXPECT_EQ(c.fingerprint, parse_env({}).fingerprint);
+}
+
+TEST(ConfigDefaults, EmptyDefaultIsOnlyUsedForStringVariables) {
+  for (const ConfigVar& v : config_table()) {
+    if (v.def[0] == '\0') {
+      EXPECT_STREQ(v.type, "string") << v.name;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the table
+
+TEST(TableTest, NamesExactlyTheVariablesParseConfigReads) {
+  std::multiset<std::string> asked;
+  parse_config([&asked](const char* name) -> const char* {
+    asked.insert(name);
+    return nullptr;
+  });
+  std::multiset<std::string> documented;
+  for (const ConfigVar& v : config_table()) documented.insert(v.name);
+  EXPECT_EQ(asked, documented);
+  // Each exactly once: no duplicate rows, no variable read twice.
+  EXPECT_EQ(std::set<std::string>(asked.begin(), asked.end()).size(), asked.size());
+}
+
+TEST(TableTest, ReadsTheSameVariablesWhenAllAreSet) {
+  // A parser that only looks at some variables once others are set would escape the test
+  // above; set everything to a valid value and record again.
+  std::set<std::string> asked;
+  Env env;
+  for (const ConfigVar& v : config_table()) env[v.name] = v.def;
+  parse_config([&](const char* name) -> const char* {
+    asked.insert(name);
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_EQ(asked.size(), config_table().size());
+}
+
+TEST(TableTest, RowsAreComplete) {
+  const std::set<std::string> types = {"bool", "enum", "size", "string"};
+  for (const ConfigVar& v : config_table()) {
+    std::string name = v.name;
+    EXPECT_EQ(name.rfind("ZEROCTA_", 0), 0u) << name;
+    EXPECT_EQ(types.count(v.type), 1u) << name << " has type " << v.type;
+    EXPECT_NE(std::string(v.values), "") << name;
+    std::string meaning = v.meaning;
+    ASSERT_FALSE(meaning.empty()) << name;
+    EXPECT_EQ(meaning.back(), '.') << name << ": the meaning is one sentence";
+    EXPECT_EQ(meaning.find(". "), std::string::npos) << name << ": the meaning is one sentence";
+    for (const char* text : {v.values, v.def, v.meaning}) {
+      EXPECT_EQ(std::string(text).find('\n'), std::string::npos) << name;
+    }
+  }
+}
+
+TEST(TableTest, TypedFieldMapsCoverTheTable) {
+  for (const ConfigVar& v : config_table()) {
+    std::string type = v.type;
+    size_t in_maps = kBoolFields.count(v.name) + kSizeFields.count(v.name) +
+                     kStringFields.count(v.name) + kEnumNames.count(v.name);
+    EXPECT_EQ(in_maps, 1u) << v.name << ": add it to the test's field maps";
+    const std::map<std::string, size_t> in_typed_map = {
+        {"bool", kBoolFields.count(v.name)},
+        {"size", kSizeFields.count(v.name)},
+        {"string", kStringFields.count(v.name)},
+        {"enum", kEnumNames.count(v.name)},
+    };
+    auto it = in_typed_map.find(type);
+    ASSERT_NE(it, in_typed_map.end()) << v.name;
+    EXPECT_EQ(it->second, 1u) << v.name << " is in the wrong field map for type " << type;
+  }
+}
+
+TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
+  const std::map<std::string, std::string> required = {
+      {"ZEROCTA_ENABLE", "1"},
+      {"ZEROCTA_STRICT", "0"},
+      {"ZEROCTA_LOG", "warn"},
+      {"ZEROCTA_CTA_POLICY", "zero"},
+      {"ZEROCTA_CTA_POLICY_FORCE", "0"},
+      {"ZEROCTA_ALLGATHER", "auto"},
+      {"ZEROCTA_MIN_BYTES", "16M"},
+      {"ZEROCTA_POOL_BYTES", "256M"},
+      {"ZEROCTA_CHUNK_BYTES", "32M"},
+      {"ZEROCTA_STATS", ""},
+      {"ZEROCTA_NVTX", "1"},
+      {"ZEROCTA_NCCL_LIBRARY", ""},
+  };
+  std::map<std::string, std::string> documented;
+  for (const ConfigVar& v : config_table()) documented[v.name] = v.def;
+  EXPECT_EQ(documented, required);
+}
+
+// ---------------------------------------------------------------- bad values, any type
+
+TEST(BadValues, EachBadValueGivesOneLineAndKeepsTheDefault) {
+  // Invalid for every bool, enum and size variable alike.
+  const std::vector<std::string> bad = {"",   " ",  "1 ",  " 1",     "-1",  "x",
+                                        "1x", "\t", "0 0", "on off", "16Mx"};
+  const Config defaults = parse_env({});
+  for (const ConfigVar& v : config_table()) {
+    if (std::string(v.type) == "string") continue;
+    for (const std::string& value : bad) {
+      SCOPED_TRACE(std::string(v.name) + "=\"" + value + "\"");
+      Config c = parse_env({{v.name, value}});
+      ASSERT_EQ(c.errors.size(), 1u);
+      if (value != "\t") {  // a tab is escaped in the line; see the escaping test
+        EXPECT_EQ(c.errors[0], invalid_line(v.name, value));
+      }
+      expect_same_values(c, defaults);
+      EXPECT_EQ(c.fingerprint, defaults.fingerprint);
+    }
+  }
+}
+
+TEST(BadValues, TheRequirementsExampleLineIsExact) {
+  Config c = parse_env({{"ZEROCTA_LOG", "verbose"}});
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_EQ(c.errors[0],
+            "ZEROCTA_LOG=\"verbose\" is invalid (accepted: none|warn|info|debug); using the "
+            "default \"warn\"");
+}
+
+TEST(BadValues, OneLinePerBadVariable) {
+  Config c = parse_env({{"ZEROCTA_LOG", "loud"},
+                        {"ZEROCTA_ENABLE", "2"},
+                        {"ZEROCTA_MIN_BYTES", "-1"},
+                        {"ZEROCTA_ALLGATHER", "fast"},
+                        {"ZEROCTA_NVTX", "1"}});
+  ASSERT_EQ(c.errors.size(), 4u);
+  std::set<std::string> named;
+  for (const std::string& line : c.errors) named.insert(line.substr(0, line.find('=')));
+  EXPECT_EQ(named, (std::set<std::string>{"ZEROCTA_LOG", "ZEROCTA_ENABLE", "ZEROCTA_MIN_BYTES",
+                                          "ZEROCTA_ALLGATHER"}));
+}
+
+TEST(BadValues, ControlCharactersAndQuotesStayOnOneEscapedLine) {
+  Config c = parse_env({{"ZEROCTA_LOG", "a\nb\"c\\d\x7f\xff"}});
+  ASSERT_EQ(c.errors.size(), 1u);
+  const std::string& line = c.errors[0];
+  for (char ch : line) {
+    EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << "byte " << static_cast<int>(ch) << " in " << line;
+  }
+  EXPECT_NE(line.find("ZEROCTA_LOG=\"a\\x0ab\\\"c\\\\d\\x7f\\xff\" is invalid"), std::string::npos)
+      << line;
+}
+
+TEST(BadValues, HugeValueIsShortenedInTheLine) {
+  std::string huge(100000, 'x');
+  Config c = parse_env({{"ZEROCTA_CTA_POLICY", huge}});
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_LT(c.errors[0].size(), 400u);
+  EXPECT_NE(c.errors[0].find("xxxx\"... is invalid"), std::string::npos) << c.errors[0];
+}
+
+// ---------------------------------------------------------------- bools
+
+TEST(Bools, EveryAcceptedWordInAnyCase) {
+  const std::set<std::string> truthy = {"1", "true", "yes", "on"};
+  const std::set<std::string> falsy = {"0", "false", "no", "off"};
+  for (const auto& [name, field] : kBoolFields) {
+    std::vector<std::string> words = split(row(name).values, '|');
+    EXPECT_EQ(std::set<std::string>(words.begin(), words.end()).size(), 8u) << name;
+    for (const std::string& word : words) {
+      ASSERT_EQ(truthy.count(word) + falsy.count(word), 1u) << name << ": " << word;
+      for (const std::string& spelled : {word, to_upper(word), mixed_case(word)}) {
+        Config c = parse_env({{name, spelled}});
+        EXPECT_TRUE(c.errors.empty()) << name << "=" << spelled;
+        EXPECT_EQ(c.*field, truthy.count(word) == 1) << name << "=" << spelled;
+      }
+    }
+  }
+}
+
+TEST(Bools, RejectsNearMisses) {
+  for (const auto& [name, field] : kBoolFields) {
+    for (const char* bad : {"2", "10", "01", "tru", "truee", "y", "n", "enable", "of", "onn", "+1",
+                            "0x1", "true\n"}) {
+      Config c = parse_env({{name, bad}});
+      ASSERT_EQ(c.errors.size(), 1u) << name << "=" << bad;
+      EXPECT_EQ(c.*field, Config{}.*field) << name << "=" << bad;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- enums
+
+TEST(Enums, EveryDocumentedWordParsesInAnyCaseAndPrintsBack) {
+  struct Case {
+    const char* name;
+    std::function<std::string(const Config&)> printed;
+  };
+  const std::vector<Case> cases = {
+      {"ZEROCTA_LOG", [](const Config& c) { return std::string(to_string(c.log)); }},
+      {"ZEROCTA_CTA_POLICY", [](const Config& c) { return std::string(to_string(c.cta_policy)); }},
+      {"ZEROCTA_ALLGATHER", [](const Config& c) { return std::string(to_string(c.allgather)); }},
+  };
+  ASSERT_EQ(cases.size(), kEnumNames.size());
+  for (const Case& k : cases) {
+    std::vector<std::string> words = split(row(k.name).values, '|');
+    EXPECT_GE(words.size(), 4u) << k.name;
+    for (const std::string& word : words) {
+      for (const std::string& spelled : {word, to_upper(word), mixed_case(word)}) {
+        Config c = parse_env({{k.name, spelled}});
+        EXPECT_TRUE(c.errors.empty()) << k.name << "=" << spelled;
+        EXPECT_EQ(k.printed(c), word) << k.name << "=" << spelled;
+      }
+    }
+  }
+}
+
+TEST(Enums, SpecificWordsMapToTheirValues) {
+  EXPECT_EQ(parse_env({{"ZEROCTA_LOG", "none"}}).log, LogLevel::kNone);
+  EXPECT_EQ(parse_env({{"ZEROCTA_LOG", "Debug"}}).log, LogLevel::kDebug);
+  EXPECT_EQ(parse_env({{"ZEROCTA_LOG", "INFO"}}).log, LogLevel::kInfo);
+  EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "keep"}}).cta_policy, CtaPolicyMode::kKeep);
+  EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "Efficiency"}}).cta_policy,
+            CtaPolicyMode::kEfficiency);
+  EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "DEFAULT"}}).cta_policy, CtaPolicyMode::kDefault);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "NCCL-Staged"}}).allgather,
+            AllGatherMode::kNcclStaged);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "zerocta"}}).allgather, AllGatherMode::kZerocta);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "nccl"}}).allgather, AllGatherMode::kNccl);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "OFF"}}).allgather, AllGatherMode::kOff);
+}
+
+TEST(Enums, RejectsNearMisses) {
+  const std::map<std::string, std::vector<const char*>> bad = {
+      {"ZEROCTA_LOG", {"verbose", "warning", "warn ", "0", "3", "trace", "de bug"}},
+      {"ZEROCTA_CTA_POLICY", {"zero ", "0", "none", "efficient", "zero|keep", "keepp"}},
+      {"ZEROCTA_ALLGATHER", {"nccl_staged", "ncclstaged", "nccl-staged-", "on", "1", "ce"}},
+  };
+  for (const auto& [name, values] : bad) {
+    for (const char* value : values) {
+      Config c = parse_env({{name, value}});
+      ASSERT_EQ(c.errors.size(), 1u) << name << "=" << value;
+      EXPECT_EQ(c.errors[0], invalid_line(name, value));
+      expect_same_values(c, parse_env({}));
+    }
+  }
+}
+
+TEST(Enums, ToStringNamesAnOutOfRangeValue) {
+  EXPECT_STREQ(to_string(static_cast<CtaPolicyMode>(99)), "unknown");
+  EXPECT_STREQ(to_string(static_cast<AllGatherMode>(99)), "unknown");
+  EXPECT_STREQ(to_string(static_cast<LogLevel>(99)), "unknown");
+}
+
+// ---------------------------------------------------------------- parse_size
+
+uint64_t size_or_die(const char* text) {
+  uint64_t v = 0;
+  EXPECT_TRUE(parse_size(text, &v)) << text;
+  return v;
+}
+
+TEST(ParseSize, PlainDigitsAreBytes) {
+  EXPECT_EQ(size_or_die("0"), 0u);
+  EXPECT_EQ(size_or_die("1"), 1u);
+  EXPECT_EQ(size_or_die("4097"), 4097u);
+  EXPECT_EQ(size_or_die("000016"), 16u);
+}
+
+TEST(ParseSize, EverySuffixIsAPowerOf1024) {
+  const std::vector<std::pair<std::string, unsigned>> suffixes = {
+      {"K", 10}, {"M", 20}, {"G", 30},   {"T", 40},   {"k", 10},   {"m", 20},
+      {"g", 30}, {"t", 40}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40},
+  };
+  for (const auto& [suffix, shift] : suffixes) {
+    for (uint64_t n : {0ull, 1ull, 3ull, 1000ull}) {
+      std::string text = std::to_string(n) + suffix;
+      EXPECT_EQ(size_or_die(text.c_str()), n << shift) << text;
+    }
+  }
+}
+
+TEST(ParseSize, Boundaries) {
+  EXPECT_EQ(size_or_die("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(size_or_die("0018446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(size_or_die("16777215T"), ((1ull << 24) - 1) << 40);
+  EXPECT_EQ(size_or_die("17179869183G"), ((1ull << 34) - 1) << 30);
+  EXPECT_EQ(size_or_die("17592186044415M"), ((1ull << 44) - 1) << 20);
+  EXPECT_EQ(size_or_die("18014398509481983K"), ((1ull << 54) - 1) << 10);
+  uint64_t v = 7;
+  for (const char* over : {"18446744073709551616", "18446744073709551625", "99999999999999999999",
+                           "184467440737095516150", "16777216T", "16777216TiB", "17179869184G",
+                           "17592186044416M", "18014398509481984K", "18446744073709551615K"}) {
+    EXPECT_FALSE(parse_size(over, &v)) << over;
+  }
+  EXPECT_EQ(v, 7u) << "a failed parse must leave the output unchanged";
+}
+
+TEST(ParseSize, RejectsJunkSignsWhitespaceAndOtherSpellings) {
+  uint64_t v = 7;
+  EXPECT_FALSE(parse_size(nullptr, &v));
+  EXPECT_FALSE(parse_size("1", nullptr));
+  for (const char* bad :
+       {"",     " ",    "-1",    "-0",    "+1",    " 1",     "1 ",    "1\n",  "16Mx", "16MB",
+        "16mb", "16B",  "16kib", "16KIB", "16Kib", "16KiBx", "16Ki",  "16iB", "16KK", "1.5M",
+        "1e6",  "0x10", "M",     "K16",   "16 M",  "1,000",  "1_000", "16P",  "16E"}) {
+    EXPECT_FALSE(parse_size(bad, &v)) << "\"" << bad << "\"";
+  }
+  EXPECT_EQ(v, 7u);
+}
+
+TEST(FormatSize, ShortestExactSpelling) {
+  EXPECT_EQ(format_size(0), "0");
+  EXPECT_EQ(format_size(1000), "1000");
+  EXPECT_EQ(format_size(4096), "4K");
+  EXPECT_EQ(format_size(16ull << 20), "16M");
+  EXPECT_EQ(format_size(3ull << 30), "3G");
+  EXPECT_EQ(format_size(1ull << 50), "1024T");
+  EXPECT_EQ(format_size(UINT64_MAX), "18446744073709551615");
+}
+
+TEST(FormatSize, RoundTripsThroughParseSize) {
+  std::mt19937_64 rng(12345);
+  std::vector<uint64_t> values = {
+      0, 1, 1023, 1024, 1025, UINT64_MAX, UINT64_MAX << 10, UINT64_MAX << 40, 1ull << 63};
+  for (int i = 0; i < 2000; ++i) {
+    uint64_t r = rng();
+    values.push_back(r);
+    values.push_back(r << (i % 48));  // many with K/M/G/T-exact values
+  }
+  for (uint64_t v : values) {
+    uint64_t back = 0;
+    ASSERT_TRUE(parse_size(format_size(v).c_str(), &back)) << v;
+    EXPECT_EQ(back, v) << format_size(v);
+  }
+}
+
+// ---------------------------------------------------------------- size variables
+
+TEST(SizeVariables, AcceptSuffixedValues) {
+  for (const auto& [name, field] : kSizeFields) {
+    // Sizes that also satisfy the pool/chunk rules with the other one at its default.
+    const char* text = name == "ZEROCTA_CHUNK_BYTES" ? "16MiB" : "1g";
+    Config c = parse_env({{name, text}});
+    EXPECT_TRUE(c.errors.empty()) << name;
+    EXPECT_EQ(c.*field, size_or_die(text)) << name;
+  }
+}
+
+TEST(SizeVariables, RejectOverflowAndNegatives) {
+  for (const auto& [name, field] : kSizeFields) {
+    for (const char* bad : {"18446744073709551616", "16777216T", "-1", "-16M", "16Mx", ""}) {
+      Config c = parse_env({{name, bad}});
+      ASSERT_EQ(c.errors.size(), 1u) << name << "=" << bad;
+      EXPECT_EQ(c.errors[0], invalid_line(name, bad));
+      EXPECT_EQ(c.*field, Config{}.*field);
+    }
+  }
+}
+
+TEST(SizeVariables, MinBytesTakesTheWholeRange) {
+  EXPECT_EQ(parse_env({{"ZEROCTA_MIN_BYTES", "0"}}).min_bytes, 0u);
+  Config c = parse_env({{"ZEROCTA_MIN_BYTES", "18446744073709551615"}});
+  EXPECT_TRUE(c.errors.empty());
+  EXPECT_EQ(c.min_bytes, UINT64_MAX);
+}
+
+TEST(SizeVariables, ChunkIsAtLeast64KAndAMultipleOf4K) {
+  for (const char* good : {"64K", "65536", "68K", "64KiB", "128M", "32m"}) {
+    Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", good}});
+    EXPECT_TRUE(c.errors.empty()) << good;
+    EXPECT_EQ(c.chunk_bytes, size_or_die(good));
+  }
+  for (const char* bad : {"0", "4K", "60K", "65532", "65537", "66K", "1000000", "33554433"}) {
+    Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", bad}});
+    ASSERT_EQ(c.errors.size(), 1u) << bad;
+    EXPECT_EQ(c.errors[0], invalid_line("ZEROCTA_CHUNK_BYTES", bad));
+    EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
+  }
+}
+
+// ---------------------------------------------------------------- pool >= 2 * chunk
+
+TEST(PoolAndChunk, ExactlyTwoChunksFit) {
+  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "64M"}, {"ZEROCTA_CHUNK_BYTES", "32M"}});
+  EXPECT_TRUE(c.errors.empty());
+  EXPECT_EQ(c.pool_bytes, 64ull << 20);
+  EXPECT_EQ(c.chunk_bytes, 32ull << 20);
+}
+
+TEST(PoolAndChunk, OneByteShortResetsBoth) {
+  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "67108863"}, {"ZEROCTA_CHUNK_BYTES", "32M"}});
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_EQ(c.pool_bytes, Config{}.pool_bytes);
+  EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
+  const std::string& line = c.errors[0];
+  EXPECT_EQ(line.rfind("ZEROCTA_POOL_BYTES=\"67108863\"", 0), 0u) << line;
+  EXPECT_NE(line.find("ZEROCTA_CHUNK_BYTES=\"32M\""), std::string::npos) << line;
+  EXPECT_NE(line.find("using the defaults ZEROCTA_POOL_BYTES=\"256M\" and "
+                      "ZEROCTA_CHUNK_BYTES=\"32M\""),
+            std::string::npos)
+      << line;
+}
+
+TEST(PoolAndChunk, ChunkTooLargeForTheDefaultPool) {
+  Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", "256M"}});
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_NE(c.errors[0].find("ZEROCTA_POOL_BYTES=\"256M\""), std::string::npos) << c.errors[0];
+  EXPECT_NE(c.errors[0].find("ZEROCTA_CHUNK_BYTES=\"256M\""), std::string::npos) << c.errors[0];
+  EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
+  // Just fits: the default pool holds two 128M chunks.
+  EXPECT_TRUE(parse_env({{"ZEROCTA_CHUNK_BYTES", "128M"}}).errors.empty());
+}
+
+TEST(PoolAndChunk, NoOverflowNearTheTop) {
+  // 2 * 2^63 wraps to 0 in 64 bits; the check must still see that it does not fit.
+  Config over = parse_env({{"ZEROCTA_POOL_BYTES", "18446744073709551615"},
+                           {"ZEROCTA_CHUNK_BYTES", "9223372036854775808"}});
+  ASSERT_EQ(over.errors.size(), 1u);
+  EXPECT_EQ(over.pool_bytes, Config{}.pool_bytes);
+  Config fits = parse_env({{"ZEROCTA_POOL_BYTES", "18446744073709551615"},
+                           {"ZEROCTA_CHUNK_BYTES", "9223372036854771712"}});  // 2^63 - 4K
+  EXPECT_TRUE(fits.errors.empty());
+  EXPECT_EQ(fits.chunk_bytes, (1ull << 63) - 4096);
+}
+
+TEST(PoolAndChunk, ABadValueAndTheCrossCheckEachGiveALine) {
+  // The bad chunk keeps its 32M default, which no longer fits the 32M pool.
+  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "32M"}, {"ZEROCTA_CHUNK_BYTES", "lots"}});
+  ASSERT_EQ(c.errors.size(), 2u);
+  EXPECT_EQ(c.errors[0], invalid_line("ZEROCTA_CHUNK_BYTES", "lots"));
+  EXPECT_NE(c.errors[1].find("is less than 2 * ZEROCTA_CHUNK_BYTES=\"32M\""), std::string::npos)
+      << c.errors[1];
+  EXPECT_EQ(c.pool_bytes, Config{}.pool_bytes);
+  EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
+}
+
+// ---------------------------------------------------------------- string variables
+
+TEST(StringVariables, AnyValueIsKeptAndEmptyMeansUnset) {
+  for (const auto& [name, field] : kStringFields) {
+    EXPECT_EQ(parse_env({}).*field, "") << name;
+    for (const char* value : {"", "0", "1", "/tmp/zerocta stats.json", "relative/p\xc3\xa4th"}) {
+      Config c = parse_env({{name, value}});
+      EXPECT_TRUE(c.errors.empty()) << name << "=" << value;
+      EXPECT_EQ(c.*field, value) << name;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- fingerprint
+
+TEST(Fingerprint, IdenticalConfigsHashAlike) {
+  Env env = {{"ZEROCTA_ALLGATHER", "zerocta"}, {"ZEROCTA_MIN_BYTES", "1M"}};
+  Config a = parse_env(env);
+  Config b = parse_env(env);
+  EXPECT_EQ(a.fingerprint, b.fingerprint);
+  EXPECT_EQ(a.fingerprint, config_fingerprint(a));
+  EXPECT_NE(a.fingerprint, 0u);
+}
+
+TEST(Fingerprint, EveryProtocolFieldChangesIt) {
+  const std::vector<std::pair<const char*, const char*>> changes = {
+      {"ZEROCTA_ENABLE", "0"},        {"ZEROCTA_CTA_POLICY", "efficiency"},
+      {"ZEROCTA_CTA_POLICY", "keep"}, {"ZEROCTA_ALLGATHER", "nccl"},
+      {"ZEROCTA_ALLGATHER", "off"},   {"ZEROCTA_MIN_BYTES", "16777217"},
+      {"ZEROCTA_MIN_BYTES", "0"},     {"ZEROCTA_POOL_BYTES", "512M"},
+      {"ZEROCTA_CHUNK_BYTES", "16M"}, {"ZEROCTA_CHUNK_BYTES", "33558528"},
+  };
+  std::set<uint64_t> seen = {parse_env({}).fingerprint};
+  for (const auto& [name, value] : changes) {
+    Config c = parse_env({{name, value}});
+    ASSERT_TRUE(c.errors.empty()) << name << "=" << value;
+    EXPECT_TRUE(seen.insert(c.fingerprint).second) << name << "=" << value;
+  }
+}
+
+TEST(Fingerprint, DirectFieldChangesChangeIt) {
+  const Config base;
+  const uint64_t h = config_fingerprint(base);
+  Config c = base;
+  c.pool_bytes += 4096;
+  EXPECT_NE(config_fingerprint(c), h);
+  c = base;
+  c.chunk_bytes = base.min_bytes;  // swapping values between fields must not collide
+  c.min_bytes = base.chunk_bytes;
+  EXPECT_NE(config_fingerprint(c), h);
+  c = base;
+  c.allgather = AllGatherMode::kNcclStaged;
+  EXPECT_NE(config_fingerprint(c), h);
+}
+
+TEST(Fingerprint, LocalOnlySettingsDoNotChangeIt) {
+  const uint64_t base = parse_env({}).fingerprint;
+  const std::vector<std::pair<const char*, const char*>> local = {
+      {"ZEROCTA_LOG", "debug"},
+      {"ZEROCTA_LOG", "none"},
+      {"ZEROCTA_STATS", "1"},
+      {"ZEROCTA_STATS", "/tmp/s.json"},
+      {"ZEROCTA_NVTX", "0"},
+      {"ZEROCTA_STRICT", "1"},
+      {"ZEROCTA_CTA_POLICY_FORCE", "1"},
+      {"ZEROCTA_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"},
+  };
+  for (const auto& [name, value] : local) {
+    Config c = parse_env({{name, value}});
+    ASSERT_TRUE(c.errors.empty()) << name;
+    EXPECT_EQ(c.fingerprint, base) << name << "=" << value;
+  }
+}
+
+TEST(Fingerprint, DependsOnValuesNotSpelling) {
+  const uint64_t base = parse_env({}).fingerprint;
+  for (const char* spelled : {"16M", "16m", "16MiB", "16384K", "16777216"}) {
+    EXPECT_EQ(parse_env({{"ZEROCTA_MIN_BYTES", spelled}}).fingerprint, base) << spelled;
+  }
+  EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "ZERO"}}).fingerprint, base);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ENABLE", "yes"}}).fingerprint, base);
+}
+
+// ---------------------------------------------------------------- config()
+
+TEST(ProcessConfig, IsParsedOnceAndShared) {
+  std::vector<const Config*> seen(8, nullptr);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    threads.emplace_back([&seen, i] { seen[i] = &config(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Config* p : seen) EXPECT_EQ(p, &config());
+  Config fresh = parse_config([](const char* name) { return std::getenv(name); });
+  expect_same_values(config(), fresh);
+  EXPECT_EQ(config().fingerprint, fresh.fingerprint);
+}
+
+TEST(ProcessConfig, ReadsTheRealEnvironmentOnce) {
+  // A fresh process (threadsafe death tests re-execute the binary), so config() has not
+  // been called yet there, whatever other tests did here.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("ZEROCTA_LOG", "debug", 1);
+        setenv("ZEROCTA_MIN_BYTES", "3K", 1);
+        setenv("ZEROCTA_NVTX", "bogus", 1);
+        const Config& first = config();
+        bool parsed = first.log == LogLevel::kDebug && first.min_bytes == 3072 &&
+                      first.errors.size() == 1 && first.nvtx;
+        setenv("ZEROCTA_LOG", "none", 1);
+        bool cached = &config() == &first && config().log == LogLevel::kDebug;
+        std::exit(parsed && cached ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace zc

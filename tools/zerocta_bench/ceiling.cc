@@ -1,0 +1,92 @@
+// The ceiling path of the sweep: bare peer pulls (peer_pull.h) timed exactly like the NCCL
+// paths, with the same check, so its busbw is directly comparable.
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "cuda_check.h"
+#include "host_barrier.h"
+#include "kernels.h"
+#include "peer_pull.h"
+#include "sweep.h"
+#include "timing.h"
+
+namespace zcb {
+
+namespace {
+
+void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barrier,
+                 std::vector<PeerBuffers>* bufs) {
+  setup_peer_gpu(g, n, ch);
+  const int elem = o.dtype.bytes;
+  SweepBuffers sb = sweep_buffers(o, n);
+  ZCB_CUDA(cudaMalloc(&(*bufs)[g].recv, sb.max_total));
+  ZCB_CUDA(cudaMalloc(&(*bufs)[g].send, sb.max_chunk));
+  cudaStream_t stream;
+  ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  IterTimer timer(o.iters);
+  WrongCounter wrong;
+  barrier->wait();  // every GPU's buffers exist before anyone reads a peer's
+
+  std::vector<uint64_t> sizes = sweep_sizes(o);
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    const uint64_t count = per_rank_count(sizes[si], n, elem);
+    if (count == 0) continue;
+    const uint64_t chunk = count * elem;
+    const uint64_t total = chunk * n;
+    RowMsg row{};
+    row.rank = g;
+    row.size_index = static_cast<int32_t>(si);
+    row.bytes = total;
+    row.count = count;
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      PlaceResult& pr = in_place ? row.ip : row.oop;
+      const uint64_t seed = pattern_seed(o.seed, static_cast<int>(si), in_place);
+      char* own_src = in_place ? (*bufs)[g].recv + g * chunk : (*bufs)[g].send;
+      pr.wrong = -1;
+      if (o.check) {
+        ZCB_CUDA(cudaMemsetAsync((*bufs)[g].recv, kPoisonByte, total, stream));
+        launch_fill_pattern(own_src, chunk, elem, seed, g, stream);
+        ZCB_CUDA(cudaGetLastError());
+        ZCB_CUDA(cudaStreamSynchronize(stream));
+        barrier->wait();  // every source is filled
+        enqueue_pulls(g, *bufs, chunk, in_place, stream);
+        // Out-of-place, nobody writes this GPU's own chunk of recv: do not count it.
+        pr.wrong = wrong.count((*bufs)[g].recv, chunk, n, elem, seed, in_place ? -1 : g, stream);
+      }
+      for (int i = 0; i < o.warmups; ++i) enqueue_pulls(g, *bufs, chunk, in_place, stream);
+      ZCB_CUDA(cudaStreamSynchronize(stream));
+      barrier->wait();  // start the timed loops together
+      timer.record(0, stream);
+      for (int i = 0; i < o.iters; ++i) {
+        enqueue_pulls(g, *bufs, chunk, in_place, stream);
+        timer.record(i + 1, stream);
+      }
+      ZCB_CUDA(cudaStreamSynchronize(stream));
+      pr.mean_us = timer.mean_us(o.iters);
+      pr.median_us = timer.median_us(o.iters);
+      barrier->wait();  // nobody poisons a buffer a peer may still be reading
+    }
+    ch->send(kMsgRow, &row, sizeof(row));
+  }
+  ZCB_CUDA(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+void run_ceiling_sweep(const Options& o, int nranks, Channel* ch) {
+  if (nranks < 2) fatal("the ceiling needs at least 2 GPUs");
+  HostBarrier barrier(nranks);
+  std::vector<PeerBuffers> bufs(static_cast<size_t>(nranks));
+  std::vector<std::thread> threads;
+  for (int g = 0; g < nranks; ++g)
+    threads.emplace_back(ceiling_gpu, std::cref(o), g, nranks, ch, &barrier, &bufs);
+  for (std::thread& t : threads) t.join();
+  for (int g = 0; g < nranks; ++g) {
+    cudaSetDevice(g);
+    cudaFree(bufs[g].recv);
+    cudaFree(bufs[g].send);
+  }
+}
+
+}  // namespace zcb

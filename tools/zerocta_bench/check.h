@@ -1,0 +1,32 @@
+// The #wrong column: counts mismatching elements on the device and brings one number back.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zcb {
+
+// The value the output is poisoned with before a checked operation: any element the operation
+// fails to write stays 0xA5.. and is counted wrong (a random pattern byte equals 0xA5 only by
+// chance, so an unwritten chunk is always caught).
+constexpr int kPoisonByte = 0xA5;
+
+class WrongCounter {
+ public:
+  WrongCounter();  // on the current device
+  ~WrongCounter();
+  WrongCounter(const WrongCounter&) = delete;
+  WrongCounter& operator=(const WrongCounter&) = delete;
+
+  // Counts wrong elements of recv (see launch_count_wrong); synchronizes stream.
+  int64_t count(const void* recv, size_t chunk_bytes, int nchunks, int elem_bytes, uint64_t seed,
+                int skip_chunk, cudaStream_t stream);
+
+ private:
+  unsigned long long* d_wrong_ = nullptr;
+  unsigned long long* h_wrong_ = nullptr;
+};
+
+}  // namespace zcb

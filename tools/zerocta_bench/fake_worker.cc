@@ -1,0 +1,181 @@
+// Synthetic worker for --fake-gpus (see worker.h). The numbers follow a simple bandwidth model
+// per path; everything else (unique-id forwarding, barriers, shim detection, route counters,
+// faults) goes through the same protocol as the real workers.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "channel.h"
+#include "shim_stats.h"
+#include "worker.h"
+
+namespace zcb {
+
+namespace {
+
+bool fault(const char* var, PathId path) {
+  const char* v = getenv(var);
+  return v && strcmp(v, path_name(path)) == 0;
+}
+
+// Peak algbw (GB/s) of the model, per path.
+double model_peak(PathId p) {
+  switch (p) {
+    case PathId::kNcclKernel: return 520;
+    case PathId::kNcclCe: return 640;
+    case PathId::kZerocta: return 660;
+    case PathId::kZeroctaAuto: return 650;
+    default: return 780;
+  }
+}
+
+double model_time_us(PathId p, uint64_t bytes, int in_place, int rank) {
+  const double half = 8.0 * (1 << 20);  // size at which the model reaches half its peak
+  const double algbw = model_peak(p) * (in_place ? 1.05 : 1.0) * bytes / (bytes + half);
+  return bytes / (algbw * 1e3) * (1.0 + 0.01 * rank);
+}
+
+void send_hello(Channel* ch, int rank, PathId path) {
+  HelloMsg h{};
+  h.rank = rank;
+  h.device = rank;
+  h.pid = static_cast<int32_t>(getpid());
+  h.nccl_version = path_is_single_process(path) ? 0 : 22809;
+  ShimProbe shim = probe_shim();
+  h.shim_loaded = shim.loaded;
+  h.shim_version = shim.version;
+  snprintf(h.gpu_name, sizeof(h.gpu_name), "Fake GPU (no CUDA)");
+  snprintf(h.bus_id, sizeof(h.bus_id), "0000:%02x:00.0", rank + 1);
+  ch->send(kMsgHello, &h, sizeof(h));
+  if (path_uses_shim(path) && !shim.loaded) fatal("libzerocta.so is not loaded in this rank");
+  if (!path_uses_shim(path) && shim.loaded) fatal("libzerocta.so is loaded but must not be");
+}
+
+void exchange_id(Channel* ch, int rank, PathId path) {
+  UniqueIdMsg m;
+  for (size_t i = 0; i < sizeof(m.bytes); ++i)
+    m.bytes[i] = static_cast<char>(i * 7 + static_cast<int>(path));
+  if (rank == 0) {
+    ch->send(kMsgUniqueId, &m, sizeof(m));
+    return;
+  }
+  UniqueIdMsg got;
+  if (!ch->receive(kMsgUniqueIdFwd, &got, sizeof(got)) || memcmp(&got, &m, sizeof(m)) != 0)
+    fatal("unique id not forwarded intact");
+}
+
+void fill_routes(PathId path, uint64_t bytes, uint64_t calls, bool fallback, uint64_t* r) {
+  if (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20))) {
+    r[zerocta_route_ce] = calls - (fallback ? 1 : 0);
+    r[zerocta_route_passthrough] = fallback ? 1 : 0;
+  } else if (path == PathId::kZeroctaAuto) {
+    r[zerocta_route_passthrough] = calls;
+  }
+}
+
+void fake_rank(const Options& o, PathId path, int rank, int nranks, Channel* ch) {
+  send_hello(ch, rank, path);
+  if (o.worker_mode == "contention") {
+    const uint64_t bytes = o.contention_total_bytes(nranks);
+    ContentionMsg m{};
+    m.rank = rank;
+    m.gemm_iters = o.gemm_iters;
+    m.ag_bytes = bytes;
+    m.gemm_alone_ms = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k) / 780e9;
+    m.ag_alone_ms = model_time_us(path, bytes, 0, rank) / 1000.0;
+    const double slow = path == PathId::kNcclKernel ? 0.30 : path == PathId::kBareCe ? 0.01 : 0.08;
+    m.gemm_overlap_ms = m.gemm_alone_ms * (1 + slow);
+    m.ag_overlap_ms = m.ag_alone_ms * 1.3;
+    m.ag_ops = static_cast<int32_t>(ch->agree_max(static_cast<uint64_t>(
+        2.0 * o.gemm_iters * m.gemm_alone_ms / m.ag_alone_ms + 2 + rank)));
+    m.ag_in_window = m.ag_ops / 2;
+    m.covered = 1;
+    m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + m.ag_ops * m.ag_alone_ms;
+    m.makespan_ms = std::max(o.gemm_iters * m.gemm_overlap_ms, m.ag_ops * m.ag_overlap_ms);
+    fill_routes(path, bytes, static_cast<uint64_t>(m.ag_ops) + 3 + 20, false, m.route_calls);
+    ch->send(kMsgContention, &m, sizeof(m));
+    return;
+  }
+  std::vector<uint64_t> sizes = sweep_sizes(o);
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    const uint64_t count = per_rank_count(sizes[si], nranks, o.dtype.bytes);
+    if (count == 0) continue;
+    RowMsg row{};
+    row.rank = rank;
+    row.size_index = static_cast<int32_t>(si);
+    row.count = count;
+    row.bytes = count * o.dtype.bytes * nranks;
+    const uint64_t calls = (o.check ? 1 : 0) + o.warmups + o.iters;
+    for (int ip = 0; ip < 2; ++ip) {
+      PlaceResult& pr = ip ? row.ip : row.oop;
+      pr.mean_us = model_time_us(path, row.bytes, ip, rank);
+      pr.median_us = pr.mean_us * 0.99;
+      pr.wrong = !o.check ? -1 : (fault("ZCB_FAKE_WRONG", path) && rank == 1 && si == 0) ? 3 : 0;
+      if (!path_is_single_process(path))
+        fill_routes(path, row.bytes, calls, fault("ZCB_FAKE_FALLBACK", path), pr.route_calls);
+    }
+    ch->send(kMsgRow, &row, sizeof(row));
+    if (si == 0 && rank == nranks - 1) {
+      if (fault("ZCB_FAKE_HANG", path)) pause();  // until the parent's timeout kills us
+      if (fault("ZCB_FAKE_CRASH", path)) abort();
+    }
+  }
+  ch->agree_max(static_cast<uint64_t>(rank));  // exercise the barrier once per path
+  if (path_uses_shim(path)) {
+    ShimTotalsMsg t{};
+    t.rank = rank;
+    t.comms_created = 1;
+    t.comms_zero_policy = 1;
+    ch->send(kMsgShimTotals, &t, sizeof(t));
+  }
+}
+
+}  // namespace
+
+void run_fake_worker(const Options& o, PathId path, int rank, int nranks, Channel* ch) {
+  if (path_is_single_process(path)) {
+    // One process speaks for every GPU, like the real ceiling / bare-ce.
+    for (int g = 0; g < nranks; ++g) send_hello(ch, g, path);
+    for (int g = 0; g < nranks; ++g) {
+      if (o.worker_mode == "contention") {
+        ContentionMsg m{};
+        m.rank = g;
+        m.gemm_iters = o.gemm_iters;
+        m.ag_bytes = o.contention_total_bytes(nranks);
+        m.gemm_alone_ms = 1.4;
+        m.gemm_overlap_ms = 1.41;
+        m.ag_alone_ms = model_time_us(path, m.ag_bytes, 0, g) / 1000.0;
+        m.ag_overlap_ms = m.ag_alone_ms * 1.02;
+        m.ag_ops = 100;
+        m.ag_in_window = 90;
+        m.covered = 1;
+        m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + m.ag_ops * m.ag_alone_ms;
+        m.makespan_ms = std::max(o.gemm_iters * m.gemm_overlap_ms, m.ag_ops * m.ag_overlap_ms);
+        ch->send(kMsgContention, &m, sizeof(m));
+      } else {
+        std::vector<uint64_t> sizes = sweep_sizes(o);
+        for (size_t si = 0; si < sizes.size(); ++si) {
+          RowMsg row{};
+          row.rank = g;
+          row.size_index = static_cast<int32_t>(si);
+          row.count = per_rank_count(sizes[si], nranks, o.dtype.bytes);
+          row.bytes = row.count * o.dtype.bytes * nranks;
+          if (row.count == 0) continue;
+          row.oop.mean_us = model_time_us(path, row.bytes, 0, g);
+          row.oop.median_us = row.oop.mean_us;
+          row.oop.wrong = o.check ? 0 : -1;
+          row.ip = row.oop;
+          ch->send(kMsgRow, &row, sizeof(row));
+        }
+      }
+    }
+    if (fault("ZCB_FAKE_HANG", path)) pause();
+    return;
+  }
+  exchange_id(ch, rank, path);
+  fake_rank(o, path, rank, nranks, ch);
+}
+
+}  // namespace zcb

@@ -1,0 +1,444 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace zcb {
+
+namespace {
+
+struct PathRow {
+  PathId id;
+  const char* name;
+};
+constexpr PathRow kPaths[] = {
+    {PathId::kNcclKernel, "nccl-kernel"}, {PathId::kNcclCe, "nccl-ce"},
+    {PathId::kZerocta, "zerocta"},        {PathId::kZeroctaAuto, "zerocta-auto"},
+    {PathId::kCeiling, "ceiling"},        {PathId::kBareCe, "bare-ce"},
+};
+
+const DataType kTypes[] = {
+    {"int8", ncclInt8, 1},        {"char", ncclChar, 1},          {"uint8", ncclUint8, 1},
+    {"int32", ncclInt32, 4},      {"int", ncclInt, 4},            {"uint32", ncclUint32, 4},
+    {"int64", ncclInt64, 8},      {"uint64", ncclUint64, 8},      {"half", ncclHalf, 2},
+    {"float16", ncclFloat16, 2},  {"float", ncclFloat, 4},        {"float32", ncclFloat32, 4},
+    {"double", ncclDouble, 8},    {"float64", ncclFloat64, 8},    {"bfloat16", ncclBfloat16, 2},
+    {"bf16", ncclBfloat16, 2},    {"f8e4m3", ncclFloat8e4m3, 1},  {"f8e5m2", ncclFloat8e5m2, 1},
+};
+
+bool parse_int(const std::string& text, long lo, long hi, long* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long v = strtol(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+// "a,b,c" -> {"a","b","c"}; empty items are kept so "a,,b" is rejected by the caller.
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Parses a path list into canonical run order (duplicates removed). "all" = every path in
+// `all`; "none" = empty.
+bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
+                     std::vector<PathId>* out, std::string* error) {
+  std::vector<bool> want(sizeof(kPaths) / sizeof(kPaths[0]), false);
+  out->clear();
+  if (text == "none") return true;
+  for (const std::string& item : split_commas(text)) {
+    if (item == "all") {
+      for (PathId p : all) want[static_cast<int>(p)] = true;
+      continue;
+    }
+    PathId p;
+    bool allowed = parse_path_name(item, &p);
+    if (allowed) {
+      allowed = false;
+      for (PathId a : all) allowed |= (a == p);
+    }
+    if (!allowed) {
+      *error = "unknown path \"" + item + "\" (accepted: all, none";
+      for (PathId a : all) *error += std::string(", ") + path_name(a);
+      *error += ")";
+      return false;
+    }
+    want[static_cast<int>(p)] = true;
+  }
+  for (PathId a : all)
+    if (want[static_cast<int>(a)]) out->push_back(a);
+  return true;
+}
+
+const std::vector<PathId>& sweep_path_set() {
+  static const std::vector<PathId> v = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta,
+                                        PathId::kZeroctaAuto, PathId::kCeiling};
+  return v;
+}
+
+const std::vector<PathId>& contention_path_set() {
+  static const std::vector<PathId> v = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta,
+                                        PathId::kZeroctaAuto, PathId::kBareCe};
+  return v;
+}
+
+bool parse_gemm(const std::string& text, Options* o) {
+  std::vector<std::string> parts = split_commas(text);
+  if (parts.size() != 3) return false;
+  long v[3];
+  for (int i = 0; i < 3; ++i)
+    if (!parse_int(parts[i], 16, 65536, &v[i])) return false;
+  o->gemm_m = static_cast<int>(v[0]);
+  o->gemm_n = static_cast<int>(v[1]);
+  o->gemm_k = static_cast<int>(v[2]);
+  return true;
+}
+
+// --quick: a smoke run that finishes in well under a minute on 2-4 GPUs. Applied before the
+// other flags, so any flag given explicitly still wins.
+void apply_quick_preset(Options* o) {
+  o->min_bytes = 1ull << 20;
+  o->max_bytes = 64ull << 20;
+  o->step_factor = 8;
+  o->iters = 5;
+  o->warmups = 2;
+  o->gemm_m = o->gemm_n = o->gemm_k = 4096;
+  o->gemm_iters = 10;
+  o->contention_bytes = 0;
+}
+
+}  // namespace
+
+const char* path_name(PathId p) {
+  for (const PathRow& r : kPaths)
+    if (r.id == p) return r.name;
+  return "?";
+}
+
+bool parse_path_name(const std::string& name, PathId* out) {
+  for (const PathRow& r : kPaths) {
+    if (name == r.name) {
+      *out = r.id;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool path_uses_shim(PathId p) { return p == PathId::kZerocta || p == PathId::kZeroctaAuto; }
+
+const char* path_allgather_mode(PathId p) {
+  if (p == PathId::kZerocta) return "zerocta";
+  if (p == PathId::kZeroctaAuto) return "auto";
+  return nullptr;
+}
+
+bool path_is_single_process(PathId p) { return p == PathId::kCeiling || p == PathId::kBareCe; }
+
+bool parse_dtype(const std::string& name, DataType* out) {
+  for (const DataType& t : kTypes) {
+    if (name == t.name) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t Options::contention_total_bytes(int nranks) const {
+  if (contention_bytes != 0) return contention_bytes;
+  return (256ull << 20) * static_cast<uint64_t>(nranks > 0 ? nranks : 1);
+}
+
+bool parse_size(const std::string& text, uint64_t* out) {
+  if (text.empty() || !isdigit(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = strtoull(text.c_str(), &end, 10);
+  if (errno != 0) return false;
+  std::string suffix(end);
+  unsigned shift = 0;
+  if (suffix.empty() || suffix == "B") {
+    shift = 0;
+  } else {
+    char c = static_cast<char>(toupper(static_cast<unsigned char>(suffix[0])));
+    std::string rest = suffix.substr(1);
+    if (!(rest.empty() || rest == "B" || rest == "iB")) return false;
+    switch (c) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      case 'T': shift = 40; break;
+      default: return false;
+    }
+  }
+  if (shift != 0 && v > (std::numeric_limits<uint64_t>::max() >> shift)) return false;
+  *out = static_cast<uint64_t>(v) << shift;
+  return true;
+}
+
+std::string format_size(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (v == std::floor(v))
+    snprintf(buf, sizeof(buf), "%.0f %s", v, kUnits[u]);
+  else
+    snprintf(buf, sizeof(buf), "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::vector<uint64_t> sweep_sizes(const Options& o) {
+  std::vector<uint64_t> out;
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) return out;
+  uint64_t s = o.min_bytes;
+  while (s <= o.max_bytes) {
+    out.push_back(s);
+    if (o.step_factor <= 1 || s > o.max_bytes / o.step_factor) break;
+    s *= o.step_factor;
+  }
+  return out;
+}
+
+uint64_t per_rank_count(uint64_t total_bytes, int nranks, int dtype_bytes) {
+  if (nranks <= 0 || dtype_bytes <= 0) return 0;
+  return total_bytes / static_cast<uint64_t>(dtype_bytes) / static_cast<uint64_t>(nranks);
+}
+
+bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* error) {
+  *help = false;
+  // --quick first, so explicit flags override the preset whatever their order.
+  for (int i = 1; i < argc; ++i)
+    if (strcmp(argv[i], "--quick") == 0) {
+      o->quick = true;
+      apply_quick_preset(o);
+    }
+  o->paths = sweep_path_set();
+  o->contention_paths = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta, PathId::kBareCe};
+
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    // Accept "--flag=value" as well as "--flag value".
+    size_t eq = a.find('=');
+    bool has_inline = a.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (has_inline) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    auto need = [&](std::string* v) {
+      if (has_inline) {
+        *v = value;
+        return true;
+      }
+      if (i + 1 >= argc) {
+        *error = "option " + a + " needs a value";
+        return false;
+      }
+      *v = argv[++i];
+      return true;
+    };
+    auto bad = [&](const std::string& v, const char* what) {
+      *error = "invalid value \"" + v + "\" for " + a + " (" + what + ")";
+      return false;
+    };
+    std::string v;
+    long n = 0;
+    if (a == "-h" || a == "--help") {
+      *help = true;
+      return true;
+    } else if (a == "--quick") {
+      // handled above
+    } else if (a == "-g" || a == "--ngpus") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 1024, &n)) return bad(v, "ranks >= 1");
+      o->ngpus = static_cast<int>(n);
+    } else if (a == "-b" || a == "--minbytes") {
+      if (!need(&v)) return false;
+      if (!parse_size(v, &o->min_bytes) || o->min_bytes == 0) return bad(v, "a size like 1M");
+    } else if (a == "-e" || a == "--maxbytes") {
+      if (!need(&v)) return false;
+      if (!parse_size(v, &o->max_bytes) || o->max_bytes == 0) return bad(v, "a size like 1G");
+    } else if (a == "-f" || a == "--stepfactor") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 1024, &n)) return bad(v, "integer factor >= 1");
+      o->step_factor = static_cast<uint64_t>(n);
+    } else if (a == "-n" || a == "--iters") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
+      o->iters = static_cast<int>(n);
+    } else if (a == "-w" || a == "--warmup_iters" || a == "--warmups") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 0, 100000, &n)) return bad(v, "0..100000");
+      o->warmups = static_cast<int>(n);
+    } else if (a == "-c" || a == "--check") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 0, 1, &n)) return bad(v, "0 or 1");
+      o->check = n != 0;
+    } else if (a == "-d" || a == "--datatype") {
+      if (!need(&v)) return false;
+      if (!parse_dtype(v, &o->dtype))
+        return bad(v, "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2");
+    } else if (a == "--paths") {
+      if (!need(&v)) return false;
+      if (!parse_path_list(v, sweep_path_set(), &o->paths, error)) return false;
+    } else if (a == "--contention-paths") {
+      if (!need(&v)) return false;
+      if (!parse_path_list(v, contention_path_set(), &o->contention_paths, error)) return false;
+      o->contention = true;
+    } else if (a == "--json") {
+      if (!need(&o->json_path)) return false;
+      if (o->json_path.empty()) return bad(v, "a file name");
+    } else if (a == "--contention") {
+      o->contention = true;
+    } else if (a == "--contention-bytes") {
+      if (!need(&v)) return false;
+      if (!parse_size(v, &o->contention_bytes) || o->contention_bytes == 0)
+        return bad(v, "a size like 512M");
+      o->contention = true;
+    } else if (a == "--gemm") {
+      if (!need(&v)) return false;
+      if (!parse_gemm(v, o)) return bad(v, "M,N,K each 16..65536");
+    } else if (a == "--gemm-iters") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
+      o->gemm_iters = static_cast<int>(n);
+    } else if (a == "--zerocta-lib") {
+      if (!need(&o->zerocta_lib)) return false;
+    } else if (a == "--allow-fallback") {
+      o->allow_fallback = true;
+    } else if (a == "--seed") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 0, std::numeric_limits<long>::max(), &n)) return bad(v, "integer");
+      o->seed = static_cast<uint64_t>(n);
+    } else if (a == "--timeout") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 86400, &n)) return bad(v, "seconds");
+      o->timeout_s = static_cast<int>(n);
+    } else if (a == "--deadline") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 86400, &n)) return bad(v, "seconds");
+      o->deadline_s = static_cast<int>(n);
+    } else if (a == "--dry-run") {
+      o->dry_run = true;
+    } else if (a == "--self-test") {
+      o->self_test = true;
+    } else if (a == "--fake-gpus") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 64, &n)) return bad(v, "1..64");
+      o->fake_gpus = static_cast<int>(n);
+    } else if (a == "--worker-path") {
+      if (!need(&o->worker_path)) return false;
+      PathId p;
+      if (!parse_path_name(o->worker_path, &p)) return bad(o->worker_path, "a path name");
+    } else if (a == "--worker-mode") {
+      if (!need(&o->worker_mode)) return false;
+      if (o->worker_mode != "sweep" && o->worker_mode != "contention")
+        return bad(o->worker_mode, "sweep|contention");
+    } else if (a == "--worker-rank") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, -1, 1023, &n)) return bad(v, "rank");
+      o->worker_rank = static_cast<int>(n);
+    } else if (a == "--worker-nranks") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 1024, &n)) return bad(v, "ranks");
+      o->worker_nranks = static_cast<int>(n);
+    } else if (a == "--worker-fds") {
+      if (!need(&v)) return false;
+      std::vector<std::string> fds = split_commas(v);
+      long in = 0, out = 0;
+      if (fds.size() != 2 || !parse_int(fds[0], 0, 65535, &in) || !parse_int(fds[1], 0, 65535, &out))
+        return bad(v, "IN,OUT");
+      o->worker_in_fd = static_cast<int>(in);
+      o->worker_out_fd = static_cast<int>(out);
+    } else {
+      *error = "unknown option " + a + " (see --help)";
+      return false;
+    }
+  }
+  if (o->min_bytes > o->max_bytes) {
+    *error = "-b (minbytes) is larger than -e (maxbytes)";
+    return false;
+  }
+  if (o->is_worker() && (o->worker_mode.empty() || o->worker_nranks <= 0 ||
+                         o->worker_in_fd < 0 || o->worker_out_fd < 0)) {
+    *error = "incomplete worker flags (internal)";
+    return false;
+  }
+  return true;
+}
+
+std::string usage_text(const char* argv0) {
+  std::string s = "Usage: ";
+  s += argv0;
+  s += R"( [options]
+
+Measures all-gather bus bandwidth of several paths side by side on the local GPUs
+(one process per rank, no MPI), nccl-tests style, then compares them.
+
+Paths (--paths, default all; each runs in its own set of rank processes, one after another):
+  nccl-kernel   cudaMalloc buffers, default communicator: what applications get today
+  nccl-ce       NCCL's copy-engine all-gather as a modified application gets it:
+                CTAPolicy=NCCL_CTA_POLICY_ZERO, ncclMemAlloc + symmetric windows
+  zerocta       nccl-kernel's code, run under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta
+                (FAILED if any all-gather did not take zerocta's "ce" route)
+  zerocta-auto  the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
+  ceiling       bare cudaMemcpyAsync pulls of each peer's chunk, one process, no protocol
+
+nccl-tests options (sizes are the TOTAL output bytes, like all_gather_perf):
+  -g N        ranks (default: every visible GPU)
+  -b SIZE     min size (default 1M)          -e SIZE   max size (default 1G)
+  -f N        step factor (default 4)        -n N      timed iterations (default 20)
+  -w N        warm-up iterations (default 5) -c 0|1    check results (default 1)
+  -d TYPE     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2
+              (default float)
+Other options:
+  --paths LIST           comma list of the paths above, "all" or "none"
+  --json FILE            write machine info, every row and the contention results as JSON
+  --contention           after the sweep, measure a cuBLAS bf16 GEMM loop overlapped with
+                         back-to-back all-gathers (per path: nccl-kernel, nccl-ce, zerocta,
+                         bare-ce; bare-ce = the ceiling's raw pulls)
+  --contention-paths L   paths for --contention (adds zerocta-auto if listed)
+  --contention-bytes S   all-gather total output size (default 256 MiB per rank)
+  --gemm M,N,K           GEMM shape (default 8192,8192,8192)
+  --gemm-iters N         GEMMs per timed loop (default 50)
+  --zerocta-lib PATH     libzerocta.so for the zerocta paths (default: $ZEROCTA_LIB, else
+                         <dir of this binary>/../libzerocta.so, else ../lib/libzerocta.so)
+  --allow-fallback       report, but do not fail on, zerocta all-gathers that took another route
+  --quick                smoke preset: -b 1M -e 64M -f 8 -n 5 -w 2, GEMM 4096^3 x 10
+  --timeout SEC          per path (default: from the estimate, at least 90)
+  --deadline SEC         whole run (default 450); paths not started by then are SKIPPED
+  --seed N               data pattern seed
+  --dry-run              probe the GPUs, print the plan and the time estimate, run nothing
+  --self-test            CPU self-test of parsing, math and report formatting
+  -h, --help             this text
+
+Every child runs with NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1.
+Exit status: 0 all paths OK (also when fewer than 2 GPUs are found: a line says so),
+             1 a path FAILED (wrong data, a worker died or hung, a zerocta fallback),
+             2 usage error (also -g larger than the GPUs visible, or -g 1), or
+               libzerocta.so not found while a zerocta path is requested.
+)";
+  return s;
+}
+
+}  // namespace zcb

@@ -1,0 +1,104 @@
+// Command line of zerocta-bench: nccl-tests flags (-b -e -f -n -w -c -d -g) plus the path,
+// contention and output options, and the hidden worker flags the parent passes to the rank
+// processes it re-executes. Parsing is pure (no CUDA, no I/O besides the usage text).
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zcb {
+
+// Every way of moving the bytes the bench knows. The sweep runs kNcclKernel..kCeiling;
+// the contention study runs kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto and kBareCe.
+enum class PathId { kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto, kCeiling, kBareCe };
+
+const char* path_name(PathId p);
+bool parse_path_name(const std::string& name, PathId* out);
+// True for the paths whose ranks run with LD_PRELOAD=libzerocta.so.
+bool path_uses_shim(PathId p);
+// The ZEROCTA_ALLGATHER value a shim path runs with ("zerocta" or "auto"), else nullptr.
+const char* path_allgather_mode(PathId p);
+// True for the paths run in one process with a thread per GPU (peer memory, no NCCL).
+bool path_is_single_process(PathId p);
+
+struct DataType {
+  const char* name;  // nccl-tests spelling: "float", "bfloat16", "int8", ...
+  ncclDataType_t nccl;
+  int bytes;
+};
+bool parse_dtype(const std::string& name, DataType* out);
+
+// Exit codes, also listed by --help.
+constexpr int kExitOk = 0;       // every path passed, or no GPU found (a note says so)
+constexpr int kExitFailed = 1;   // a path FAILED: wrong data, a worker died or hung, a fallback
+constexpr int kExitUsage = 2;    // bad command line or a missing libzerocta.so
+
+struct Options {
+  // nccl-tests flags. Sizes are the TOTAL output bytes of the all-gather.
+  int ngpus = 0;  // -g: ranks; 0 = every visible GPU
+  uint64_t min_bytes = 1ull << 20;
+  uint64_t max_bytes = 1ull << 30;
+  uint64_t step_factor = 4;
+  int iters = 20;
+  int warmups = 5;
+  bool check = true;
+  DataType dtype{"float", ncclFloat, 4};
+
+  std::vector<PathId> paths;  // sweep paths in run order; empty = no sweep ("--paths none")
+  std::string json_path;
+  std::string zerocta_lib;  // resolved by the parent; "" = not given
+  bool allow_fallback = false;
+  uint64_t seed = 0x5a3c7e11ull;
+
+  // Contention study.
+  bool contention = false;
+  std::vector<PathId> contention_paths;
+  int gemm_m = 8192, gemm_n = 8192, gemm_k = 8192;
+  int gemm_iters = 50;
+  uint64_t contention_bytes = 0;  // total output bytes; 0 = 256 MiB per rank
+
+  // Time limits, seconds.
+  int timeout_s = 0;     // per path; 0 = derived from the estimate
+  int deadline_s = 450;  // whole run; paths not started by then are SKIPPED
+
+  bool quick = false;
+  bool dry_run = false;    // probe, print the plan and the estimate, run nothing
+  bool self_test = false;  // CPU self-test of parsing, math and report formatting
+  int fake_gpus = 0;       // testing: pretend N GPUs, workers produce synthetic rows, no CUDA
+
+  // Hidden worker mode (set by the parent on the re-executed rank processes).
+  std::string worker_path;  // "" = parent
+  std::string worker_mode;  // "sweep" | "contention"
+  int worker_rank = -1;     // -1 for single-process paths
+  int worker_nranks = 0;
+  int worker_in_fd = -1;
+  int worker_out_fd = -1;
+
+  bool is_worker() const { return !worker_path.empty(); }
+  // Per-rank chunk of the contention all-gather for nranks ranks.
+  uint64_t contention_total_bytes(int nranks) const;
+};
+
+// Parses argv. On error returns false with *error set ("unknown option --foo"). --help sets
+// *help and returns true.
+bool parse_options(int argc, char** argv, Options* out, bool* help, std::string* error);
+
+// The usage text of --help.
+std::string usage_text(const char* argv0);
+
+// Parses "1M", "256MiB", "1G", "4096": K/M/G/T are powers of 1024. False on junk/overflow.
+bool parse_size(const std::string& text, uint64_t* out);
+
+// Human size for tables and estimates: "1 MiB", "256 MiB", "1.5 GiB", "4096 B".
+std::string format_size(uint64_t bytes);
+
+// The sweep sizes, nccl-tests style: min, min*f, ... while <= max (min alone if f <= 1).
+std::vector<uint64_t> sweep_sizes(const Options& o);
+
+// Per-rank element count for a total size (0 when the size is too small for nranks ranks).
+uint64_t per_rank_count(uint64_t total_bytes, int nranks, int dtype_bytes);
+
+}  // namespace zcb

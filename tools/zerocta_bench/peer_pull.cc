@@ -1,0 +1,46 @@
+#include "peer_pull.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "cuda_check.h"
+
+namespace zcb {
+
+void setup_peer_gpu(int g, int ngpus, Channel* ch) {
+  ZCB_CUDA(cudaSetDevice(g));
+  for (int p = 0; p < ngpus; ++p) {
+    if (p == g) continue;
+    int can = 0;
+    ZCB_CUDA(cudaDeviceCanAccessPeer(&can, g, p));
+    if (!can) fatal("GPU %d cannot access GPU %d's memory (no P2P): no copy-engine ceiling", g, p);
+    cudaError_t e = cudaDeviceEnablePeerAccess(p, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled)
+      cudaGetLastError();  // clear it, so a later cudaGetLastError() does not report it
+    else if (e != cudaSuccess)
+      fatal("cudaDeviceEnablePeerAccess(%d) on GPU %d: %s", p, g, cudaGetErrorString(e));
+  }
+  HelloMsg h{};
+  h.rank = g;
+  h.device = g;
+  h.pid = static_cast<int32_t>(getpid());
+  cudaDeviceProp prop{};
+  ZCB_CUDA(cudaGetDeviceProperties(&prop, g));
+  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1), prop.name);
+  ZCB_CUDA(cudaDeviceGetPCIBusId(h.bus_id, sizeof(h.bus_id), g));
+  ch->send(kMsgHello, &h, sizeof(h));
+}
+
+void enqueue_pulls(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk, bool in_place,
+                   cudaStream_t stream) {
+  const int n = static_cast<int>(bufs.size());
+  for (int k = 1; k < n; ++k) {
+    const int q = (g + k) % n;
+    const char* src = in_place ? bufs[q].recv + q * chunk : bufs[q].send;
+    ZCB_CUDA(cudaMemcpyAsync(bufs[g].recv + q * chunk, src, chunk, cudaMemcpyDefault,
+                             stream));
+  }
+}
+
+}  // namespace zcb

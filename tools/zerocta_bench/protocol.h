@@ -1,0 +1,104 @@
+// Messages between the parent and its rank processes. Both ends are the same executable, so
+// messages are plain structs behind a {type, length} header. Every message is written with
+// one write(2) of less than PIPE_BUF bytes, so threads of one worker never interleave.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+
+#include "zerocta.h"
+
+namespace zcb {
+
+enum MsgType : uint32_t {
+  // worker -> parent
+  kMsgHello = 1,   // HelloMsg, once per rank (per GPU for single-process paths)
+  kMsgUniqueId,    // UniqueIdMsg from rank 0; the parent forwards it to every other rank
+  kMsgAgree,       // AgreeMsg: a barrier that also agrees on the max of a value
+  kMsgRow,         // RowMsg, one per size per rank
+  kMsgContention,  // ContentionMsg, one per rank
+  kMsgShimTotals,  // ShimTotalsMsg, once per rank at the end (shim paths)
+  kMsgError,       // ErrorMsg, then the worker exits non-zero
+  kMsgDone,        // DoneMsg: the worker finished and is about to exit 0
+  // parent -> worker
+  kMsgUniqueIdFwd,  // UniqueIdMsg
+  kMsgAgreed,       // AgreeMsg with the max over every process
+};
+
+struct MsgHeader {
+  uint32_t type;
+  uint32_t len;  // payload bytes after the header
+};
+
+struct HelloMsg {
+  int32_t rank;
+  int32_t device;
+  int32_t pid;
+  int32_t nccl_version;   // ncclGetVersion in this process (0 for single-process paths)
+  int32_t shim_loaded;    // zerocta_version found with dlsym(RTLD_DEFAULT)
+  int32_t shim_version;
+  char gpu_name[96];
+  char bus_id[32];
+};
+
+struct UniqueIdMsg {
+  char bytes[NCCL_UNIQUE_ID_BYTES];
+};
+
+struct AgreeMsg {
+  uint64_t value;
+};
+
+// One placement (out-of-place or in-place) of one size on one rank.
+struct PlaceResult {
+  double mean_us;    // (last event - first event) / iters
+  double median_us;  // median of the per-iteration event intervals
+  int64_t wrong;     // wrong elements found by the check; -1 = not checked
+  uint64_t route_calls[zerocta_route_count];  // all-gathers per zerocta route (shim paths)
+};
+
+struct RowMsg {
+  int32_t rank;
+  int32_t size_index;
+  uint64_t bytes;  // total output bytes actually moved (count * nranks * dtype)
+  uint64_t count;  // per-rank element count
+  PlaceResult oop;
+  PlaceResult ip;
+};
+
+struct ContentionMsg {
+  int32_t rank;
+  int32_t gemm_iters;
+  int32_t ag_ops;      // all-gathers issued in the overlapped run
+  int32_t ag_in_window;  // of those, finished inside the GEMM window
+  int32_t covered;     // the all-gathers ran until the last GEMM finished
+  uint64_t ag_bytes;   // total output bytes of one all-gather
+  double gemm_alone_ms;    // per GEMM
+  double gemm_overlap_ms;  // per GEMM, while all-gathering
+  double ag_alone_ms;      // per all-gather
+  double ag_overlap_ms;    // per all-gather, during the GEMM window
+  double makespan_ms;      // overlapped: first start to last end
+  double sequential_ms;    // gemm_iters * gemm_alone + ag_ops * ag_alone
+  uint64_t route_calls[zerocta_route_count];
+};
+
+struct ShimTotalsMsg {
+  int32_t rank;
+  int32_t pad;
+  uint64_t allgather_calls[zerocta_route_count];
+  uint64_t comms_created;
+  uint64_t comms_zero_policy;
+  uint64_t comms_ce_ready;
+};
+
+struct ErrorMsg {
+  int32_t rank;
+  char text[1000];
+};
+
+struct DoneMsg {
+  int32_t rank;
+};
+
+}  // namespace zcb

@@ -1,0 +1,28 @@
+// Reads zerocta's own counters in a rank process, through dlsym(RTLD_DEFAULT, ...) so the
+// bench never links the shim: on the non-shim paths the symbols are simply absent. The counts
+// are what lets a report tell zerocta's "ce" route from a silent fallback to NCCL.
+#pragma once
+
+#include <cstdint>
+
+#include "zerocta.h"
+
+namespace zcb {
+
+struct ShimProbe {
+  bool loaded = false;  // zerocta_version is visible in this process
+  int version = 0;
+};
+ShimProbe probe_shim();
+
+// All-gather calls per route so far (all zero when the shim is not loaded).
+struct RouteCounts {
+  uint64_t calls[zerocta_route_count] = {};
+};
+RouteCounts shim_allgather_routes();
+RouteCounts operator-(const RouteCounts& a, const RouteCounts& b);
+
+// The whole snapshot; false when the shim is absent or the call failed.
+bool shim_stats(zerocta_stats_t* out);
+
+}  // namespace zcb

@@ -1,0 +1,37 @@
+// Per-iteration CUDA event timing: events e[0..n] recorded around n back-to-back operations on
+// one stream give the mean ((e[n]-e[0])/n, exactly what one event pair around the whole loop
+// gives, as in nccl-tests) and, for free, the median of the n intervals.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+namespace zcb {
+
+class IterTimer {
+ public:
+  explicit IterTimer(int max_iters);
+  ~IterTimer();
+  IterTimer(const IterTimer&) = delete;
+  IterTimer& operator=(const IterTimer&) = delete;
+
+  // Records event i (0 before the first op, i after op i) on stream.
+  void record(int i, cudaStream_t stream);
+  cudaEvent_t event(int i) const { return events_[i]; }
+
+  // After the stream has synchronized: statistics of the first n ops, in microseconds.
+  double mean_us(int n) const;
+  double median_us(int n) const;
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+// Elapsed milliseconds from a to b (both completed; negative when b came first).
+float elapsed_ms(cudaEvent_t a, cudaEvent_t b);
+
+// Median of a vector (copied); 0 for an empty one.
+double median_of(std::vector<double> v);
+
+}  // namespace zcb
