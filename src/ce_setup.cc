@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "config.h"
@@ -87,11 +89,23 @@ int local_ordinal_of(const CudaDriver& cu, const unsigned char uuid[16]) {
   return -1;
 }
 
-void give_up(const std::vector<std::shared_ptr<CommState>>& comms, const char* why) {
-  for (auto& c : comms) {
-    c->ce_missing = why;
-    if (c->rank == 0) ZC_WARN("copy-engine all-gather off for this communicator: %s", why);
+// One WARN per process and reason (rank 0 of the comm says it; every rank records it for
+// the DEBUG route log). A machine without any copy-engine API is a plain fact, said at INFO.
+void give_up(const std::vector<std::shared_ptr<CommState>>& comms, const char* why,
+             bool expected = false) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  for (auto& c : comms) c->ce_missing = why;
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    first = said.insert(why).second;
   }
+  if (!first) return;
+  if (expected)
+    ZC_INFO("copy-engine all-gather off: %s", why);
+  else if (comms[0]->rank <= 0)
+    ZC_WARN("copy-engine all-gather off for this communicator: %s", why);
 }
 
 }  // namespace
@@ -120,7 +134,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
   const RealNccl* nccl = real_nccl();
   const CudaDriver* cu = cuda_driver();
   if (!nccl) return;
-  if (!cu || !cu->ce_ok) return give_up(comms, "the CUDA driver offers no copy-engine API");
+  if (!cu || !cu->ce_ok) return give_up(comms, "the CUDA driver offers no copy-engine API", true);
   if (runtime_tier() != RuntimeTier::kFull)
     return give_up(comms, "the copy-engine route needs NCCL 2.28.x");
   if (!nccl->ncclCommWindowRegister || !nccl->ncclMemAlloc)
@@ -354,9 +368,10 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
 }
 
 void ce_release_waits(CommState& st) {
-  const CudaDriver* cu = cuda_driver();
   CeComm* ce = st.ce.get();
-  if (!cu || !ce || !ce->arena) return;
+  if (!ce || !ce->arena) return;  // nothing of ours can be waiting (and no driver is loaded)
+  const CudaDriver* cu = cuda_driver();
+  if (!cu) return;
   ScopedDevice dev(st.device);
   // Set every ready/done flag to 1 from a fresh non-blocking stream, repeatedly, until our
   // streams drain: each wait then passes, and copies from a dead peer's memory are harmless
@@ -376,11 +391,12 @@ void ce_release_waits(CommState& st) {
 }
 
 void ce_teardown(CommState& st, bool aborting) {
-  const CudaDriver* cu = cuda_driver();
-  const RealNccl* nccl = real_nccl();
   std::unique_ptr<CeComm> ce = std::move(st.ce);
   st.ce_ready.store(false);
-  if (!ce || !cu || !nccl) return;
+  if (!ce) return;
+  const CudaDriver* cu = cuda_driver();
+  const RealNccl* nccl = real_nccl();
+  if (!cu || !nccl) return;
   ScopedDevice dev(st.device);
   for (int i = 1; i < 3; ++i)
     if (ce->streams[i]) {

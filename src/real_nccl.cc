@@ -25,6 +25,8 @@ struct State {
   std::atomic<bool> resolved{false};
   int version = 0;
   RuntimeTier tier = RuntimeTier::kUnresolved;
+  std::string where;
+  std::once_flag version_once;
   TextRange text[kMaxRanges];
   std::atomic<int> ntext{0};
 };
@@ -102,22 +104,7 @@ bool resolve_locked(State& s) {
   PhdrQuery q{reinterpret_cast<uintptr_t>(info.dli_fbase), s.text, 0};
   dl_iterate_phdr(collect_text, &q);
   s.ntext.store(q.n);
-  int v = 0;
-  if (s.fns.ncclGetVersion) s.fns.ncclGetVersion(&v);
-  s.version = v;
-  const char* where = info.dli_fname ? info.dli_fname : "?";
-  if (v < 22800) {
-    s.tier = RuntimeTier::kForwardOnly;
-    ZC_WARN("NCCL %d at %s is older than 2.28: forwarding every call unchanged", v, where);
-  } else if (v < 22900) {
-    s.tier = RuntimeTier::kFull;
-    ZC_INFO("using NCCL %d at %s", v, where);
-  } else {
-    s.tier = RuntimeTier::kPolicyOnly;
-    ZC_WARN("NCCL %d at %s is newer than the tested 2.28: applying the CTA policy only, "
-            "every collective is forwarded unchanged",
-            v, where);
-  }
+  s.where = info.dli_fname ? info.dli_fname : "?";
   return true;
 }
 
@@ -139,9 +126,44 @@ const RealNccl* real_nccl() {
   return &s.fns;
 }
 
-int real_nccl_version() { return real_nccl() ? state().version : 0; }
+namespace {
 
-RuntimeTier runtime_tier() { return real_nccl() ? state().tier : RuntimeTier::kUnresolved; }
+// The version is asked for only when a decision needs it, so that a disabled shim or a
+// pure pass-through configuration makes exactly the calls the application makes.
+void probe_version(State& s) {
+  int v = 0;
+  if (s.fns.ncclGetVersion) s.fns.ncclGetVersion(&v);
+  s.version = v;
+  const char* where = s.where.c_str();
+  if (v < 22800) {
+    s.tier = RuntimeTier::kForwardOnly;
+    ZC_WARN("NCCL %d at %s is older than 2.28: forwarding every call unchanged", v, where);
+  } else if (v < 22900) {
+    s.tier = RuntimeTier::kFull;
+    ZC_INFO("using NCCL %d at %s", v, where);
+  } else {
+    s.tier = RuntimeTier::kPolicyOnly;
+    ZC_WARN("NCCL %d at %s is newer than the tested 2.28: applying the CTA policy only, "
+            "every collective is forwarded unchanged",
+            v, where);
+  }
+}
+
+}  // namespace
+
+int real_nccl_version() {
+  if (!real_nccl()) return 0;
+  State& s = state();
+  std::call_once(s.version_once, [&s] { probe_version(s); });
+  return s.version;
+}
+
+RuntimeTier runtime_tier() {
+  if (!real_nccl()) return RuntimeTier::kUnresolved;
+  State& s = state();
+  std::call_once(s.version_once, [&s] { probe_version(s); });
+  return s.tier;
+}
 
 bool address_in_real_nccl(const void* addr) {
   const State& s = state();

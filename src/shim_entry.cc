@@ -47,8 +47,7 @@ Entry enter(const void* return_address) {
     return {Gate::kInner, real, ncclSuccess};
   }
   if (c.strict && !c.errors.empty()) return {Gate::kFail, real, ncclInvalidUsage};
-  if (!c.enable || runtime_tier() == RuntimeTier::kForwardOnly)
-    return {Gate::kForward, real, ncclSuccess};
+  if (!c.enable) return {Gate::kForward, real, ncclSuccess};
   return {Gate::kActive, real, ncclSuccess};
 }
 

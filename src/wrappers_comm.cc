@@ -34,15 +34,28 @@ bool nonblocking_config(const ncclConfig_t* c, bool inherit_nonblocking) {
   return blocking == 0;
 }
 
+// Mode first: a configuration that needs no copy engine never even asks NCCL its version.
 bool wants_ce() {
   const Config& c = config();
-  return runtime_tier() == RuntimeTier::kFull && c.allgather != AllGatherMode::kOff &&
-         c.allgather != AllGatherMode::kNccl && c.allgather != AllGatherMode::kNcclStaged;
+  return c.allgather != AllGatherMode::kOff && c.allgather != AllGatherMode::kNccl &&
+         c.allgather != AllGatherMode::kNcclStaged && runtime_tier() == RuntimeTier::kFull;
+}
+
+// Whether the CTA policy is to be applied: not with keep, not below NCCL 2.28.
+bool policy_applies() {
+  if (config().cta_policy == CtaPolicyMode::kKeep) return false;
+  RuntimeTier t = runtime_tier();
+  return t == RuntimeTier::kFull || t == RuntimeTier::kPolicyOnly;
 }
 
 PolicyResult policy_for(const ncclConfig_t* caller, NullConfig null_config,
                         std::vector<unsigned char>* storage, const char* fn) {
   const Config& c = config();
+  if (!policy_applies()) {
+    PolicyResult p;
+    p.config = const_cast<ncclConfig_t*>(caller);
+    return p;
+  }
   PolicyResult p = apply_cta_policy(caller, null_config, c.cta_policy, c.cta_policy_force, storage);
   ZC_INFO("%s: CTAPolicy %d (%s)", fn, p.policy, p.why.c_str());
   return p;
@@ -60,13 +73,13 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
     st->ce_missing = "non-blocking communicator (copy-engine route not supported yet)";
     return st;
   }
-  nccl.ncclCommUserRank(comm, &st->rank);
-  nccl.ncclCommCount(comm, &st->nranks);
-  nccl.ncclCommCuDevice(comm, &st->device);
   if (!wants_ce()) {
     st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
     return st;
   }
+  nccl.ncclCommUserRank(comm, &st->rank);
+  nccl.ncclCommCount(comm, &st->nranks);
+  nccl.ncclCommCuDevice(comm, &st->device);
   if (!setup_now) return st;  // the caller sets up several comms together
   GroupState& g = group_state();
   if (g.depth > 0)
@@ -109,7 +122,7 @@ ZC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUnique
                                         int rank) {
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
-  if (e.gate != Gate::kActive || config().cta_policy == CtaPolicyMode::kKeep) {
+  if (e.gate != Gate::kActive || !policy_applies()) {
     if (e.gate == Gate::kActive && e.real->ncclCommInitRank) {
       ncclResult_t r = e.real->ncclCommInitRank(comm, nranks, commId, rank);
       after_create(*e.real, *comm, r, -1, nonblocking_config(nullptr, false));
@@ -152,13 +165,24 @@ ZC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
 ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
-  const CudaDriver* cu = e.gate == Gate::kActive ? cuda_driver() : nullptr;
-  bool rebuild = e.gate == Gate::kActive && config().cta_policy != CtaPolicyMode::kKeep && cu &&
-                 e.real->ncclGetUniqueId && e.real->ncclCommInitRankConfig && comm && ndev > 0;
-  if (e.gate == Gate::kActive && !rebuild && config().cta_policy != CtaPolicyMode::kKeep)
+  const bool wanted = e.gate == Gate::kActive && policy_applies();
+  const CudaDriver* cu = wanted ? cuda_driver() : nullptr;
+  bool rebuild = wanted && cu && e.real->ncclGetUniqueId && e.real->ncclCommInitRankConfig &&
+                 comm && ndev > 0;
+  if (wanted && !rebuild)
     ZC_WARN("ncclCommInitAll forwarded unchanged (no CUDA driver to switch devices): the CTA "
             "policy is not applied to these communicators");
-  if (!rebuild) ZC_CALL_REAL(ncclResult_t, e, ncclCommInitAll, (comm, ndev, devlist));
+  if (!rebuild) {
+    if (e.gate != Gate::kActive || !e.real->ncclCommInitAll)
+      ZC_CALL_REAL(ncclResult_t, e, ncclCommInitAll, (comm, ndev, devlist));
+    ncclResult_t r = e.real->ncclCommInitAll(comm, ndev, devlist);
+    std::vector<std::shared_ptr<CommState>> created;
+    for (int i = 0; r == ncclSuccess && comm && i < ndev; ++i)
+      if (auto st = after_create(*e.real, comm[i], r, -1, false, /*setup_now=*/false))
+        if (wants_ce() && !st->nonblocking) created.push_back(st);
+    if (group_state().depth == 0) ce_setup(created);
+    return r;
+  }
   ncclUniqueId id;
   ncclResult_t r = e.real->ncclGetUniqueId(&id);
   if (r != ncclSuccess) return r;

@@ -45,7 +45,12 @@ install(TARGETS zerocta-bench RUNTIME DESTINATION bin)
 install(PROGRAMS ${CMAKE_CURRENT_LIST_DIR}/zerocta-plot DESTINATION bin)
 
 # CPU tests (no GPU needed): the self-test, a full run on fake GPUs (launcher, protocol,
-# tables, JSON, fault handling) and the plot script on that JSON.
+# tables, JSON, fault handling) and the plot script on that JSON. The top level enables testing
+# only after add_subdirectory(tools), so enable it here for this directory as well.
+if(NOT ZEROCTA_BUILD_TESTS)
+  return()
+endif()
+enable_testing()
 add_test(NAME zerocta_bench_self_test COMMAND zerocta-bench --self-test)
 add_test(NAME zerocta_bench_fake_run
          COMMAND ${CMAKE_COMMAND} -E env ZEROCTA_LIB=$<TARGET_FILE:zerocta>

@@ -174,9 +174,9 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
       {"cuCtxPushCurrent", reinterpret_cast<void*>(&cuCtxPushCurrent)},
       {"cuCtxPopCurrent", reinterpret_cast<void*>(&cuCtxPopCurrent)},
   };
-  std::string what = fake::strf("cuGetProcAddress symbol=%s version=%d flags=%llu",
-                                symbol ? symbol : "(null)", cudaVersion,
-                                static_cast<unsigned long long>(flags));
+  std::string what =
+      fake::strf("cuGetProcAddress symbol=%s version=%d flags=%llu", symbol ? symbol : "(null)",
+                 cudaVersion, static_cast<unsigned long long>(flags));
   if (pfn == nullptr || symbol == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   for (const Entry& e : kTable) {
     if (strcmp(e.name, symbol) == 0) {

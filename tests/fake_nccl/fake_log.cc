@@ -35,7 +35,9 @@ std::string strf(const char* fmt, ...) {
   return std::string(buf.data());
 }
 
-std::string hex_ptr(const void* p) { return strf("0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p))); }
+std::string hex_ptr(const void* p) {
+  return strf("0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+}
 
 std::string hex_bytes(const void* data, size_t n) {
   static const char kDigits[] = "0123456789abcdef";

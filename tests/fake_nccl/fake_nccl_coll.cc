@@ -24,11 +24,10 @@ thread_local int t_group_depth = 0;
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclReduce", "ncclReduce sendbuff=" + hex_ptr(sendbuff) +
-                                " recvbuff=" + hex_ptr(recvbuff) +
-                                strf(" count=%zu datatype=%d op=%d root=%d", count, datatype, op,
-                                     root) +
-                                tail(comm, stream));
+  return coll("ncclReduce",
+              "ncclReduce sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d op=%d root=%d", count, datatype, op, root) +
+                  tail(comm, stream));
 }
 FAKE_PNCCL_ALIAS(ncclReduce)
 
@@ -42,8 +41,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 }
 FAKE_PNCCL_ALIAS(ncclBroadcast)
 
-ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                       ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream) {
   std::string line = "ncclBcast buff=" + hex_ptr(buff) +
                      strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
                      tail(comm, stream);
@@ -57,10 +56,9 @@ FAKE_PNCCL_ALIAS(ncclBcast)
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  return coll("ncclAllReduce", "ncclAllReduce sendbuff=" + hex_ptr(sendbuff) +
-                                   " recvbuff=" + hex_ptr(recvbuff) +
-                                   strf(" count=%zu datatype=%d op=%d", count, datatype, op) +
-                                   tail(comm, stream));
+  return coll("ncclAllReduce",
+              "ncclAllReduce sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d op=%d", count, datatype, op) + tail(comm, stream));
 }
 FAKE_PNCCL_ALIAS(ncclAllReduce)
 
@@ -76,19 +74,17 @@ FAKE_PNCCL_ALIAS(ncclReduceScatter)
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclAllGather", "ncclAllGather sendbuff=" + hex_ptr(sendbuff) +
-                                   " recvbuff=" + hex_ptr(recvbuff) +
-                                   strf(" sendcount=%zu datatype=%d", sendcount, datatype) +
-                                   tail(comm, stream));
+  return coll("ncclAllGather",
+              "ncclAllGather sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" sendcount=%zu datatype=%d", sendcount, datatype) + tail(comm, stream));
 }
 FAKE_PNCCL_ALIAS(ncclAllGather)
 
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclAlltoAll", "ncclAlltoAll sendbuff=" + hex_ptr(sendbuff) +
-                                  " recvbuff=" + hex_ptr(recvbuff) +
-                                  strf(" count=%zu datatype=%d", count, datatype) +
-                                  tail(comm, stream));
+  return coll("ncclAlltoAll",
+              "ncclAlltoAll sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d", count, datatype) + tail(comm, stream));
 }
 FAKE_PNCCL_ALIAS(ncclAlltoAll)
 

@@ -55,16 +55,16 @@ FAKE_PNCCL_ALIAS(ncclGetUniqueId)
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t* config) {
-  return init_common("ncclCommInitRankConfig", strf("nranks=%d rank=%d id=", nranks, rank) +
-                         fake::describe_id(commId),
-                     comm, nranks, rank, config);
+  return init_common("ncclCommInitRankConfig",
+                     strf("nranks=%d rank=%d id=", nranks, rank) + fake::describe_id(commId), comm,
+                     nranks, rank, config);
 }
 FAKE_PNCCL_ALIAS(ncclCommInitRankConfig)
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return init_common(
-      "ncclCommInitRank", strf("nranks=%d rank=%d id=", nranks, rank) + fake::describe_id(commId),
-      comm, nranks, rank, nullptr);
+  return init_common("ncclCommInitRank",
+                     strf("nranks=%d rank=%d id=", nranks, rank) + fake::describe_id(commId), comm,
+                     nranks, rank, nullptr);
 }
 FAKE_PNCCL_ALIAS(ncclCommInitRank)
 
@@ -74,22 +74,20 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
   for (int i = 0; commIds != nullptr && i < nId; ++i)
     ids += (i ? "," : "") + fake::describe_id(commIds[i]);
   ids += "]";
-  return init_common("ncclCommInitRankScalable", strf("nranks=%d rank=%d nId=%d ids=", nranks,
-                          myrank, nId) +
-                         ids,
-                     newcomm, nranks, myrank, config);
+  return init_common("ncclCommInitRankScalable",
+                     strf("nranks=%d rank=%d nId=%d ids=", nranks, myrank, nId) + ids, newcomm,
+                     nranks, myrank, config);
 }
 FAKE_PNCCL_ALIAS(ncclCommInitRankScalable)
 
 ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
-  std::string line =
-      strf("ncclCommInitAll ndev=%d devlist=", ndev) + fake::int_list(devlist, ndev);
+  std::string line = strf("ncclCommInitAll ndev=%d devlist=", ndev) + fake::int_list(devlist, ndev);
   if (fake::should_fail("ncclCommInitAll")) return finish(line, ncclInternalError);
   if (comm == nullptr || ndev < 1) return finish(line, ncclInvalidArgument);
   std::string names;
   for (int i = 0; i < ndev; ++i) {
-    comm[i] = reinterpret_cast<ncclComm_t>(
-        fake::new_comm(ndev, i, devlist ? devlist[i] : i, nullptr));
+    comm[i] =
+        reinterpret_cast<ncclComm_t>(fake::new_comm(ndev, i, devlist ? devlist[i] : i, nullptr));
     names += (i ? "," : "") + name_of(comm[i]);
   }
   fake::log_line(line + " -> 0 comms=[" + names + "]");
@@ -99,8 +97,8 @@ FAKE_PNCCL_ALIAS(ncclCommInitAll)
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                            ncclConfig_t* config) {
-  std::string line = "ncclCommSplit comm=" + name_of(comm) +
-                     strf(" color=%d key=%d ", color, key) + fake::describe_config(config);
+  std::string line = "ncclCommSplit comm=" + name_of(comm) + strf(" color=%d key=%d ", color, key) +
+                     fake::describe_config(config);
   if (fake::should_fail("ncclCommSplit")) return finish(line, ncclInternalError);
   fake::Comm* parent = fake::find_comm(comm);
   if (parent == nullptr || newcomm == nullptr) return finish(line, ncclInvalidArgument);
@@ -112,10 +110,10 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   }
   // NULL config: the child inherits the parent's configuration, as in NCCL.
   const ncclConfig_t* inherited =
-      config ? config
-             : (parent->config.empty()
-                    ? nullptr
-                    : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
+      config
+          ? config
+          : (parent->config.empty() ? nullptr
+                                    : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
   fake::Comm* c = fake::new_comm(parent->nranks, parent->rank, parent->device, inherited);
   *newcomm = reinterpret_cast<ncclComm_t>(c);
   fake::log_line(line + " -> 0 newcomm=" + name_of(c));
@@ -137,10 +135,10 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     return finish(line, ncclInvalidArgument);
   if (config != nullptr && !fake::config_magic_ok(config)) return finish(line, ncclInvalidArgument);
   const ncclConfig_t* inherited =
-      config ? config
-             : (parent->config.empty()
-                    ? nullptr
-                    : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
+      config
+          ? config
+          : (parent->config.empty() ? nullptr
+                                    : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
   fake::Comm* c = fake::new_comm(parent->nranks - excludeRanksCount, 0, parent->device, inherited);
   *newcomm = reinterpret_cast<ncclComm_t>(c);
   fake::log_line(line + " -> 0 newcomm=" + name_of(c));
@@ -227,9 +225,8 @@ FAKE_PNCCL_ALIAS(ncclCommUserRank)
 
 const char* ncclGetErrorString(ncclResult_t result) {
   static const char* const kNames[] = {
-      "ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
-      "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
-      "ncclRemoteError",   "ncclInProgress"};
+      "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+      "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
   fake::log_line(strf("ncclGetErrorString result=%d", static_cast<int>(result)));
   auto r = static_cast<unsigned>(result);
   return r < sizeof(kNames) / sizeof(kNames[0]) ? kNames[r] : "unknown result code";

@@ -10,7 +10,7 @@ namespace zgpu {
 
 struct ActivityCounts {
   int kernels = 0;
-  int memcpys = 0;  // device/host and peer-to-peer copies
+  int memcpys = 0;                        // device/host and peer-to-peer copies
   std::vector<std::string> kernel_names;  // the first few, for the log
 };
 

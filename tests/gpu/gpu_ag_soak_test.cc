@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -128,7 +129,9 @@ size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 class Soak {
  public:
   Soak(const RankContext& ctx, const Config& cfg)
-      : ctx_(ctx), cfg_(cfg), shared_rng_(seed_of({cfg.seed, 0x5AA5})),
+      : ctx_(ctx),
+        cfg_(cfg),
+        shared_rng_(seed_of({cfg.seed, 0x5AA5})),
         local_rng_(seed_of({cfg.seed, 0x10CA1, static_cast<uint64_t>(ctx.rank)})) {
     comm_ = init_comm(ctx, InitKind::kInitRankConfig);
     ZG_CUDA(cudaStreamCreateWithFlags(&nonblocking_, cudaStreamNonBlocking));
@@ -146,6 +149,7 @@ class Soak {
   }
 
   ~Soak() {
+    if (std::uncaught_exceptions() > 0) return;  // possibly hung GPU: leave it to _exit
     cudaFree(recv_);
     cudaFree(ref_);
     cudaFree(send_);
@@ -178,13 +182,14 @@ class Soak {
         run_eager(it, plan);
       }
       ++iterations_;
+      publish_counts();  // so the parent has them even if a later iteration kills the rank
       heartbeat();
       if (ctx_.rank == 0 && (it + 1) % 1000 == 0) {
         const double secs =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         printf("soak: progress iteration=%ld ops=%llu mismatches=%llu elapsed=%.0fs\n", it + 1,
-               static_cast<unsigned long long>(ops_),
-               static_cast<unsigned long long>(mismatches_), secs);
+               static_cast<unsigned long long>(ops_), static_cast<unsigned long long>(mismatches_),
+               secs);
         fflush(stdout);
       }
     }
@@ -299,8 +304,7 @@ class Soak {
     }
     if (op.in_place) {
       for (int ref = 0; ref < 2; ++ref) {
-        fill_pattern(const_cast<uint8_t*>(send_ptr(op, ref != 0)), op.per_rank, seed, ctx_.rank,
-                     s);
+        fill_pattern(const_cast<uint8_t*>(send_ptr(op, ref != 0)), op.per_rank, seed, ctx_.rank, s);
       }
     } else {
       fill_pattern(const_cast<uint8_t*>(send_ptr(op, false)), op.per_rank, seed, ctx_.rank, s);
@@ -313,11 +317,10 @@ class Soak {
   void issue(const IterPlan& plan, bool ref, bool grouped, const std::string& what) {
     if (grouped) ZG_NCCL(ref ? pncclGroupStart() : ncclGroupStart());
     for (const auto& op : plan.ops) {
-      const ncclResult_t res =
-          ref ? pncclAllGather(send_ptr(op, true), out_ptr(op, true), op.count, op.dt, comm_,
-                               stream_of(op.stream))
-              : ncclAllGather(send_ptr(op, false), out_ptr(op, false), op.count, op.dt, comm_,
-                              stream_of(op.stream));
+      const ncclResult_t res = ref ? pncclAllGather(send_ptr(op, true), out_ptr(op, true), op.count,
+                                                    op.dt, comm_, stream_of(op.stream))
+                                   : ncclAllGather(send_ptr(op, false), out_ptr(op, false),
+                                                   op.count, op.dt, comm_, stream_of(op.stream));
       if (res != ncclSuccess) {
         fail(what + (ref ? ": pncclAllGather" : ": ncclAllGather") + " returned " +
              ncclGetErrorString(res) + "; last error: " + ncclGetLastError(comm_));
@@ -377,8 +380,8 @@ class Soak {
     for (int replay = 0; replay < kReplays; ++replay) {
       std::vector<uint64_t> seeds;
       for (size_t j = 0; j < plan.ops.size(); ++j) {
-        seeds.push_back(seed_of({cfg_.seed, static_cast<uint64_t>(it), j,
-                                 static_cast<uint64_t>(replay + 1)}));
+        seeds.push_back(
+            seed_of({cfg_.seed, static_cast<uint64_t>(it), j, static_cast<uint64_t>(replay + 1)}));
         prepare(plan.ops[j], seeds[j]);
       }
       ZG_CUDA(cudaGraphLaunch(exec, s));
@@ -396,12 +399,12 @@ class Soak {
       const OpPlan& op = plan.ops[j];
       VerifyCounts* c = counts_ + j;
       reset_verify_counts(c, verify_stream_);
-      verify_allgather(out_ptr(op, false), out_ptr(op, true), op.per_rank, ctx_.nranks, seeds[j],
-                       c, verify_stream_);
+      verify_allgather(out_ptr(op, false), out_ptr(op, true), op.per_rank, ctx_.nranks, seeds[j], c,
+                       verify_stream_);
       uint8_t* base = static_cast<uint8_t*>(recv_) + op.region;
       verify_guard(base, op.out_offset, kPoison, 0, c, verify_stream_);
-      verify_guard(base + op.out_offset + op.total(), kGuard, kPoison,
-                   op.out_offset + op.total(), c, verify_stream_);
+      verify_guard(base + op.out_offset + op.total(), kGuard, kPoison, op.out_offset + op.total(),
+                   c, verify_stream_);
       ZG_CUDA(cudaGetLastError());
     }
     std::vector<VerifyCounts> host(plan.ops.size());
@@ -451,8 +454,8 @@ class Soak {
     }
     report_limited("MISMATCH " + describe(it, plan, j, replay) + ": " + what +
                    "; first differing offset " + std::to_string(at) + " (from rank " +
-                   std::to_string(src) + ", byte " + std::to_string(at % op.per_rank) +
-                   ") got " + bytes_at(got, n, 0) + " pnccl " + bytes_at(ref, n, 0) + " want " +
+                   std::to_string(src) + ", byte " + std::to_string(at % op.per_rank) + ") got " +
+                   bytes_at(got, n, 0) + " pnccl " + bytes_at(ref, n, 0) + " want " +
                    bytes_at(want, n, 0));
   }
 
@@ -472,11 +475,16 @@ class Soak {
     return buf;
   }
 
-  void publish() {
+  void publish_counts() {
     auto* out = static_cast<SoakResult*>(rank_shared_block(ctx_.rank));
     out->iterations = iterations_;
     out->ops = ops_;
     out->mismatches = mismatches_;
+  }
+
+  void publish() {
+    publish_counts();
+    auto* out = static_cast<SoakResult*>(rank_shared_block(ctx_.rank));
     GetStatsFn get = shim_get_stats();
     out->shim_loaded = get != nullptr;
     zerocta_stats_t stats{};

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -32,8 +33,7 @@ constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kGuard = 256;  // poisoned bytes on each side of an output
 
 // Byte sizes of one rank's buffer; count = max(1, bytes / sizeof(type)).
-const std::vector<size_t> kSizes = {1,     3,          4096,    4097,
-                                    65543, kMiB + 13, 8 * kMiB, 64 * kMiB};
+const std::vector<size_t> kSizes = {1, 3, 4096, 4097, 65543, kMiB + 13, 8 * kMiB, 64 * kMiB};
 const std::vector<ncclDataType_t> kTypes = {ncclInt8,    ncclInt32,   ncclFloat16, ncclBfloat16,
                                             ncclFloat32, ncclFloat64, ncclUint64};
 
@@ -62,7 +62,8 @@ struct Case {
 // largest case, digests and the failure count.
 class Env {
  public:
-  Env(const RankContext& ctx, std::string test) : ctx_(ctx), test_(std::move(test)), log_(ctx.rank) {
+  Env(const RankContext& ctx, std::string test)
+      : ctx_(ctx), test_(std::move(test)), log_(ctx.rank) {
     ZG_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const size_t cap = static_cast<size_t>(ctx.nranks) * std::max<size_t>(max_case_bytes(), 4096);
     capacity_ = cap;
@@ -71,6 +72,7 @@ class Env {
     ZG_CUDA(cudaMalloc(&out_ref_, cap + 2 * kGuard));
   }
   ~Env() {
+    if (std::uncaught_exceptions() > 0) return;  // possibly hung GPU: leave it to _exit
     cudaFree(send_);
     cudaFree(out_pub_);
     cudaFree(out_ref_);
@@ -115,17 +117,19 @@ class Env {
       prepare(out);
       ncclResult_t res = op(out, real != 0);
       if (res != ncclSuccess) {
-        fail(label + (real ? " via pnccl" : " via nccl") + " returned " +
-             ncclGetErrorString(res) + "; last error: " + ncclGetLastError(comm));
+        fail(label + (real ? " via pnccl" : " via nccl") + " returned " + ncclGetErrorString(res) +
+             "; last error: " + ncclGetLastError(comm));
       }
     }
+    // Wait with a deadline first: a copy to pageable memory would block on a hung op for good.
+    wait_stream(stream_, label);
+    check_comm_async(comm, label);
     for (int real = 0; real < 2; ++real) {
       host[real].resize(out_bytes + 2 * kGuard);
       ZG_CUDA(cudaMemcpyAsync(host[real].data(), regions[real], host[real].size(),
                               cudaMemcpyDeviceToHost, stream_));
     }
-    wait_stream(stream_, label);
-    check_comm_async(comm, label);
+    wait_stream(stream_, label + " (copy back)");
     for (int real = 0; real < 2; ++real) {
       const char* path = real ? "pnccl" : "nccl";
       const uint8_t* h = host[real].data();
@@ -138,8 +142,9 @@ class Env {
     const uint8_t* ref = host[1].data() + kGuard;
     const size_t diff = first_difference(pub.data(), ref, out_bytes);
     if (diff != SIZE_MAX) {
-      mismatch(label, "nccl vs pnccl", "results differ (nccl " + bytes_at(pub.data(), out_bytes, diff) +
-                                           ", pnccl " + bytes_at(ref, out_bytes, diff) + ")",
+      mismatch(label, "nccl vs pnccl",
+               "results differ (nccl " + bytes_at(pub.data(), out_bytes, diff) + ", pnccl " +
+                   bytes_at(ref, out_bytes, diff) + ")",
                diff);
     }
     log_.add(label, pub.data(), out_bytes);
@@ -150,9 +155,9 @@ class Env {
                     const uint8_t* want) {
     const size_t diff = first_difference(got.data(), want, got.size());
     if (diff != SIZE_MAX) {
-      mismatch(label, "nccl", "differs from the expected bytes (got " +
-                                  bytes_at(got.data(), got.size(), diff) + ", want " +
-                                  bytes_at(want, got.size(), diff) + ")",
+      mismatch(label, "nccl",
+               "differs from the expected bytes (got " + bytes_at(got.data(), got.size(), diff) +
+                   ", want " + bytes_at(want, got.size(), diff) + ")",
                diff);
     }
   }
@@ -332,8 +337,8 @@ void all_gather_zero_count(Env& env, const Comm& comm) {
   ncclResult_t pub = ncclAllGather(env.send(), out, 0, ncclFloat32, comm.comm, env.stream());
   ncclResult_t real = pncclAllGather(env.send(), out, 0, ncclFloat32, comm.comm, env.stream());
   std::vector<uint8_t> host(4 * kGuard);
-  ZG_CUDA(cudaMemcpyAsync(host.data(), env.send(), host.size(), cudaMemcpyDeviceToHost,
-                          env.stream()));
+  ZG_CUDA(
+      cudaMemcpyAsync(host.data(), env.send(), host.size(), cudaMemcpyDeviceToHost, env.stream()));
   wait_stream(env.stream(), "allgather count=0");
   if (pub != real) {
     fail(std::string("allgather count=0: nccl returned ") + ncclGetErrorString(pub) +
@@ -345,7 +350,8 @@ void all_gather_zero_count(Env& env, const Comm& comm) {
 }
 
 Comm world_comm(const RankContext& ctx, InitKind kind) {
-  return Comm{init_comm(ctx, kind), ctx.nranks, ctx.rank, std::string("world-") + init_kind_name(kind)};
+  return Comm{init_comm(ctx, kind), ctx.nranks, ctx.rank,
+              std::string("world-") + init_kind_name(kind)};
 }
 
 void destroy(Comm& comm) {
@@ -479,9 +485,8 @@ TEST_P(Collectives, Split) {
       ZG_NCCL(ncclCommCount(child.comm, &child.n));
       ZG_NCCL(ncclCommUserRank(child.comm, &child.me));
       if (child.n != static_cast<int>(members.size()) || child.me != want_rank) {
-        fail("split child has rank " + std::to_string(child.me) + " of " +
-             std::to_string(child.n) + ", want " + std::to_string(want_rank) + " of " +
-             std::to_string(members.size()));
+        fail("split child has rank " + std::to_string(child.me) + " of " + std::to_string(child.n) +
+             ", want " + std::to_string(want_rank) + " of " + std::to_string(members.size()));
       }
       child.name = "split-color" + std::to_string(colors[me]);
       const std::vector<ncclDataType_t> types = {ncclInt32, ncclFloat32};
@@ -491,7 +496,10 @@ TEST_P(Collectives, Split) {
       });
       destroy(child);
     }
-    // The world communicator still works after the split and the child's destruction.
+    // The world communicator still works after the split and the child's destruction. The
+    // host barrier keeps the rank without a child from starting (and timing out on) the
+    // world op while the others are still busy with theirs.
+    barrier();
     for_each_case({ncclFloat32}, [&](const Case& c) {
       if (c.size_index % 3 == 0) all_gather_case(env, world, c, false);
     });

@@ -6,13 +6,13 @@
 #include "mp_harness.h"
 
 // Skips the current test unless at least n GPUs are visible: NCCL needs one device per rank.
-#define ZG_REQUIRE_GPUS(n)                                                              \
-  do {                                                                                  \
-    const int zg_gpus_ = ::zgpu::visible_gpu_count();                                   \
-    if (zg_gpus_ == 0) GTEST_SKIP() << "no GPU";                                        \
-    if (zg_gpus_ < (n)) {                                                               \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, " << zg_gpus_ << " visible";           \
-    }                                                                                   \
+#define ZG_REQUIRE_GPUS(n)                                                    \
+  do {                                                                        \
+    const int zg_gpus_ = ::zgpu::visible_gpu_count();                         \
+    if (zg_gpus_ == 0) GTEST_SKIP() << "no GPU";                              \
+    if (zg_gpus_ < (n)) {                                                     \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, " << zg_gpus_ << " visible"; \
+    }                                                                         \
   } while (0)
 
 namespace zgpu {

@@ -25,8 +25,8 @@ __global__ void fill_kernel(uint8_t* dst, size_t len, uint64_t seed, int src) {
   }
 }
 
-__global__ void verify_kernel(const uint8_t* out, const uint8_t* ref, size_t per_rank,
-                              int nranks, uint64_t seed, VerifyCounts* counts) {
+__global__ void verify_kernel(const uint8_t* out, const uint8_t* ref, size_t per_rank, int nranks,
+                              uint64_t seed, VerifyCounts* counts) {
   const size_t total = per_rank * static_cast<size_t>(nranks);
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -42,8 +42,8 @@ __global__ void verify_kernel(const uint8_t* out, const uint8_t* ref, size_t per
   }
 }
 
-__global__ void guard_kernel(const uint8_t* p, size_t len, uint8_t value,
-                             unsigned long long base, VerifyCounts* counts) {
+__global__ void guard_kernel(const uint8_t* p, size_t len, uint8_t value, unsigned long long base,
+                             VerifyCounts* counts) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < len;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     if (p[i] != value) note_bad(&counts->first_bad_guard, &counts->bad_guard, base + i);
@@ -65,8 +65,8 @@ void fill_pattern(void* dst, size_t len, uint64_t seed, int src, cudaStream_t st
   fill_kernel<<<grid_for(len), kThreads, 0, stream>>>(static_cast<uint8_t*>(dst), len, seed, src);
 }
 
-void verify_allgather(const void* out, const void* ref, size_t per_rank, int nranks,
-                      uint64_t seed, VerifyCounts* device_counts, cudaStream_t stream) {
+void verify_allgather(const void* out, const void* ref, size_t per_rank, int nranks, uint64_t seed,
+                      VerifyCounts* device_counts, cudaStream_t stream) {
   const size_t total = per_rank * static_cast<size_t>(nranks);
   if (total == 0) return;
   verify_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint8_t*>(out),

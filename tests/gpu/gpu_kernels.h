@@ -45,8 +45,8 @@ void fill_pattern(void* dst, size_t len, uint64_t seed, int src, cudaStream_t st
 
 // Checks an all-gather output of nranks * per_rank bytes: out against the pattern (slice q
 // comes from rank q) and against ref, and ref against the pattern. ref may be null.
-void verify_allgather(const void* out, const void* ref, size_t per_rank, int nranks,
-                      uint64_t seed, VerifyCounts* device_counts, cudaStream_t stream);
+void verify_allgather(const void* out, const void* ref, size_t per_rank, int nranks, uint64_t seed,
+                      VerifyCounts* device_counts, cudaStream_t stream);
 
 // Checks that len bytes at p still hold `value` (guards); offsets reported relative to p
 // plus `offset_base`.

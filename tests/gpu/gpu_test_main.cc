@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
 
   const long expect_shim = zgpu::env_long("ZEROCTA_EXPECT_SHIM", -1);
   if (expect_shim >= 0 && (expect_shim != 0) != shim) {
-    fprintf(stderr, "zerocta-gpu-test: ZEROCTA_EXPECT_SHIM=%ld but the shim is %s\n",
-            expect_shim, shim ? "loaded" : "NOT loaded (check LD_PRELOAD)");
+    fprintf(stderr, "zerocta-gpu-test: ZEROCTA_EXPECT_SHIM=%ld but the shim is %s\n", expect_shim,
+            shim ? "loaded" : "NOT loaded (check LD_PRELOAD)");
     return 1;
   }
   const long expect_version = zgpu::env_long("ZEROCTA_EXPECT_NCCL_VERSION", -1);

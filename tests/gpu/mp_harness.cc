@@ -27,14 +27,16 @@ using Clock = std::chrono::steady_clock;
 // heartbeats and result blocks the ranks write.
 struct SharedState {
   std::atomic<uint64_t> beats[kMaxRanks];
+  std::atomic<uint32_t> barrier_arrived;
+  std::atomic<uint32_t> barrier_generation;
   alignas(64) char blocks[kMaxRanks][kRankSharedBlockBytes];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "heartbeats must be lock-free");
 
 SharedState* shared_state() {
   static SharedState* state = [] {
-    void* p = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    void* p = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
     if (p == MAP_FAILED) {
       perror("zgpu: mmap of the shared state");
       abort();
@@ -46,6 +48,7 @@ SharedState* shared_state() {
 
 // Set in a rank process only.
 int g_rank = -1;
+int g_nranks = 0;
 int g_msg_fd = -1;
 
 bool write_full(int fd, const void* data, size_t len) {
@@ -99,17 +102,26 @@ int rank_main(int rank, int nranks, int ngpus, const RankFn& fn, const RunOption
     RankContext ctx;
     ctx.rank = rank;
     ctx.nranks = nranks;
-    ctx.device = rank % ngpus;
-    cudaError_t err = cudaSetDevice(ctx.device);
-    if (err != cudaSuccess) {
-      report("cudaSetDevice(" + std::to_string(ctx.device) + ") failed: " +
-             cudaGetErrorString(err));
-      return 2;
+    ctx.device = options.use_cuda ? rank % ngpus : -1;
+    if (options.use_cuda) {
+      cudaError_t err = cudaSetDevice(ctx.device);
+      if (err != cudaSuccess) {
+        report("cudaSetDevice(" + std::to_string(ctx.device) +
+               ") failed: " + cudaGetErrorString(err));
+        return 2;
+      }
     }
     ctx.ids.resize(static_cast<size_t>(options.num_ids));
     const size_t id_bytes = ctx.ids.size() * sizeof(ncclUniqueId);
     if (rank == 0) {
-      for (auto& id : ctx.ids) {
+      for (size_t k = 0; k < ctx.ids.size(); ++k) {
+        ncclUniqueId& id = ctx.ids[k];
+        if (!options.use_cuda) {
+          for (size_t i = 0; i < sizeof(id.internal); ++i) {
+            id.internal[i] = static_cast<char>((getpid() + 7 * k + 13 * i) & 0x7f);
+          }
+          continue;
+        }
         ncclResult_t res = ncclGetUniqueId(&id);
         if (res != ncclSuccess) {
           report(std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(res));
@@ -134,7 +146,7 @@ int rank_main(int rank, int nranks, int ngpus, const RankFn& fn, const RunOption
   } catch (...) {
     report("unknown exception");
   }
-  return 1;
+  return kRankExceptionExit;
 }
 
 std::string describe(const RankOutcome& o) {
@@ -178,6 +190,21 @@ void report(const std::string& message) {
 
 void heartbeat() {
   if (g_rank >= 0) shared_state()->beats[g_rank].fetch_add(1, std::memory_order_relaxed);
+}
+
+void barrier() {
+  if (g_rank < 0) return;
+  SharedState* state = shared_state();
+  const uint32_t generation = state->barrier_generation.load();
+  if (state->barrier_arrived.fetch_add(1) + 1 == static_cast<uint32_t>(g_nranks)) {
+    state->barrier_arrived.store(0);
+    state->barrier_generation.fetch_add(1);
+    return;
+  }
+  while (state->barrier_generation.load() == generation) {
+    heartbeat();
+    usleep(1000);
+  }
 }
 
 int visible_gpu_count() {
@@ -232,11 +259,11 @@ std::string RunResult::summary() const {
 
 RunResult run_ranks(int nranks, const RankFn& fn, const RunOptions& options) {
   RunResult result;
-  const int ngpus = visible_gpu_count();
-  if (nranks < 1 || nranks > kMaxRanks || ngpus < 1) {
+  const int ngpus = options.use_cuda ? visible_gpu_count() : 0;
+  if (nranks < 1 || nranks > kMaxRanks || (options.use_cuda && ngpus < 1)) {
     RankOutcome o;
-    o.killed_because = "cannot run " + std::to_string(nranks) + " ranks on " +
-                       std::to_string(ngpus) + " GPUs";
+    o.killed_because =
+        "cannot run " + std::to_string(nranks) + " ranks on " + std::to_string(ngpus) + " GPUs";
     result.ranks.push_back(o);
     return result;
   }
@@ -270,11 +297,15 @@ RunResult run_ranks(int nranks, const RankFn& fn, const RunOptions& options) {
         if (r != 0) close_fd(id_pipes[q].wr);
       }
       g_rank = r;
+      g_nranks = nranks;
       g_msg_fd = msg_pipes[r].wr;
       int code = rank_main(r, nranks, ngpus, fn, options, id_pipes);
       fflush(stdout);
       fflush(stderr);
-      // A normal exit, so that at-exit reporters (the shim's ZEROCTA_STATS) run.
+      // A rank that threw may have left work hung on the GPU; at-exit teardown (CUDA, NCCL)
+      // could block on it, so leave at once. Otherwise a normal exit, so that at-exit
+      // reporters (the shim's ZEROCTA_STATS) run.
+      if (code == kRankExceptionExit) _exit(code);
       exit(code);
     }
     pids[r] = pid;
@@ -368,8 +399,9 @@ RunResult run_ranks(int nranks, const RankFn& fn, const RunOptions& options) {
       why = "the run exceeded its total timeout of " + std::to_string(options.total_timeout_s) +
             " s (hang?)";
     } else if (have_grace_deadline && now >= grace_deadline) {
-      why = "rank " + std::to_string(first_failed) + " failed and this rank did not finish within " +
-            std::to_string(options.kill_grace_s) + " s";
+      why = "rank " + std::to_string(first_failed) +
+            " failed and this rank did not finish within " + std::to_string(options.kill_grace_s) +
+            " s";
     } else if (options.idle_timeout_s > 0) {
       for (int r = 0; r < nranks && why.empty(); ++r) {
         if (alive[r] && now - last_progress[r] >= std::chrono::seconds(options.idle_timeout_s)) {

@@ -28,7 +28,12 @@ struct RankContext {
 };
 
 // A rank's body. Returns 0 on success; a non-zero value or a thrown exception fails the rank.
+// Destructors that free GPU resources should do nothing while an exception unwinds
+// (std::uncaught_exceptions() > 0): the GPU may be hung, and the rank is about to _exit.
 using RankFn = std::function<int(const RankContext&)>;
+
+// Exit status of a rank whose function threw (it leaves with _exit, skipping at-exit work).
+constexpr int kRankExceptionExit = 70;
 
 struct RunOptions {
   int total_timeout_s = 300;  // the whole run; every rank is killed after this
@@ -37,6 +42,9 @@ struct RunOptions {
   int kill_grace_s = 10;      // once a rank failed, the others get this long to finish
   int num_ids = 1;            // NCCL unique ids rank 0 makes and sends to everyone
   std::function<void(int rank)> before_cuda;  // runs in the child before cudaSetDevice
+  // false: no GPU and no NCCL at all (the harness's own self-test on CPU-only machines);
+  // rank 0 sends made-up bytes as the ids.
+  bool use_cuda = true;
 };
 
 struct RankOutcome {
@@ -56,6 +64,7 @@ struct RunResult {
 };
 
 // Forks nranks processes; rank r makes device r % visible_gpu_count() current and runs fn.
+// Returns when every rank has exited or been killed.
 RunResult run_ranks(int nranks, const RankFn& fn, const RunOptions& options = RunOptions());
 
 // In a rank: sends a failure/diagnostic message to the parent (and prints it on stderr).
@@ -63,6 +72,11 @@ void report(const std::string& message);
 
 // In a rank: tells the parent this rank is making progress (see RunOptions::idle_timeout_s).
 void heartbeat();
+
+// In a rank: waits until every rank of the run has called barrier() as often (a host-side
+// barrier through shared memory, e.g. before an operation that some ranks would otherwise
+// start, and time out on, long before the others). Waiting counts as progress.
+void barrier();
 
 // A 4 KiB block of memory shared by the parent and rank `rank` of the current/last run; zeroed
 // before each run. Ranks leave results there that the parent reads after run_ranks returns.

@@ -15,7 +15,8 @@ namespace {
 uint64_t random_float_bits(uint64_t r, int mant_bits, int exp_lo, int exp_hi) {
   const uint64_t mant = r & ((uint64_t{1} << mant_bits) - 1);
   const uint64_t r2 = mix64(r ^ 0xE3);  // independent of the mantissa bits
-  const uint64_t exp = static_cast<uint64_t>(exp_lo) + r2 % static_cast<uint64_t>(exp_hi - exp_lo + 1);
+  const uint64_t exp =
+      static_cast<uint64_t>(exp_lo) + r2 % static_cast<uint64_t>(exp_hi - exp_lo + 1);
   const uint64_t sign = r2 >> 63;
   const int exp_bits = (mant_bits == 10) ? 5 : (mant_bits == 7 || mant_bits == 23) ? 8 : 11;
   return (sign << (mant_bits + exp_bits)) | (exp << mant_bits) | mant;
@@ -45,12 +46,13 @@ T load(const uint8_t* data, size_t index) {
 
 // Wrap-around sum of integer elements (the reduction NCCL performs on the device).
 template <typename T>
-std::string check_int_sum(const uint8_t* got, const std::vector<const uint8_t*>& inputs,
-                          size_t off, size_t count) {
+std::string check_int_sum(const uint8_t* got, const std::vector<const uint8_t*>& inputs, size_t off,
+                          size_t count) {
   using U = std::make_unsigned_t<T>;
   for (size_t i = 0; i < count; ++i) {
     U sum = 0;
-    for (const uint8_t* in : inputs) sum = static_cast<U>(sum + static_cast<U>(load<T>(in, off + i)));
+    for (const uint8_t* in : inputs)
+      sum = static_cast<U>(sum + static_cast<U>(load<T>(in, off + i)));
     const T want = static_cast<T>(sum);
     const T have = load<T>(got, i);
     if (want != have) {

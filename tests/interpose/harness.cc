@@ -70,8 +70,7 @@ std::vector<std::string> child_environment(const RunSpec& spec, const Scratch& s
     env.push_back(kv);
   }
   if (spec.preload) env.push_back("LD_PRELOAD=" + shim_path());
-  env.push_back("LD_LIBRARY_PATH=" +
-                (spec.library_path.empty() ? fake_dir() : spec.library_path));
+  env.push_back("LD_LIBRARY_PATH=" + (spec.library_path.empty() ? fake_dir() : spec.library_path));
   env.push_back("FAKE_NCCL_LOG=" + scratch.path("nccl.log"));
   for (const auto& kv : spec.env) env.push_back(kv.first + "=" + kv.second);
   return env;

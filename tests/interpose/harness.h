@@ -15,11 +15,11 @@
 namespace itest {
 
 // Paths baked in by CMake.
-std::string shim_path();      // libzerocta.so
-std::string fake_dir();       // fake libnccl.so.2 + libcuda.so.1 + libfake_torch_ext.so
-std::string fake_old_dir();   // fake libnccl.so.2 without ncclCommShrink
+std::string shim_path();     // libzerocta.so
+std::string fake_dir();      // fake libnccl.so.2 + libcuda.so.1 + libfake_torch_ext.so
+std::string fake_old_dir();  // fake libnccl.so.2 without ncclCommShrink
 std::string driver(const std::string& name);
-std::string nccl_header();    // the nccl.h the shim was built against
+std::string nccl_header();     // the nccl.h the shim was built against
 std::string zerocta_header();  // include/zerocta.h
 std::string torch_ext_path();
 
@@ -39,14 +39,14 @@ class Scratch {
 
 struct RunSpec {
   std::vector<std::string> argv;
-  bool preload = true;                                     // LD_PRELOAD the shim
-  std::string library_path;                                // default: fake_dir()
-  std::vector<std::pair<std::string, std::string>> env;   // added last (ZEROCTA_*, FAKE_*, ...)
+  bool preload = true;                                   // LD_PRELOAD the shim
+  std::string library_path;                              // default: fake_dir()
+  std::vector<std::pair<std::string, std::string>> env;  // added last (ZEROCTA_*, FAKE_*, ...)
   int timeout_s = 60;
 };
 
 struct RunResult {
-  int exit_code = -1;   // -1 when killed by a signal
+  int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
   bool timed_out = false;
   std::string out, err, log;

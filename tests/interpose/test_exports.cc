@@ -43,8 +43,8 @@ TEST(Exports, EveryHeaderFunctionIsExported) {
   std::set<std::string> fns = nccl_header_functions(nccl_header());
   ASSERT_FALSE(fns.empty()) << "could not read " << nccl_header();
   for (const std::string& fn : fns)
-    EXPECT_EQ(exported.count(fn), 1u) << fn << " is declared in " << nccl_header()
-                                      << " but libzerocta.so has no wrapper for it";
+    EXPECT_EQ(exported.count(fn), 1u)
+        << fn << " is declared in " << nccl_header() << " but libzerocta.so has no wrapper for it";
 }
 
 TEST(Exports, NothingButTheNcclApiAndZeroctaApi) {

@@ -46,8 +46,8 @@ TEST(Forwarding, KeepPolicyAndAllGatherOffLogIsIdentical) {
   Scratch scratch;
   RunResult base = run_every_call(false, {}, scratch);
   ASSERT_EQ(base.exit_code, 0) << base.describe();
-  RunResult shim = run_every_call(
-      true, {{"ZEROCTA_ALLGATHER", "off"}, {"ZEROCTA_CTA_POLICY", "keep"}}, scratch);
+  RunResult shim =
+      run_every_call(true, {{"ZEROCTA_ALLGATHER", "off"}, {"ZEROCTA_CTA_POLICY", "keep"}}, scratch);
   ASSERT_EQ(shim.exit_code, 0) << shim.describe();
   EXPECT_EQ(shim.out, base.out);
   expect_same_lines(base, shim, "ZEROCTA_CTA_POLICY=keep ZEROCTA_ALLGATHER=off");
@@ -71,16 +71,40 @@ TEST(Forwarding, DefaultPolicyChangesOnlyInitConfigs) {
   RunResult base = run_every_call(false, {}, scratch);
   RunResult shim = run_every_call(true, {{"ZEROCTA_ALLGATHER", "off"}}, scratch);
   ASSERT_EQ(shim.exit_code, 0) << shim.describe();
-  for (const char* fn : {"ncclReduce", "ncclBroadcast", "ncclBcast", "ncclAllReduce",
-                         "ncclReduceScatter", "ncclAllGather", "ncclAlltoAll", "ncclGather",
-                         "ncclScatter", "ncclSend", "ncclRecv", "ncclMemAlloc",
-                         "ncclCommRegister", "ncclRedOpCreatePreMulSum"}) {
+  for (const char* fn :
+       {"ncclReduce", "ncclBroadcast", "ncclBcast", "ncclAllReduce", "ncclReduceScatter",
+        "ncclAllGather", "ncclAlltoAll", "ncclGather", "ncclScatter", "ncclSend", "ncclRecv",
+        "ncclMemAlloc", "ncclCommRegister", "ncclRedOpCreatePreMulSum"}) {
     EXPECT_EQ(log_calls(shim, fn), log_calls(base, fn)) << fn;
   }
   std::vector<std::string> init = log_calls(shim, "ncclCommInitRankConfig");
   ASSERT_FALSE(init.empty()) << shim.describe();
   EXPECT_NE(log_calls(base, "ncclCommInitRankConfig"), init)
       << "the default policy (zero) left every init config unchanged";
+}
+
+TEST(Forwarding, NcclErrorsReachTheApplication) {
+  // FAKE_NCCL_FAIL makes one fake function return ncclInternalError (3); the shim must hand
+  // that result back, including from NCCL's inner call (ncclBcast -> ncclBroadcast) and from
+  // the ncclCommInitRankConfig an ncclCommInitRank becomes.
+  struct Case {
+    const char* fail;
+    const char* step;
+  };
+  const Case kCases[] = {{"ncclAllGather", "allgather"},
+                         {"ncclAllReduce", "allreduce"},
+                         {"ncclBroadcast", "bcast"},
+                         {"ncclCommInitRankConfig", "init"},
+                         {"ncclGetUniqueId", "uniqueid"}};
+  for (const Case& c : kCases) {
+    Scratch scratch;
+    RunSpec spec;
+    spec.argv = {driver("drv_script"), "uniqueid", "init", "allgather", "allreduce", "bcast"};
+    spec.env = {{"FAKE_NCCL_FAIL", c.fail}};
+    RunResult r = run(spec, scratch);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_EQ(r.num(c.step), 3) << "FAKE_NCCL_FAIL=" << c.fail << "\n" << r.describe();
+  }
 }
 
 }  // namespace

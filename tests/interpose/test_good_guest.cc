@@ -43,8 +43,8 @@ TEST(GoodGuest, NeedsOnlyTheCLibraries) {
   int rc = -1;
   std::string text = capture({"readelf", "-d", shim_path()}, &rc);
   ASSERT_EQ(rc, 0) << "readelf failed";
-  const std::set<std::string> allowed = {"libc.so.6", "libdl.so.2", "libpthread.so.0",
-                                         "libm.so.6", "ld-linux-x86-64.so.2"};
+  const std::set<std::string> allowed = {"libc.so.6", "libdl.so.2", "libpthread.so.0", "libm.so.6",
+                                         "ld-linux-x86-64.so.2"};
   int needed = 0;
   for (const std::string& line : split_lines(text)) {
     if (!contains(line, "(NEEDED)")) continue;
@@ -72,7 +72,7 @@ TEST(GoodGuest, LoadsNeitherCudaNorNcclUntilCalled) {
 TEST(GoodGuest, HostOnlyCallsMakeNoCudaCalls) {
   Scratch scratch;
   RunSpec spec;
-  spec.argv = {driver("drv_script"), "uniqueid", "version", "marker:m1", "init",
+  spec.argv = {driver("drv_script"), "uniqueid",   "version",   "marker:m1", "init",
                "marker:m2",          "asyncerror", "marker:m3", "destroy"};
   RunResult r = run(spec, scratch);
   ASSERT_EQ(r.exit_code, 0) << r.describe();

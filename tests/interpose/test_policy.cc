@@ -33,7 +33,11 @@ void expect_caller_untouched(const RunResult& r) {
 }
 
 // What NCCL must receive for an application config of (size, version) under the zero
-// policy: see the rules in the brief (tests/interpose/README or the test names).
+// policy: magic intact and CTAPolicy 2 at offset 60. A struct older than 2.27 (size < 72 or
+// version < 22700) cannot hold CTAPolicy, so it must arrive extended to the 2.28 layout
+// (size 80, version 22809) with the fields its version defines kept and all others
+// undefined (INT_MIN / NULL). A 2.28 or newer struct keeps its size, and every byte but
+// CTAPolicy, unknown trailing bytes included. The caller's own bytes never change.
 void check_zero_policy_generation(size_t size, unsigned version, const RunResult& r,
                                   const std::string& fn) {
   SCOPED_TRACE(::testing::Message() << fn << " size=" << size << " version=" << version);
@@ -102,8 +106,8 @@ TEST(Policy, FakeSeesCallerBytesWithoutShim) {
   // Baseline for the rules: without the shim NCCL receives the caller's own struct.
   Scratch scratch;
   for (const Generation& g : kGenerations) {
-    RunResult r = run_config({"rankconfig", std::to_string(g.size), std::to_string(g.version)},
-                             {}, scratch, false);
+    RunResult r = run_config({"rankconfig", std::to_string(g.size), std::to_string(g.version)}, {},
+                             scratch, false);
     ASSERT_EQ(r.exit_code, 0) << r.describe();
     SeenConfig seen = seen_config(r, "ncclCommInitRankConfig");
     EXPECT_EQ(seen.bytes, caller_before(r)) << r.describe();
@@ -132,8 +136,8 @@ TEST(Policy, NullConfigGetsAFreshZeroPolicyConfig) {
   for (const char* entry : {"rankconfig", "scalable"}) {
     RunResult r = run_config({entry, "null"}, {}, scratch);
     ASSERT_EQ(r.exit_code, 0) << r.describe();
-    std::string fn = std::string(entry) == "scalable" ? "ncclCommInitRankScalable"
-                                                      : "ncclCommInitRankConfig";
+    std::string fn =
+        std::string(entry) == "scalable" ? "ncclCommInitRankScalable" : "ncclCommInitRankConfig";
     SeenConfig seen = seen_config(r, fn);
     ASSERT_TRUE(seen.present && !seen.null) << entry << "\n" << r.describe();
     EXPECT_EQ(seen.magic, 0xcafebeefu);
@@ -154,8 +158,8 @@ TEST(Policy, NullConfigGetsAFreshZeroPolicyConfig) {
 TEST(Policy, EveryConfigGenerationInitRankConfig) {
   Scratch scratch;
   for (const Generation& g : kGenerations) {
-    RunResult r = run_config({"rankconfig", std::to_string(g.size), std::to_string(g.version)},
-                             {}, scratch);
+    RunResult r =
+        run_config({"rankconfig", std::to_string(g.size), std::to_string(g.version)}, {}, scratch);
     check_zero_policy_generation(g.size, g.version, r, "ncclCommInitRankConfig");
   }
 }
@@ -163,8 +167,8 @@ TEST(Policy, EveryConfigGenerationInitRankConfig) {
 TEST(Policy, EveryConfigGenerationInitRankScalable) {
   Scratch scratch;
   for (const Generation& g : kGenerations) {
-    RunResult r = run_config({"scalable", std::to_string(g.size), std::to_string(g.version)}, {},
-                             scratch);
+    RunResult r =
+        run_config({"scalable", std::to_string(g.size), std::to_string(g.version)}, {}, scratch);
     check_zero_policy_generation(g.size, g.version, r, "ncclCommInitRankScalable");
     auto calls = log_calls(r, "ncclCommInitRankScalable");
     if (!calls.empty()) {
@@ -200,14 +204,15 @@ TEST(Policy, KeepLeavesEverythingUntouched) {
   RunResult initrank = run_config({"initrank"}, {{"ZEROCTA_CTA_POLICY", "keep"}}, scratch);
   EXPECT_EQ(log_calls(initrank, "ncclCommInitRank").size(), 1u) << initrank.describe();
   EXPECT_TRUE(log_calls(initrank, "ncclCommInitRankConfig").empty()) << initrank.describe();
-  RunResult null_cfg = run_config({"rankconfig", "null"}, {{"ZEROCTA_CTA_POLICY", "keep"}}, scratch);
+  RunResult null_cfg =
+      run_config({"rankconfig", "null"}, {{"ZEROCTA_CTA_POLICY", "keep"}}, scratch);
   EXPECT_TRUE(seen_config(null_cfg, "ncclCommInitRankConfig").null) << null_cfg.describe();
 }
 
 TEST(Policy, EfficiencyGivesOne) {
   Scratch scratch;
-  RunResult r = run_config({"rankconfig", "80", "22809"}, {{"ZEROCTA_CTA_POLICY", "efficiency"}},
-                           scratch);
+  RunResult r =
+      run_config({"rankconfig", "80", "22809"}, {{"ZEROCTA_CTA_POLICY", "efficiency"}}, scratch);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(seen_config(r, "ncclCommInitRankConfig").cta(), 1) << r.describe();
   RunResult initrank = run_config({"initrank"}, {{"ZEROCTA_CTA_POLICY", "efficiency"}}, scratch);
@@ -245,8 +250,8 @@ TEST(Policy, SplitAndShrinkWithConfigArePatched) {
   for (const char* entry : {"split", "shrink"}) {
     std::string fn = std::string(entry) == "split" ? "ncclCommSplit" : "ncclCommShrink";
     for (const Generation& g : {Generation{48, 21800}, Generation{80, 22809}}) {
-      RunResult r = run_config({entry, std::to_string(g.size), std::to_string(g.version)}, {},
-                               scratch);
+      RunResult r =
+          run_config({entry, std::to_string(g.size), std::to_string(g.version)}, {}, scratch);
       check_zero_policy_generation(g.size, g.version, r, fn);
     }
   }

@@ -15,12 +15,11 @@
 #include "shim_stats.h"
 #include "timing.h"
 
-#define ZCB_CUBLAS(call)                                                                 \
-  do {                                                                                   \
-    cublasStatus_t s_ = (call);                                                          \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                     \
-      ::zcb::fatal("%s failed: %s (%s:%d)", #call, cublasGetStatusString(s_), __FILE__, \
-                   __LINE__);                                                            \
+#define ZCB_CUBLAS(call)                                                                           \
+  do {                                                                                             \
+    cublasStatus_t s_ = (call);                                                                    \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      ::zcb::fatal("%s failed: %s (%s:%d)", #call, cublasGetStatusString(s_), __FILE__, __LINE__); \
   } while (0)
 
 namespace zcb {
@@ -37,7 +36,8 @@ struct Gemm {
   void* c = nullptr;
   int m, n, k;
 
-  Gemm(const Options& o, uint64_t seed, cudaStream_t stream) : m(o.gemm_m), n(o.gemm_n), k(o.gemm_k) {
+  Gemm(const Options& o, uint64_t seed, cudaStream_t stream)
+      : m(o.gemm_m), n(o.gemm_n), k(o.gemm_k) {
     ZCB_CUBLAS(cublasCreate(&handle));
     ZCB_CUBLAS(cublasSetStream(handle, stream));
     const size_t na = static_cast<size_t>(m) * k, nb = static_cast<size_t>(k) * n;
@@ -57,8 +57,8 @@ struct Gemm {
   }
   void run() {
     const float alpha = 1.0f, beta = 0.0f;
-    ZCB_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16BF, m,
-                            b, CUDA_R_16BF, k, &beta, c, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+    ZCB_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16BF, m, b,
+                            CUDA_R_16BF, k, &beta, c, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
   }
 };
@@ -113,8 +113,8 @@ ContentionMsg run_contention_rank(const ContentionRank& c) {
   m.ag_alone_ms = ta.mean_us(ag_iters) / 1000.0;
 
   // 3. Overlapped. Every rank must issue the same number of collectives: agree on the max.
-  const int n_ag = static_cast<int>(
-      c.agree_max(overlap_op_count(o.gemm_iters, m.gemm_alone_ms, m.ag_alone_ms)));
+  const int n_ag =
+      static_cast<int>(c.agree_max(overlap_op_count(o.gemm_iters, m.gemm_alone_ms, m.ag_alone_ms)));
   m.ag_ops = n_ag;
   IterTimer og(o.gemm_iters), oc(n_ag);
   og.record(0, gs);

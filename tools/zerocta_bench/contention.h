@@ -17,7 +17,7 @@ namespace zcb {
 struct ContentionRank {
   const Options* o = nullptr;
   int rank = 0;
-  uint64_t ag_bytes = 0;  // total output bytes of one all-gather
+  uint64_t ag_bytes = 0;                         // total output bytes of one all-gather
   std::function<void(cudaStream_t)> enqueue_op;  // one all-gather on the given stream
   std::function<uint64_t(uint64_t)> agree_max;   // barrier over every rank, max of a value
 };

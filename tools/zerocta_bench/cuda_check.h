@@ -7,17 +7,17 @@
 
 #include "channel.h"
 
-#define ZCB_CUDA(call)                                                                      \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess)                                                                  \
+#define ZCB_CUDA(call)                                                                          \
+  do {                                                                                          \
+    cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess)                                                                      \
       ::zcb::fatal("%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
   } while (0)
 
-#define ZCB_NCCL(call)                                                                      \
-  do {                                                                                      \
-    ncclResult_t r_ = (call);                                                               \
-    if (r_ != ncclSuccess)                                                                  \
-      ::zcb::fatal("%s failed: %s (%d) (%s:%d)", #call, ncclGetErrorString(r_),             \
-                   static_cast<int>(r_), __FILE__, __LINE__);                               \
+#define ZCB_NCCL(call)                                                          \
+  do {                                                                          \
+    ncclResult_t r_ = (call);                                                   \
+    if (r_ != ncclSuccess)                                                      \
+      ::zcb::fatal("%s failed: %s (%d) (%s:%d)", #call, ncclGetErrorString(r_), \
+                   static_cast<int>(r_), __FILE__, __LINE__);                   \
   } while (0)

@@ -23,11 +23,16 @@ bool fault(const char* var, PathId path) {
 // Peak algbw (GB/s) of the model, per path.
 double model_peak(PathId p) {
   switch (p) {
-    case PathId::kNcclKernel: return 520;
-    case PathId::kNcclCe: return 640;
-    case PathId::kZerocta: return 660;
-    case PathId::kZeroctaAuto: return 650;
-    default: return 780;
+    case PathId::kNcclKernel:
+      return 520;
+    case PathId::kNcclCe:
+      return 640;
+    case PathId::kZerocta:
+      return 660;
+    case PathId::kZeroctaAuto:
+      return 650;
+    default:
+      return 780;
   }
 }
 
@@ -88,8 +93,8 @@ void fake_rank(const Options& o, PathId path, int rank, int nranks, Channel* ch)
     const double slow = path == PathId::kNcclKernel ? 0.30 : path == PathId::kBareCe ? 0.01 : 0.08;
     m.gemm_overlap_ms = m.gemm_alone_ms * (1 + slow);
     m.ag_overlap_ms = m.ag_alone_ms * 1.3;
-    m.ag_ops = static_cast<int32_t>(ch->agree_max(static_cast<uint64_t>(
-        2.0 * o.gemm_iters * m.gemm_alone_ms / m.ag_alone_ms + 2 + rank)));
+    m.ag_ops = static_cast<int32_t>(ch->agree_max(
+        static_cast<uint64_t>(2.0 * o.gemm_iters * m.gemm_alone_ms / m.ag_alone_ms + 2 + rank)));
     m.ag_in_window = m.ag_ops / 2;
     m.covered = 1;
     m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + m.ag_ops * m.ag_alone_ms;

@@ -11,8 +11,8 @@ constexpr unsigned kMaxBlocks = 132 * 8;  // grid-stride: enough to fill an H100
 
 // A 32-bit word of rank `rank`'s pattern (splitmix64 finaliser).
 __device__ __forceinline__ uint32_t pattern_word(uint64_t seed, uint32_t rank, uint64_t w) {
-  uint64_t x = seed ^ (static_cast<uint64_t>(rank) * 0xD1B54A32D192ED03ull) ^
-               (w * 0x9E3779B97F4A7C15ull);
+  uint64_t x =
+      seed ^ (static_cast<uint64_t>(rank) * 0xD1B54A32D192ED03ull) ^ (w * 0x9E3779B97F4A7C15ull);
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 27;
@@ -76,12 +76,12 @@ void fill_typed(void* dst, size_t bytes, uint64_t seed, int rank, cudaStream_t s
   uint64_t n = bytes / sizeof(T);
   if (n == 0) return;
   fill_pattern<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(dst), n, seed,
-                                                      static_cast<uint32_t>(rank));
+                                                     static_cast<uint32_t>(rank));
 }
 
 template <typename T>
-void count_typed(const void* recv, size_t chunk_bytes, int nchunks, uint64_t seed,
-                 int skip_chunk, unsigned long long* wrong, cudaStream_t s) {
+void count_typed(const void* recv, size_t chunk_bytes, int nchunks, uint64_t seed, int skip_chunk,
+                 unsigned long long* wrong, cudaStream_t s) {
   uint64_t per_chunk = chunk_bytes / sizeof(T);
   if (per_chunk == 0 || nchunks <= 0) return;
   count_wrong<T><<<blocks_for(per_chunk * nchunks), kThreads, 0, s>>>(
@@ -93,10 +93,18 @@ void count_typed(const void* recv, size_t chunk_bytes, int nchunks, uint64_t see
 void launch_fill_pattern(void* dst, size_t bytes, int elem_bytes, uint64_t seed, int rank,
                          cudaStream_t stream) {
   switch (elem_bytes) {
-    case 1: fill_typed<uint8_t>(dst, bytes, seed, rank, stream); break;
-    case 2: fill_typed<uint16_t>(dst, bytes, seed, rank, stream); break;
-    case 4: fill_typed<uint32_t>(dst, bytes, seed, rank, stream); break;
-    default: fill_typed<uint64_t>(dst, bytes, seed, rank, stream); break;
+    case 1:
+      fill_typed<uint8_t>(dst, bytes, seed, rank, stream);
+      break;
+    case 2:
+      fill_typed<uint16_t>(dst, bytes, seed, rank, stream);
+      break;
+    case 4:
+      fill_typed<uint32_t>(dst, bytes, seed, rank, stream);
+      break;
+    default:
+      fill_typed<uint64_t>(dst, bytes, seed, rank, stream);
+      break;
   }
 }
 
@@ -104,10 +112,18 @@ void launch_count_wrong(const void* recv, size_t chunk_bytes, int nchunks, int e
                         uint64_t seed, int skip_chunk, unsigned long long* d_wrong,
                         cudaStream_t stream) {
   switch (elem_bytes) {
-    case 1: count_typed<uint8_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream); break;
-    case 2: count_typed<uint16_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream); break;
-    case 4: count_typed<uint32_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream); break;
-    default: count_typed<uint64_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream); break;
+    case 1:
+      count_typed<uint8_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream);
+      break;
+    case 2:
+      count_typed<uint16_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream);
+      break;
+    case 4:
+      count_typed<uint32_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream);
+      break;
+    default:
+      count_typed<uint64_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream);
+      break;
   }
 }
 

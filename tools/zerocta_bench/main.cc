@@ -72,18 +72,22 @@ std::string now_iso() {
   return buf;
 }
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 void print_machine(const BenchReport& b) {
   const MachineInfo& m = b.machine;
   printf("# zerocta-bench: host %s, %d GPU(s) visible, using %d rank(s)%s\n", m.hostname.c_str(),
-         m.gpu_count, b.nranks, m.fake ? "  [FAKE GPUs: synthetic numbers, for testing the bench]" : "");
-  printf("# driver %s, CUDA driver API %s, runtime %s, NCCL %s (as loaded by this binary; each "
-         "rank prints its own)\n",
-         m.driver_version.empty() ? "?" : m.driver_version.c_str(),
-         cuda_version_string(m.cuda_driver_version).c_str(),
-         cuda_version_string(m.cuda_runtime_version).c_str(),
-         nccl_version_string(m.nccl_version).c_str());
+         m.gpu_count, b.nranks,
+         m.fake ? "  [FAKE GPUs: synthetic numbers, for testing the bench]" : "");
+  printf(
+      "# driver %s, CUDA driver API %s, runtime %s, NCCL %s (as loaded by this binary; each "
+      "rank prints its own)\n",
+      m.driver_version.empty() ? "?" : m.driver_version.c_str(),
+      cuda_version_string(m.cuda_driver_version).c_str(),
+      cuda_version_string(m.cuda_runtime_version).c_str(),
+      nccl_version_string(m.nccl_version).c_str());
   for (size_t i = 0; i < m.gpus.size(); ++i)
     printf("#   GPU %zu: %s [%s] %.0f GiB\n", i, m.gpus[i].name.c_str(), m.gpus[i].bus_id.c_str(),
            m.gpus[i].memory_bytes / 1073741824.0);
@@ -93,9 +97,10 @@ void print_machine(const BenchReport& b) {
     printf(": NCCL's CE path, zerocta's ce route and the ceiling need P2P\n");
   }
   if (const char* pol = getenv("NCCL_CTA_POLICY"))
-    printf("# WARNING: NCCL_CTA_POLICY=%s is set and overrides every communicator's config "
-           "(nccl-kernel is then not what applications get by default)\n",
-           pol);
+    printf(
+        "# WARNING: NCCL_CTA_POLICY=%s is set and overrides every communicator's config "
+        "(nccl-kernel is then not what applications get by default)\n",
+        pol);
 }
 
 // Prints the plan with its estimate; returns the estimated seconds.
@@ -267,14 +272,16 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) b.argv.push_back(argv[i]);
   b.machine = o.fake_gpus > 0 ? fake_machine(o.fake_gpus) : probe_machine(60);
   if (b.machine.gpu_count == 0) {
-    printf("# zerocta-bench: no GPU found (%s); nothing to measure.\n",
-           b.machine.no_gpu_reason.c_str());
+    const bool driver = access("/proc/driver/nvidia/version", R_OK) == 0;
+    printf("# zerocta-bench: no GPU found (%s%s); nothing to measure.\n",
+           driver ? "" : "no NVIDIA kernel driver loaded; ", b.machine.no_gpu_reason.c_str());
     return kExitOk;
   }
   if (b.machine.gpu_count < 2 && o.ngpus == 0) {
-    printf("# zerocta-bench: only %d GPU found; an all-gather needs at least 2. Nothing to "
-           "measure.\n",
-           b.machine.gpu_count);
+    printf(
+        "# zerocta-bench: only %d GPU found; an all-gather needs at least 2. Nothing to "
+        "measure.\n",
+        b.machine.gpu_count);
     return kExitOk;
   }
   b.nranks = o.ngpus > 0 ? o.ngpus : b.machine.gpu_count;
@@ -298,7 +305,8 @@ int main(int argc, char** argv) {
     std::string tried;
     b.shim_lib = resolve_shim(o, &tried);
     if (b.shim_lib.empty()) {
-      fprintf(stderr, "zerocta-bench: libzerocta.so not found (tried %s); build it, pass "
+      fprintf(stderr,
+              "zerocta-bench: libzerocta.so not found (tried %s); build it, pass "
               "--zerocta-lib PATH or ZEROCTA_LIB, or leave the zerocta paths out of --paths\n",
               tried.c_str());
       return kExitUsage;

@@ -21,7 +21,8 @@ void send_hello(Channel* ch, int rank, int device, int nccl_version, const ShimP
   h.shim_version = shim.version;
   cudaDeviceProp prop{};
   ZCB_CUDA(cudaGetDeviceProperties(&prop, device));
-  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1), prop.name);
+  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1),
+           prop.name);
   ZCB_CUDA(cudaDeviceGetPCIBusId(h.bus_id, sizeof(h.bus_id), device));
   ch->send(kMsgHello, &h, sizeof(h));
 }
@@ -43,9 +44,10 @@ NcclRank::NcclRank(PathId path, int rank, int nranks, Channel* ch)
           pre ? pre : "", path_name(path));
   }
   if (!path_uses_shim(path) && shim_.loaded)
-    fatal("libzerocta.so is loaded in this rank but path %s must run without it; remove it "
-          "from LD_PRELOAD",
-          path_name(path));
+    fatal(
+        "libzerocta.so is loaded in this rank but path %s must run without it; remove it "
+        "from LD_PRELOAD",
+        path_name(path));
 
   ncclUniqueId id;
   if (rank == 0) {
@@ -76,9 +78,10 @@ void* NcclRank::alloc(size_t bytes) {
     ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
     ZCB_NCCL(ncclCommWindowRegister(comm_, b.ptr, bytes, &b.win, NCCL_WIN_COLL_SYMMETRIC));
     if (b.win == nullptr)
-      fatal("ncclCommWindowRegister returned no window for %zu bytes: NCCL cannot use its "
-            "copy-engine path on this machine (symmetric memory unsupported)",
-            bytes);
+      fatal(
+          "ncclCommWindowRegister returned no window for %zu bytes: NCCL cannot use its "
+          "copy-engine path on this machine (symmetric memory unsupported)",
+          bytes);
   } else {
     ZCB_CUDA(cudaMalloc(&b.ptr, bytes));
   }

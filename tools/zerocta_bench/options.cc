@@ -22,12 +22,12 @@ constexpr PathRow kPaths[] = {
 };
 
 const DataType kTypes[] = {
-    {"int8", ncclInt8, 1},        {"char", ncclChar, 1},          {"uint8", ncclUint8, 1},
-    {"int32", ncclInt32, 4},      {"int", ncclInt, 4},            {"uint32", ncclUint32, 4},
-    {"int64", ncclInt64, 8},      {"uint64", ncclUint64, 8},      {"half", ncclHalf, 2},
-    {"float16", ncclFloat16, 2},  {"float", ncclFloat, 4},        {"float32", ncclFloat32, 4},
-    {"double", ncclDouble, 8},    {"float64", ncclFloat64, 8},    {"bfloat16", ncclBfloat16, 2},
-    {"bf16", ncclBfloat16, 2},    {"f8e4m3", ncclFloat8e4m3, 1},  {"f8e5m2", ncclFloat8e5m2, 1},
+    {"int8", ncclInt8, 1},       {"char", ncclChar, 1},         {"uint8", ncclUint8, 1},
+    {"int32", ncclInt32, 4},     {"int", ncclInt, 4},           {"uint32", ncclUint32, 4},
+    {"int64", ncclInt64, 8},     {"uint64", ncclUint64, 8},     {"half", ncclHalf, 2},
+    {"float16", ncclFloat16, 2}, {"float", ncclFloat, 4},       {"float32", ncclFloat32, 4},
+    {"double", ncclDouble, 8},   {"float64", ncclFloat64, 8},   {"bfloat16", ncclBfloat16, 2},
+    {"bf16", ncclBfloat16, 2},   {"f8e4m3", ncclFloat8e4m3, 1}, {"f8e5m2", ncclFloat8e5m2, 1},
 };
 
 bool parse_int(const std::string& text, long lo, long hi, long* out) {
@@ -179,11 +179,20 @@ bool parse_size(const std::string& text, uint64_t* out) {
     std::string rest = suffix.substr(1);
     if (!(rest.empty() || rest == "B" || rest == "iB")) return false;
     switch (c) {
-      case 'K': shift = 10; break;
-      case 'M': shift = 20; break;
-      case 'G': shift = 30; break;
-      case 'T': shift = 40; break;
-      default: return false;
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        return false;
     }
   }
   if (shift != 0 && v > (std::numeric_limits<uint64_t>::max() >> shift)) return false;
@@ -297,7 +306,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
     } else if (a == "-d" || a == "--datatype") {
       if (!need(&v)) return false;
       if (!parse_dtype(v, &o->dtype))
-        return bad(v, "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2");
+        return bad(v,
+                   "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2");
     } else if (a == "--paths") {
       if (!need(&v)) return false;
       if (!parse_path_list(v, sweep_path_set(), &o->paths, error)) return false;
@@ -366,7 +376,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!need(&v)) return false;
       std::vector<std::string> fds = split_commas(v);
       long in = 0, out = 0;
-      if (fds.size() != 2 || !parse_int(fds[0], 0, 65535, &in) || !parse_int(fds[1], 0, 65535, &out))
+      if (fds.size() != 2 || !parse_int(fds[0], 0, 65535, &in) ||
+          !parse_int(fds[1], 0, 65535, &out))
         return bad(v, "IN,OUT");
       o->worker_in_fd = static_cast<int>(in);
       o->worker_out_fd = static_cast<int>(out);
@@ -379,8 +390,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
     *error = "-b (minbytes) is larger than -e (maxbytes)";
     return false;
   }
-  if (o->is_worker() && (o->worker_mode.empty() || o->worker_nranks <= 0 ||
-                         o->worker_in_fd < 0 || o->worker_out_fd < 0)) {
+  if (o->is_worker() && (o->worker_mode.empty() || o->worker_nranks <= 0 || o->worker_in_fd < 0 ||
+                         o->worker_out_fd < 0)) {
     *error = "incomplete worker flags (internal)";
     return false;
   }

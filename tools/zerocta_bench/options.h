@@ -32,9 +32,9 @@ struct DataType {
 bool parse_dtype(const std::string& name, DataType* out);
 
 // Exit codes, also listed by --help.
-constexpr int kExitOk = 0;       // every path passed, or no GPU found (a note says so)
-constexpr int kExitFailed = 1;   // a path FAILED: wrong data, a worker died or hung, a fallback
-constexpr int kExitUsage = 2;    // bad command line or a missing libzerocta.so
+constexpr int kExitOk = 0;      // every path passed, or no GPU found (a note says so)
+constexpr int kExitFailed = 1;  // a path FAILED: wrong data, a worker died or hung, a fallback
+constexpr int kExitUsage = 2;   // bad command line or a missing libzerocta.so
 
 struct Options {
   // nccl-tests flags. Sizes are the TOTAL output bytes of the all-gather.

@@ -27,7 +27,8 @@ void setup_peer_gpu(int g, int ngpus, Channel* ch) {
   h.pid = static_cast<int32_t>(getpid());
   cudaDeviceProp prop{};
   ZCB_CUDA(cudaGetDeviceProperties(&prop, g));
-  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1), prop.name);
+  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1),
+           prop.name);
   ZCB_CUDA(cudaDeviceGetPCIBusId(h.bus_id, sizeof(h.bus_id), g));
   ch->send(kMsgHello, &h, sizeof(h));
 }
@@ -38,8 +39,7 @@ void enqueue_pulls(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk, 
   for (int k = 1; k < n; ++k) {
     const int q = (g + k) % n;
     const char* src = in_place ? bufs[q].recv + q * chunk : bufs[q].send;
-    ZCB_CUDA(cudaMemcpyAsync(bufs[g].recv + q * chunk, src, chunk, cudaMemcpyDefault,
-                             stream));
+    ZCB_CUDA(cudaMemcpyAsync(bufs[g].recv + q * chunk, src, chunk, cudaMemcpyDefault, stream));
   }
 }
 

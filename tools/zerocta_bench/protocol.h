@@ -35,8 +35,8 @@ struct HelloMsg {
   int32_t rank;
   int32_t device;
   int32_t pid;
-  int32_t nccl_version;   // ncclGetVersion in this process (0 for single-process paths)
-  int32_t shim_loaded;    // zerocta_version found with dlsym(RTLD_DEFAULT)
+  int32_t nccl_version;  // ncclGetVersion in this process (0 for single-process paths)
+  int32_t shim_loaded;   // zerocta_version found with dlsym(RTLD_DEFAULT)
   int32_t shim_version;
   char gpu_name[96];
   char bus_id[32];
@@ -52,9 +52,9 @@ struct AgreeMsg {
 
 // One placement (out-of-place or in-place) of one size on one rank.
 struct PlaceResult {
-  double mean_us;    // (last event - first event) / iters
-  double median_us;  // median of the per-iteration event intervals
-  int64_t wrong;     // wrong elements found by the check; -1 = not checked
+  double mean_us;                             // (last event - first event) / iters
+  double median_us;                           // median of the per-iteration event intervals
+  int64_t wrong;                              // wrong elements found by the check; -1 = not checked
   uint64_t route_calls[zerocta_route_count];  // all-gathers per zerocta route (shim paths)
 };
 
@@ -70,10 +70,10 @@ struct RowMsg {
 struct ContentionMsg {
   int32_t rank;
   int32_t gemm_iters;
-  int32_t ag_ops;      // all-gathers issued in the overlapped run
-  int32_t ag_in_window;  // of those, finished inside the GEMM window
-  int32_t covered;     // the all-gathers ran until the last GEMM finished
-  uint64_t ag_bytes;   // total output bytes of one all-gather
+  int32_t ag_ops;          // all-gathers issued in the overlapped run
+  int32_t ag_in_window;    // of those, finished inside the GEMM window
+  int32_t covered;         // the all-gathers ran until the last GEMM finished
+  uint64_t ag_bytes;       // total output bytes of one all-gather
   double gemm_alone_ms;    // per GEMM
   double gemm_overlap_ms;  // per GEMM, while all-gathering
   double ag_alone_ms;      // per all-gather

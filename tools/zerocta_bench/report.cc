@@ -197,7 +197,8 @@ std::string route_tag(const uint64_t* routes) {
 
 void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
   fprintf(f, "#\n# Path %s: %s\n", path_name(r.path), path_description(r.path).c_str());
-  fprintf(f, "# nranks %d  minBytes %llu  maxBytes %llu  step: %llu(factor)  warmup iters: %d  "
+  fprintf(f,
+          "# nranks %d  minBytes %llu  maxBytes %llu  step: %llu(factor)  warmup iters: %d  "
           "iters: %d  validation: %d  timeout: %d s\n",
           b.nranks, static_cast<unsigned long long>(b.o->min_bytes),
           static_cast<unsigned long long>(b.o->max_bytes),
@@ -210,14 +211,18 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
 void print_rank_line(FILE* f, const HelloMsg& h, const BenchReport& b) {
   std::string extra;
   if (h.nccl_version > 0) extra += "  NCCL " + nccl_version_string(h.nccl_version);
-  if (h.shim_loaded) extra += "  zerocta " + std::to_string(h.shim_version);
+  if (h.shim_loaded)  // MAJOR*10000 + MINOR*100 + PATCH
+    extra += "  zerocta " + std::to_string(h.shim_version / 10000) + "." +
+             std::to_string(h.shim_version / 100 % 100) + "." +
+             std::to_string(h.shim_version % 100);
   fprintf(f, "#  Rank %2d Pid %6d on %s device %2d [%s] %s%s\n", h.rank, h.pid,
           b.machine.hostname.c_str(), h.device, h.bus_id, h.gpu_name, extra.c_str());
   fflush(f);
 }
 
 void print_table_header(FILE* f, bool with_routes) {
-  fprintf(f, "#\n# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
+  fprintf(f,
+          "#\n# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
           "in-place          \n",
           "", "", "", "", "");
   fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s%s\n",
@@ -235,8 +240,8 @@ std::string format_row(const RowAgg& row, const char* type_name, bool with_route
                    static_cast<unsigned long long>(row.bytes),
                    static_cast<unsigned long long>(row.count), type_name, "none", -1);
   for (const PlaceAgg* p : {&row.oop, &row.ip})
-    n += snprintf(buf + n, sizeof(buf) - n, "  %7s  %6.2f  %6.2f  %5s", time_str(p->time_us).c_str(),
-                  p->algbw, p->busbw, wrong_str(p->wrong).c_str());
+    n += snprintf(buf + n, sizeof(buf) - n, "  %7s  %6.2f  %6.2f  %5s",
+                  time_str(p->time_us).c_str(), p->algbw, p->busbw, wrong_str(p->wrong).c_str());
   n += snprintf(buf + n, sizeof(buf) - n, "  %8.2f  %8.2f", row.oop.median_us, row.ip.median_us);
   std::string s(buf, static_cast<size_t>(n));
   if (with_routes) {
@@ -276,9 +281,11 @@ void print_comparison(FILE* f, const BenchReport& b) {
   const PathResult* zc = find_path(b, PathId::kZerocta);
   const PathResult* ceil = find_path(b, PathId::kCeiling);
   for (int ip = 0; ip < 2; ++ip) {
-    fprintf(f, "#\n# Comparison, %s: busbw (GB/s) per path, ratios, %% of the copy-engine "
-            "ceiling\n", ip ? "in-place" : "out-of-place");
-    std::string h = "# " + std::string(10, ' ') + "size";
+    fprintf(f,
+            "#\n# Comparison, %s: busbw (GB/s) per path, ratios, %% of the copy-engine "
+            "ceiling\n",
+            ip ? "in-place" : "out-of-place");
+    std::string h = "#           size";
     char buf[64];
     for (const PathResult* c : cols) {
       snprintf(buf, sizeof(buf), "  %12s", path_name(c->path));
@@ -302,7 +309,8 @@ void print_comparison(FILE* f, const BenchReport& b) {
       std::string line;
       snprintf(buf, sizeof(buf), "  %12llu", static_cast<unsigned long long>(bytes));
       line += buf;
-      for (const PathResult* c : cols) line += "  " + cell(busbw_at(c, i, ip, b.nranks), "%*.2f", 12);
+      for (const PathResult* c : cols)
+        line += "  " + cell(busbw_at(c, i, ip, b.nranks), "%*.2f", 12);
       const double z = busbw_at(zc, i, ip, b.nranks);
       line += "  " + cell(ratio(z, busbw_at(kern, i, ip, b.nranks)), "%*.2fx", 9);
       line += "  " + cell(ratio(z, busbw_at(ce, i, ip, b.nranks)), "%*.2fx", 9);
@@ -324,7 +332,8 @@ void print_contention(FILE* f, const BenchReport& b) {
   if (b.contention.empty()) return;
   const Options& o = *b.o;
   const double flop = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k);
-  fprintf(f, "#\n# Contention: cuBLAS bf16 GEMM %dx%dx%d (CUBLAS_COMPUTE_32F) x%d on one stream, "
+  fprintf(f,
+          "#\n# Contention: cuBLAS bf16 GEMM %dx%dx%d (CUBLAS_COMPUTE_32F) x%d on one stream, "
           "back-to-back all-gathers of %s (total output) on another. Worst rank.\n",
           o.gemm_m, o.gemm_n, o.gemm_k, o.gemm_iters,
           format_size(o.contention_total_bytes(b.nranks)).c_str());
@@ -348,7 +357,8 @@ void print_contention(FILE* f, const BenchReport& b) {
     char opsbuf[32];
     snprintf(opsbuf, sizeof(opsbuf), "%d(%d)", ops, in_win);
     const double saved = 100.0 * (1.0 - ratio(r.makespan_ms(), r.sequential_ms()));
-    fprintf(f, "  %-13s %9.3f %9.1f %9.3f %9.1f %8.1f  %9.3f %9.3f %7s  %8.2f %8.2f %7.1f  %s%s%s\n",
+    fprintf(f,
+            "  %-13s %9.3f %9.1f %9.3f %9.1f %8.1f  %9.3f %9.3f %7s  %8.2f %8.2f %7.1f  %s%s%s\n",
             path_name(r.path), ga, flop / (ga * 1e9), go, flop / (go * 1e9), r.slowdown_pct(),
             r.ag_alone_ms(), r.ag_overlap_ms(), opsbuf, r.makespan_ms(), r.sequential_ms(), saved,
             r.status.c_str(), r.covered() ? "" : " (all-gathers ended before the GEMMs)",

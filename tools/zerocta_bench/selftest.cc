@@ -79,14 +79,17 @@ void test_sizes() {
 
 void test_options() {
   Options o;
-  EXPECT(parse({"-g", "4", "-b", "2M", "-e", "512M", "-f", "2", "-n", "7", "-w", "1", "-c", "0",
-                "-d", "bfloat16", "--paths", "zerocta,nccl-kernel", "--json", "x.json"},
-               &o));
+  EXPECT(parse(
+      {"-g",     "4",     "-b", "2M", "-e", "512M", "-f",       "2",       "-n",
+       "7",      "-w",    "1",  "-c", "0",  "-d",   "bfloat16", "--paths", "zerocta,nccl-kernel",
+       "--json", "x.json"},
+      &o));
   EXPECT(o.ngpus == 4 && o.min_bytes == (2ull << 20) && o.max_bytes == (512ull << 20));
   EXPECT(o.step_factor == 2 && o.iters == 7 && o.warmups == 1 && !o.check);
   EXPECT(o.dtype.nccl == ncclBfloat16 && o.dtype.bytes == 2);
   // Canonical run order, whatever order the list had.
-  EXPECT(o.paths.size() == 2 && o.paths[0] == PathId::kNcclKernel && o.paths[1] == PathId::kZerocta);
+  EXPECT(o.paths.size() == 2 && o.paths[0] == PathId::kNcclKernel &&
+         o.paths[1] == PathId::kZerocta);
   EXPECT(o.json_path == "x.json");
 
   Options q;
@@ -104,7 +107,8 @@ void test_options() {
   EXPECT(cp.contention_total_bytes(4) == (1ull << 30));  // 256 MiB per rank
   std::string err;
   Options bad;
-  EXPECT(!parse({"--paths", "ceiling,bogus"}, &bad, &err) && err.find("bogus") != std::string::npos);
+  EXPECT(!parse({"--paths", "ceiling,bogus"}, &bad, &err) &&
+         err.find("bogus") != std::string::npos);
   EXPECT(!parse({"--paths", "bare-ce"}, &bad));  // contention-only path
   EXPECT(!parse({"-d", "float128"}, &bad));
   EXPECT(!parse({"-b", "1G", "-e", "1M"}, &bad));
@@ -153,7 +157,8 @@ void test_bandwidth_and_rows() {
   EXPECT(route_tag(zero) == "-");
   std::string line = format_row(row, "float", true);
   EXPECT(line.find("1048576") == 0 || line.find(" 1048576 ") != std::string::npos);
-  EXPECT(line.find("N/A") != std::string::npos && line.find("passthrough:1,ce:51|ce") != std::string::npos);
+  EXPECT(line.find("N/A") != std::string::npos &&
+         line.find("passthrough:1,ce:51|ce") != std::string::npos);
   EXPECT(r.wrong_total() == 0);
   RowMsg bad = a;
   bad.size_index = 7;  // out of range: ignored, not a crash

@@ -58,6 +58,9 @@ void run_nccl_sweep(const Options& o, PathId path, int rank, int nranks, Channel
       RouteCounts before = shim_allgather_routes();
       pr.wrong = -1;
       if (o.check) {
+        // Every rank has finished the previous loop before anyone overwrites a buffer: a rank's
+        // own op can complete while a peer still reads its buffers, depending on the protocol.
+        ch->agree_max(0);
         // Poison first: for in-place the fill then overwrites this rank's own chunk.
         ZCB_CUDA(cudaMemsetAsync(recv, kPoisonByte, total, stream));
         launch_fill_pattern(sendbuf, chunk, elem, seed, rank, stream);

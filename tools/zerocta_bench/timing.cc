@@ -14,7 +14,9 @@ IterTimer::~IterTimer() {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
 }
 
-void IterTimer::record(int i, cudaStream_t stream) { ZCB_CUDA(cudaEventRecord(events_[i], stream)); }
+void IterTimer::record(int i, cudaStream_t stream) {
+  ZCB_CUDA(cudaEventRecord(events_[i], stream));
+}
 
 float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;

@@ -4,6 +4,8 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "channel.h"
 #include "contention.h"
 #include "sweep.h"
@@ -34,6 +36,9 @@ int worker_main(const Options& o) {
   }
   DoneMsg d{o.worker_rank};
   ch.send(kMsgDone, &d, sizeof(d));
+  // Test hook (fake GPUs only): a teardown that never ends.
+  const char* hang = getenv("ZCB_FAKE_EXIT_HANG");
+  if (o.fake_gpus > 0 && hang && o.worker_path == hang && o.worker_rank <= 0) pause();
   return kExitOk;
 }
 

@@ -10,7 +10,7 @@ int worker_main(const Options& o);
 
 // The body used with --fake-gpus: no CUDA, synthetic but self-consistent rows, so the
 // launcher, the protocol, the tables and the JSON can be tested on a machine without a GPU.
-// Faults are injected with ZCB_FAKE_{HANG,CRASH,WRONG,FALLBACK}=<path name>.
+// Faults are injected with ZCB_FAKE_{HANG,CRASH,WRONG,FALLBACK,EXIT_HANG}=<path name>.
 class Channel;
 void run_fake_worker(const Options& o, PathId path, int rank, int nranks, Channel* ch);
 

@@ -29,8 +29,9 @@ constexpr size_t kArenaPages = 3;
 
 inline unsigned char* arena() {
   static unsigned char* base = [] {
-    void* p = mmap(reinterpret_cast<void*>(kArenaAddress), kArenaPages * kPage,
-                   PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    void* p =
+        mmap(reinterpret_cast<void*>(kArenaAddress), kArenaPages * kPage, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
     if (p != reinterpret_cast<void*>(kArenaAddress)) {
       fprintf(stderr, "driver: cannot map the arena at %#lx\n", (unsigned long)kArenaAddress);
       exit(90);

@@ -29,7 +29,7 @@ struct PtrField {
 };
 
 // The 2.28 layout (x86-64): offsets of ncclConfig_v22800, checked below against the header.
-constexpr IntField kInts[] = {{16, 1}, {20, 2}, {24, 3},  {28, 5},  {40, 1}, {44, 7},
+constexpr IntField kInts[] = {{16, 1}, {20, 2}, {24, 3}, {28, 5},  {40, 1}, {44, 7},
                               {56, 0}, {64, 1}, {68, 9}, {72, 11}, {76, 1}};
 constexpr PtrField kPtrs[] = {{32, 0x800, "fakenet"}, {48, 0x840, "fakecomm"}};
 constexpr size_t kCtaOffset = 60;
@@ -85,12 +85,10 @@ int main(int argc, char** argv) {
   drv::out("caller_ptr", drv::ptr_hex(config));
   if (config) drv::out("before", drv::hex(config, size));
 
-  ncclComm_t parent = (entry == "split" || entry == "split_nocolor" || entry == "shrink")
-                          ? make_parent()
-                          : nullptr;
+  ncclComm_t parent =
+      (entry == "split" || entry == "split_nocolor" || entry == "shrink") ? make_parent() : nullptr;
   ncclUniqueId ids[2];
-  if (ncclGetUniqueId(&ids[0]) != ncclSuccess || ncclGetUniqueId(&ids[1]) != ncclSuccess)
-    return 3;
+  if (ncclGetUniqueId(&ids[0]) != ncclSuccess || ncclGetUniqueId(&ids[1]) != ncclSuccess) return 3;
   ncclComm_t comm = nullptr;
   int excluded[1] = {3};
   ncclResult_t r = ncclInternalError;

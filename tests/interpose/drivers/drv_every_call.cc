@@ -83,20 +83,20 @@ int main() {
   report("ncclRedOpCreatePreMulSum",
          ncclRedOpCreatePreMulSum(&op, arena + 0x700, ncclFloat64, ncclScalarHostImmediate, c1));
 
-  report("ncclReduce", ncclReduce(drv::fake_buffer(3), drv::fake_buffer(4), 301, ncclInt8, op,
-                                  2, c1, s1));
+  report("ncclReduce",
+         ncclReduce(drv::fake_buffer(3), drv::fake_buffer(4), 301, ncclInt8, op, 2, c1, s1));
   report("ncclRedOpDestroy", ncclRedOpDestroy(op, c1));
   report("ncclBcast", ncclBcast(drv::fake_buffer(5), 302, ncclUint8, 3, c1, s2));
-  report("ncclBroadcast", ncclBroadcast(drv::fake_buffer(6), drv::fake_buffer(7), 303, ncclInt32,
-                                        1, c2, s1));
-  report("ncclAllReduce", ncclAllReduce(drv::fake_buffer(8), drv::fake_buffer(9), 304,
-                                        ncclUint32, ncclMax, c1, s2));
+  report("ncclBroadcast",
+         ncclBroadcast(drv::fake_buffer(6), drv::fake_buffer(7), 303, ncclInt32, 1, c2, s1));
+  report("ncclAllReduce",
+         ncclAllReduce(drv::fake_buffer(8), drv::fake_buffer(9), 304, ncclUint32, ncclMax, c1, s2));
   report("ncclReduceScatter", ncclReduceScatter(drv::fake_buffer(10), drv::fake_buffer(11), 305,
                                                 ncclInt64, ncclMin, c2, s1));
-  report("ncclAllGather", ncclAllGather(drv::fake_buffer(12), drv::fake_buffer(13), 306,
-                                        ncclBfloat16, c1, s1));
-  report("ncclAllGather", ncclAllGather(drv::fake_buffer(12), drv::fake_buffer(13), 1 << 26,
-                                        ncclFloat32, c2, s2));
+  report("ncclAllGather",
+         ncclAllGather(drv::fake_buffer(12), drv::fake_buffer(13), 306, ncclBfloat16, c1, s1));
+  report("ncclAllGather",
+         ncclAllGather(drv::fake_buffer(12), drv::fake_buffer(13), 1 << 26, ncclFloat32, c2, s2));
   report("ncclAlltoAll",
          ncclAlltoAll(drv::fake_buffer(14), drv::fake_buffer(15), 307, ncclFloat16, c1, s2));
   report("ncclGather",

@@ -20,9 +20,8 @@ int main() {
   if (pid < 0) return 3;
   if (pid == 0) {
     drv::print_stats("child_start");
-    drv::out("child_call",
-             ncclAllReduce(drv::fake_buffer(1), drv::fake_buffer(1), 64, ncclFloat32, ncclSum,
-                           comm, s));
+    drv::out("child_call", ncclAllReduce(drv::fake_buffer(1), drv::fake_buffer(1), 64, ncclFloat32,
+                                         ncclSum, comm, s));
     drv::print_stats("child_after_call");
     _exit(0);
   }

@@ -49,11 +49,11 @@ bool run_step(const std::string& step) {
     ncclResult_t e = ncclInProgress;
     result("asyncerror", ncclCommGetAsyncError(g_comm, &e));
   } else if (step == "allgather") {
-    result("allgather", ncclAllGather(drv::fake_buffer(1), drv::fake_buffer(2), 1024,
-                                      ncclFloat32, g_comm, stream()));
+    result("allgather", ncclAllGather(drv::fake_buffer(1), drv::fake_buffer(2), 1024, ncclFloat32,
+                                      g_comm, stream()));
   } else if (step == "allreduce") {
-    result("allreduce", ncclAllReduce(drv::fake_buffer(3), drv::fake_buffer(3), 2048,
-                                      ncclFloat32, ncclSum, g_comm, stream()));
+    result("allreduce", ncclAllReduce(drv::fake_buffer(3), drv::fake_buffer(3), 2048, ncclFloat32,
+                                      ncclSum, g_comm, stream()));
   } else if (step == "bcast") {
     result("bcast", ncclBcast(drv::fake_buffer(4), 512, ncclInt8, 0, g_comm, stream()));
   } else if (step == "shrink") {

@@ -29,10 +29,10 @@ int main(int argc, char** argv) {
   if (!init || !allgather || !allreduce || !bcast || !destroy) return 3;
 
   drv::out("init", init(2, 1));
-  drv::out("allgather", allgather(drv::fake_buffer(1), drv::fake_buffer(2), 1000,
-                                  drv::fake_stream(1)));
-  drv::out("allreduce", allreduce(drv::fake_buffer(3), drv::fake_buffer(4), 2000,
-                                  drv::fake_stream(1)));
+  drv::out("allgather",
+           allgather(drv::fake_buffer(1), drv::fake_buffer(2), 1000, drv::fake_stream(1)));
+  drv::out("allreduce",
+           allreduce(drv::fake_buffer(3), drv::fake_buffer(4), 2000, drv::fake_stream(1)));
   drv::out("bcast", bcast(drv::fake_buffer(5), 3000, 0, drv::fake_stream(1)));
   drv::print_stats("end");
   drv::out("destroy", destroy());
