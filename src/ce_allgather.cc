@@ -17,7 +17,7 @@ bool stream_is_capturing(CUstream stream) {
 }
 
 ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, uint64_t bytes,
-                          CUstream stream) {
+                          CUstream stream, bool capturing) {
   const CudaDriver* cu = cuda_driver();
   std::lock_guard<std::mutex> lock(st.issue_mu);
   if (int p = st.poisoned.load(); p != ncclSuccess) return static_cast<ncclResult_t>(p);
@@ -31,9 +31,15 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, u
   args.send = reinterpret_cast<uint64_t>(sendbuff);
   args.recv = reinterpret_cast<uint64_t>(recvbuff);
   args.bytes = bytes;
+  const ArenaLayout& L = ce->layout;
+  SlotRange eager{0, L.eager_slots}, graph{L.eager_slots, L.nslots - L.eager_slots};
   ce->plan.clear();
-  build_allgather_plan(ce->layout, ce->view, args, &ce->slot_cursor, &ce->plan);
-  CUresult r = dev.ok() ? issue_plan(*cu, *ce, stream, ce->plan) : CUDA_ERROR_INVALID_CONTEXT;
+  build_allgather_plan(L, ce->view, args, capturing ? graph : eager,
+                       capturing ? &ce->capture_cursor : &ce->slot_cursor, &ce->plan);
+  CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+  if (dev.ok())
+    r = capturing ? issue_plan(*cu, ce->capture_streams, ce->capture_events, stream, ce->plan)
+                  : issue_plan(*cu, ce->streams, ce->events, stream, ce->plan);
   if (r != CUDA_SUCCESS) {
     st.poisoned.store(ncclUnhandledCudaError);
     ZC_WARN("copy-engine all-gather failed on rank %d (%s); the communicator is poisoned", st.rank,

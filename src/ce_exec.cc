@@ -2,11 +2,11 @@
 
 namespace zc {
 
-CUresult issue_plan(const CudaDriver& cu, CeComm& ce, CUstream user_stream,
-                    const std::vector<PlanOp>& plan) {
+CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUevent events[3],
+                    CUstream user_stream, const std::vector<PlanOp>& plan) {
   for (const PlanOp& op : plan) {
-    CUstream s = op.stream == PlanStream::kUser ? user_stream
-                                                : ce.streams[static_cast<int>(op.stream)];
+    CUstream s =
+        op.stream == PlanStream::kUser ? user_stream : streams[static_cast<int>(op.stream)];
     CUresult r = CUDA_SUCCESS;
     switch (op.kind) {
       case PlanOpKind::kWaitEq1:
@@ -22,10 +22,10 @@ CUresult issue_plan(const CudaDriver& cu, CeComm& ce, CUstream user_stream,
         r = cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
         break;
       case PlanOpKind::kRecord:
-        r = cu.cuEventRecord(ce.events[op.event], s);
+        r = cu.cuEventRecord(events[op.event], s);
         break;
       case PlanOpKind::kWaitEvent:
-        r = cu.cuStreamWaitEvent(s, ce.events[op.event], 0);
+        r = cu.cuStreamWaitEvent(s, events[op.event], 0);
         break;
     }
     if (r != CUDA_SUCCESS) return r;

@@ -13,7 +13,8 @@ namespace zc {
 
 // Issues `plan` with kUser mapped to `user_stream`. Returns CUDA_SUCCESS or the first error
 // (the caller then poisons the communicator: peers may already depend on what was issued).
-CUresult issue_plan(const CudaDriver& cu, CeComm& ce, CUstream user_stream,
-                    const std::vector<PlanOp>& plan);
+// `streams`/`events` are the eager or the capture set of the comm.
+CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUevent events[3],
+                    CUstream user_stream, const std::vector<PlanOp>& plan);
 
 }  // namespace zc

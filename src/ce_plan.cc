@@ -9,7 +9,7 @@ constexpr uint64_t kFlag = 4;  // bytes per flag
 
 void push(std::vector<PlanOp>* plan, PlanStream s, PlanOpKind k, uint64_t dst, uint64_t src = 0,
           uint64_t bytes = 0, uint8_t event = 0) {
-  plan->push_back(PlanOp{s, k, event, dst, src, bytes});
+  plan->push_back(PlanOp{s, k, event, {}, dst, src, bytes});
 }
 
 }  // namespace
@@ -29,8 +29,19 @@ uint64_t ArenaLayout::arena_bytes() const { return flags_bytes + slot_bytes * ns
 
 ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
   ArenaLayout l;
-  l.slot_bytes = chunk_bytes;
-  l.nslots = static_cast<int>(std::max<uint64_t>(2, pool_bytes / chunk_bytes));
+  // At least 4 slots: 2 for eager ops and 2 for captured graphs, each pair enough to overlap
+  // one piece's copy-in with the previous piece's pulls. A pool too small for 4 chunks gets
+  // smaller slots rather than growing past ZEROCTA_POOL_BYTES.
+  if (pool_bytes / chunk_bytes >= 4) {
+    l.nslots = static_cast<int>(pool_bytes / chunk_bytes);
+    l.slot_bytes = chunk_bytes;
+  } else {
+    l.nslots = 4;
+    l.slot_bytes = pool_bytes / 4;
+    if (l.slot_bytes >= 4096) l.slot_bytes &= ~uint64_t{4095};
+  }
+  // A quarter (at least 2) for captured graphs, the rest for eager ops.
+  l.eager_slots = l.nslots - std::max(2, l.nslots / 4);
   // Flags, the constant and the marker, rounded to the window alignment so slots are 4 KiB
   // aligned (copy engines run fastest on aligned, large pieces).
   uint64_t need = l.marker_offset() + 64;
@@ -39,7 +50,7 @@ ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
 }
 
 void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGatherArgs& a,
-                          uint64_t* slot_cursor, std::vector<PlanOp>* plan) {
+                          SlotRange slots, uint64_t* slot_cursor, std::vector<PlanOp>* plan) {
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
   // Start: both internal streams wait for the user's stream.
@@ -49,7 +60,8 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
 
   const uint64_t npieces = (a.bytes + L.slot_bytes - 1) / L.slot_bytes;
   for (uint64_t j = 0; j < npieces; ++j) {
-    const int s = static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(L.nslots));
+    const int s =
+        slots.first + static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(slots.count));
     const uint64_t off = j * L.slot_bytes;
     const uint64_t pb = std::min(L.slot_bytes, a.bytes - off);
     // Copy-in: take slot s back from every peer, fill it, tell every peer.

@@ -38,13 +38,17 @@ struct PlanOp {
   PlanStream stream;
   PlanOpKind kind;
   uint8_t event;
+  uint8_t reserved[5];  // explicit, zeroed: plans compare bytewise
   uint64_t dst, src, bytes;
 };
 
+// Slots [0, eager_slots) serve eager ops; [eager_slots, nslots) serve ops captured into CUDA
+// graphs, so that a replay never races an eager op for the same flag.
 struct ArenaLayout {
   uint64_t flags_bytes = 0;  // size of the flag region at the start of the arena
   uint64_t slot_bytes = 0;
   int nslots = 0;
+  int eager_slots = 0;
   // Offsets inside an arena.
   uint64_t ready_offset(int slot, int from_rank) const;
   uint64_t done_offset(int slot, int from_peer) const;
@@ -66,9 +70,16 @@ struct AllGatherArgs {
   uint64_t bytes = 0;           // bytes per rank (sendcount * typesize)
 };
 
-// Appends the plan for one all-gather. `slot_cursor` is the comm's running slot counter
-// (identical on every rank because every rank issues the same ops in the same order).
-void build_allgather_plan(const ArenaLayout& layout, const RankView& view, const AllGatherArgs& args,
-                          uint64_t* slot_cursor, std::vector<PlanOp>* plan);
+// Which slots an op may use: eager ops and captured ops each have their own range.
+struct SlotRange {
+  int first = 0, count = 0;
+};
+
+// Appends the plan for one all-gather. `slot_cursor` is the comm's running slot counter for
+// that range (identical on every rank because every rank issues the same ops in the same
+// order, as NCCL requires of every op on a communicator, graph launches included).
+void build_allgather_plan(const ArenaLayout& layout, const RankView& view,
+                          const AllGatherArgs& args, SlotRange slots, uint64_t* slot_cursor,
+                          std::vector<PlanOp>* plan);
 
 }  // namespace zc

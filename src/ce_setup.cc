@@ -179,9 +179,9 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       Scratch& s = scratch[i];
       if (s.dev == 0) continue;  // see local_ok above; the peers will time out in NCCL
       CUdeviceptr mine = s.dev + sizeof(RankFacts) * c.rank;
-      ncclResult_t r = nccl->ncclAllGather(reinterpret_cast<void*>(mine),
-                                           reinterpret_cast<void*>(s.dev), sizeof(RankFacts),
-                                           ncclUint8, c.comm, s.stream);
+      ncclResult_t r =
+          nccl->ncclAllGather(reinterpret_cast<void*>(mine), reinterpret_cast<void*>(s.dev),
+                              sizeof(RankFacts), ncclUint8, c.comm, s.stream);
       if (r != ncclSuccess) nr = r;
     }
     if (group) {
@@ -293,8 +293,8 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     ncclResult_t r = grouped(*nccl, comms, [&](CommState& c) {
       ScopedDevice dev(c.device);
       c.ce->window = nullptr;
-      return nccl->ncclCommWindowRegister(c.comm, c.ce->arena, layout.arena_bytes(),
-                                          &c.ce->window, NCCL_WIN_COLL_SYMMETRIC);
+      return nccl->ncclCommWindowRegister(c.comm, c.ce->arena, layout.arena_bytes(), &c.ce->window,
+                                          NCCL_WIN_COLL_SYMMETRIC);
     });
     registered = true;
     // 4. Peer pointers from the window, each verified by the marker its owner wrote.
@@ -339,8 +339,12 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     if (ok) {
       c.ce->streams[1] = scratch[i].stream;
       bool good = cu->cuStreamCreate(&c.ce->streams[2], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+      for (int k = 1; k < 3 && good; ++k)
+        good =
+            cu->cuStreamCreate(&c.ce->capture_streams[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
       for (int e = 0; e < 3 && good; ++e)
-        good = cu->cuEventCreate(&c.ce->events[e], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
+        good = cu->cuEventCreate(&c.ce->events[e], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+               cu->cuEventCreate(&c.ce->capture_events[e], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
       if (!good) {
         // Too late to disagree; the comm is poisoned on first use instead of hanging a peer.
         c.poisoned.store(ncclUnhandledCudaError);
@@ -357,14 +361,15 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     }
   }
   if (!ok) return give_up(comms, verdict ? verdict : "pool setup failed");
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count();
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (auto& c : comms)
-    ZC_INFO("copy-engine pool ready: rank %d/%d dev %d, %d slots x %llu B (%llu B of GPU memory), "
-            "set up in %.1f ms",
-            c->rank, c->nranks, c->device, layout.nslots,
-            static_cast<unsigned long long>(layout.slot_bytes),
-            static_cast<unsigned long long>(layout.arena_bytes()), ms);
+    ZC_INFO(
+        "copy-engine pool ready: rank %d/%d dev %d, %d slots x %llu B (%llu B of GPU memory), "
+        "set up in %.1f ms",
+        c->rank, c->nranks, c->device, layout.nslots,
+        static_cast<unsigned long long>(layout.slot_bytes),
+        static_cast<unsigned long long>(layout.arena_bytes()), ms);
 }
 
 void ce_release_waits(CommState& st) {
@@ -398,13 +403,17 @@ void ce_teardown(CommState& st, bool aborting) {
   const RealNccl* nccl = real_nccl();
   if (!cu || !nccl) return;
   ScopedDevice dev(st.device);
-  for (int i = 1; i < 3; ++i)
+  for (int i = 1; i < 3; ++i) {
     if (ce->streams[i]) {
       if (!aborting) cu->cuStreamSynchronize(ce->streams[i]);
       cu->cuStreamDestroy(ce->streams[i]);
     }
-  for (CUevent e : ce->events)
-    if (e) cu->cuEventDestroy(e);
+    if (ce->capture_streams[i]) cu->cuStreamDestroy(ce->capture_streams[i]);
+  }
+  for (int e = 0; e < 3; ++e) {
+    if (ce->events[e]) cu->cuEventDestroy(ce->events[e]);
+    if (ce->capture_events[e]) cu->cuEventDestroy(ce->capture_events[e]);
+  }
   if (ce->window && !aborting) nccl->ncclCommWindowDeregister(st.comm, ce->window);
   // After an abort NCCL has released the window itself; the arena is ours to free.
   if (ce->arena) {

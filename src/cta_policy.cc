@@ -26,7 +26,7 @@ constexpr FieldIntro kFields[] = {
     {offsetof(ncclConfig_t, maxCTAs), sizeof(int), 21700},
     {offsetof(ncclConfig_t, netName), sizeof(const char*), 21700},
     {offsetof(ncclConfig_t, splitShare), sizeof(int), 21800},
-    {offsetof(ncclConfig_t, trafficClass), sizeof(int), 22600},
+    {offsetof(ncclConfig_t, trafficClass), sizeof(int), 22500},  // NCCL honours it from 2.25
     {offsetof(ncclConfig_t, commName), sizeof(const char*), 22700},
     {offsetof(ncclConfig_t, collnetEnable), sizeof(int), 22700},
     {offsetof(ncclConfig_t, CTAPolicy), sizeof(int), 22700},
@@ -57,8 +57,8 @@ int cta_policy_value(CtaPolicyMode mode) {
   return -1;
 }
 
-PolicyResult apply_cta_policy(const ncclConfig_t* caller, NullConfig null_config, CtaPolicyMode mode,
-                              bool force, std::vector<unsigned char>* storage) {
+PolicyResult apply_cta_policy(const ncclConfig_t* caller, NullConfig null_config,
+                              CtaPolicyMode mode, bool force, std::vector<unsigned char>* storage) {
   PolicyResult r;
   r.config = const_cast<ncclConfig_t*>(caller);
   const int want = cta_policy_value(mode);
@@ -113,7 +113,8 @@ PolicyResult apply_cta_policy(const ncclConfig_t* caller, NullConfig null_config
     unsigned char* dst = reinterpret_cast<unsigned char*>(&c);
     const unsigned char* src = reinterpret_cast<const unsigned char*>(caller);
     for (const FieldIntro& f : kFields)
-      if (f.since <= version && f.offset + f.len <= size) memcpy(dst + f.offset, src + f.offset, f.len);
+      if (f.since <= version && f.offset + f.len <= size)
+        memcpy(dst + f.offset, src + f.offset, f.len);
     c.CTAPolicy = want;
     memcpy(storage->data(), &c, sizeof(c));
   }

@@ -26,8 +26,8 @@ struct PolicyResult {
 
 // Pure. `storage` receives the patched copy when one is needed (kept alive by the caller
 // until the NCCL call returns).
-PolicyResult apply_cta_policy(const ncclConfig_t* caller, NullConfig null_config, CtaPolicyMode mode,
-                              bool force, std::vector<unsigned char>* storage);
+PolicyResult apply_cta_policy(const ncclConfig_t* caller, NullConfig null_config,
+                              CtaPolicyMode mode, bool force, std::vector<unsigned char>* storage);
 
 // NCCL's value for a mode (-1 for keep).
 int cta_policy_value(CtaPolicyMode mode);

@@ -49,8 +49,9 @@ void log_print(LogLevel level, const char* fmt, ...) {
   gethostname(host, sizeof(host) - 1);
   if (char* dot = strchr(host, '.')) *dot = '\0';
   char line[2048];
-  int n = snprintf(line, sizeof(line), "%s:%d:%ld [%d] zerocta %s ", host, static_cast<int>(getpid()),
-                   static_cast<long>(syscall(SYS_gettid)), t_device, level_name(level));
+  int n =
+      snprintf(line, sizeof(line), "%s:%d:%ld [%d] zerocta %s ", host, static_cast<int>(getpid()),
+               static_cast<long>(syscall(SYS_gettid)), t_device, level_name(level));
   if (n < 0) return;
   va_list ap;
   va_start(ap, fmt);

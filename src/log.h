@@ -22,11 +22,13 @@ void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(print
 }  // namespace zc
 
 #define ZC_WARN(...) ::zc::log_print(::zc::LogLevel::kWarn, __VA_ARGS__)
-#define ZC_INFO(...)                                                          \
-  do {                                                                        \
-    if (::zc::log_enabled(::zc::LogLevel::kInfo)) ::zc::log_print(::zc::LogLevel::kInfo, __VA_ARGS__); \
+#define ZC_INFO(...)                                       \
+  do {                                                     \
+    if (::zc::log_enabled(::zc::LogLevel::kInfo))          \
+      ::zc::log_print(::zc::LogLevel::kInfo, __VA_ARGS__); \
   } while (0)
-#define ZC_DEBUG(...)                                                         \
-  do {                                                                        \
-    if (::zc::log_enabled(::zc::LogLevel::kDebug)) ::zc::log_print(::zc::LogLevel::kDebug, __VA_ARGS__); \
+#define ZC_DEBUG(...)                                       \
+  do {                                                      \
+    if (::zc::log_enabled(::zc::LogLevel::kDebug))          \
+      ::zc::log_print(::zc::LogLevel::kDebug, __VA_ARGS__); \
   } while (0)

@@ -93,8 +93,9 @@ bool resolve_locked(State& s) {
   Dl_info info{};
   if (!probe || !dladdr(probe, &info)) return false;
   if (reinterpret_cast<uintptr_t>(info.dli_fbase) == own_base()) {
-    ZC_WARN("the NCCL library found is libzerocta itself; check LD_PRELOAD and "
-            "ZEROCTA_NCCL_LIBRARY");
+    ZC_WARN(
+        "the NCCL library found is libzerocta itself; check LD_PRELOAD and "
+        "ZEROCTA_NCCL_LIBRARY");
     return false;
   }
 #define ZC_NCCL_FN(ret, name, params, args, kind) \
@@ -118,8 +119,9 @@ const RealNccl* real_nccl() {
   if (!resolve_locked(s)) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true))
-      ZC_WARN("no NCCL library is loaded in this process (set ZEROCTA_NCCL_LIBRARY=/path/"
-              "libnccl.so.2); NCCL calls fail with ncclSystemError");
+      ZC_WARN(
+          "no NCCL library is loaded in this process (set ZEROCTA_NCCL_LIBRARY=/path/"
+          "libnccl.so.2); NCCL calls fail with ncclSystemError");
     return nullptr;
   }
   s.resolved.store(true, std::memory_order_release);
@@ -143,9 +145,10 @@ void probe_version(State& s) {
     ZC_INFO("using NCCL %d at %s", v, where);
   } else {
     s.tier = RuntimeTier::kPolicyOnly;
-    ZC_WARN("NCCL %d at %s is newer than the tested 2.28: applying the CTA policy only, "
-            "every collective is forwarded unchanged",
-            v, where);
+    ZC_WARN(
+        "NCCL %d at %s is newer than the tested 2.28: applying the CTA policy only, "
+        "every collective is forwarded unchanged",
+        v, where);
   }
 }
 

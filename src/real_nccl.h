@@ -16,10 +16,10 @@ struct RealNccl {
 };
 
 enum class RuntimeTier {
-  kUnresolved,  // no NCCL found (yet)
-  kForwardOnly, // older than 2.28: pure forwarding, said once
-  kFull,        // 2.28.x: policy and copy-engine routes
-  kPolicyOnly,  // newer than tested: the policy only, said once
+  kUnresolved,   // no NCCL found (yet)
+  kForwardOnly,  // older than 2.28: pure forwarding, said once
+  kFull,         // 2.28.x: policy and copy-engine routes
+  kPolicyOnly,   // newer than tested: the policy only, said once
 };
 
 // Resolves on first use (thread-safe; retried on later calls while nothing is found).

@@ -36,9 +36,9 @@ RouteDecision choose_allgather_route(const RouteInputs& in) {
     return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER=nccl and the buffers are not in windows"};
   if (in.mode == AllGatherMode::kNcclStaged)
     return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER=nccl-staged is not available yet"};
-  if (!in.ce_ready) return {AgRoute::kPassthrough, in.ce_missing};
-  if (in.capturing)
-    return {AgRoute::kPassthrough, "CUDA graph capture: the copy-engine route is eager-only"};
+  if (!in.ce_ready)
+    return {AgRoute::kPassthrough,
+            in.ce_missing && *in.ce_missing ? in.ce_missing : "copy-engine pool not ready"};
   if (in.mode == AllGatherMode::kZerocta) return {AgRoute::kCe, "ZEROCTA_ALLGATHER=zerocta"};
   if (in.total_bytes < in.min_bytes) return {AgRoute::kPassthrough, "below ZEROCTA_MIN_BYTES"};
   return {AgRoute::kCe, "at or above ZEROCTA_MIN_BYTES"};

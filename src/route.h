@@ -15,13 +15,12 @@ enum class AgRoute { kPassthrough, kCe, kNcclCe };
 
 struct RouteInputs {
   AllGatherMode mode = AllGatherMode::kAuto;
-  bool ce_ready = false;           // the comm's pool was agreed by every rank
-  const char* ce_missing = "";     // why not, when !ce_ready
-  uint64_t total_bytes = 0;        // sendcount * typesize * nranks
-  bool bytes_valid = true;         // datatype known and no overflow
+  bool ce_ready = false;        // the comm's pool was agreed by every rank
+  const char* ce_missing = "";  // why not, when !ce_ready
+  uint64_t total_bytes = 0;     // sendcount * typesize * nranks
+  bool bytes_valid = true;      // datatype known and no overflow
   uint64_t min_bytes = 0;
-  bool app_windows = false;        // both buffers lie in windows the application registered
-  bool capturing = false;          // the stream is being captured into a CUDA graph
+  bool app_windows = false;  // both buffers lie in windows the application registered
 };
 
 struct RouteDecision {

@@ -13,21 +13,24 @@ namespace {
 void announce(const Config& c) {
   for (const std::string& e : c.errors) ZC_WARN("%s", e.c_str());
   if (c.strict && !c.errors.empty())
-    ZC_WARN("ZEROCTA_STRICT=1: NCCL calls fail with ncclInvalidUsage until the values above are "
-            "fixed");
-  ZC_INFO("config: ZEROCTA_ENABLE=%d ZEROCTA_CTA_POLICY=%s%s ZEROCTA_ALLGATHER=%s "
-          "ZEROCTA_MIN_BYTES=%llu ZEROCTA_POOL_BYTES=%llu ZEROCTA_CHUNK_BYTES=%llu "
-          "ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
-          c.enable ? 1 : 0, to_string(c.cta_policy), c.cta_policy_force ? " (forced)" : "",
-          to_string(c.allgather), static_cast<unsigned long long>(c.min_bytes),
-          static_cast<unsigned long long>(c.pool_bytes),
-          static_cast<unsigned long long>(c.chunk_bytes), c.stats.empty() ? "0" : c.stats.c_str(),
-          c.nvtx ? 1 : 0, static_cast<unsigned long long>(c.fingerprint));
+    ZC_WARN(
+        "ZEROCTA_STRICT=1: NCCL calls fail with ncclInvalidUsage until the values above are "
+        "fixed");
+  ZC_INFO(
+      "config: ZEROCTA_ENABLE=%d ZEROCTA_CTA_POLICY=%s%s ZEROCTA_ALLGATHER=%s "
+      "ZEROCTA_MIN_BYTES=%llu ZEROCTA_POOL_BYTES=%llu ZEROCTA_CHUNK_BYTES=%llu "
+      "ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
+      c.enable ? 1 : 0, to_string(c.cta_policy), c.cta_policy_force ? " (forced)" : "",
+      to_string(c.allgather), static_cast<unsigned long long>(c.min_bytes),
+      static_cast<unsigned long long>(c.pool_bytes), static_cast<unsigned long long>(c.chunk_bytes),
+      c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
+      static_cast<unsigned long long>(c.fingerprint));
   if (const char* env = getenv("NCCL_CTA_POLICY"))
     if (c.enable && c.cta_policy != CtaPolicyMode::kKeep)
-      ZC_WARN("NCCL_CTA_POLICY=%s is set in the environment: NCCL uses it instead of the policy "
-              "zerocta puts in the communicator config",
-              env);
+      ZC_WARN(
+          "NCCL_CTA_POLICY=%s is set in the environment: NCCL uses it instead of the policy "
+          "zerocta puts in the communicator config",
+          env);
 }
 
 }  // namespace

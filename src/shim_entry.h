@@ -41,11 +41,11 @@ inline void fail_value<void>(ncclResult_t) {}
 }  // namespace zc
 
 // Forwards `name` to the real NCCL, or fails with one WARN when NCCL lacks it.
-#define ZC_CALL_REAL(ret, e, name, args)                   \
-  do {                                                     \
-    if ((e).real->name == nullptr) {                       \
-      ::zc::warn_missing_function(#name);                  \
-      return ::zc::fail_value<ret>(ncclInternalError);     \
-    }                                                      \
-    return (e).real->name args;                            \
+#define ZC_CALL_REAL(ret, e, name, args)               \
+  do {                                                 \
+    if ((e).real->name == nullptr) {                   \
+      ::zc::warn_missing_function(#name);              \
+      return ::zc::fail_value<ret>(ncclInternalError); \
+    }                                                  \
+    return (e).real->name args;                        \
   } while (0)

@@ -66,91 +66,91 @@ int poisoned_code(const std::shared_ptr<CommState>& st) {
 using namespace zc;
 
 // A forwarded collective: poisoned comms answer with their error, the rest is counted.
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)                       \
-  ZC_EXPORT ncclResult_t name params {                                            \
-    Entry e = enter(__builtin_return_address(0));                                 \
-    if (e.gate == Gate::kFail) return e.code;                                     \
-    if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args);       \
-    auto st = comm_lookup(comm);                                                  \
-    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);           \
-    uint64_t bytes = (BYTES);                                                     \
-    stats_count(OP, zerocta_route_passthrough, bytes);                            \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);                        \
-    ZC_CALL_REAL(ncclResult_t, e, name, args);                                    \
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)                \
+  ZC_EXPORT ncclResult_t name params {                                      \
+    Entry e = enter(__builtin_return_address(0));                           \
+    if (e.gate == Gate::kFail) return e.code;                               \
+    if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args); \
+    auto st = comm_lookup(comm);                                            \
+    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);     \
+    uint64_t bytes = (BYTES);                                               \
+    stats_count(OP, zerocta_route_passthrough, bytes);                      \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);                  \
+    ZC_CALL_REAL(ncclResult_t, e, name, args);                              \
   }
 
 // Ops NCCL 2.28 may run on copy engines (buffers in symmetric windows, zero policy): moved
 // off the legacy default stream, where NCCL 2.28.x fails them.
-#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)   \
-  ZC_EXPORT ncclResult_t name params {                                                     \
-    Entry e = enter(__builtin_return_address(0));                                          \
-    if (e.gate == Gate::kFail) return e.code;                                              \
-    if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args);                \
-    if (!e.real->name) {                                                                   \
-      warn_missing_function(#name);                                                        \
-      return ncclInternalError;                                                            \
-    }                                                                                      \
-    auto st = comm_lookup(comm);                                                           \
-    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);                    \
-    uint64_t bytes = (BYTES);                                                              \
-    bool nccl_ce = st && st->zero_policy && st->has_app_windows.load() &&                  \
-                   in_app_window(*st, recvbuff);                                           \
-    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;   \
-    stats_count(OP, route, bytes);                                                         \
-    NvtxRange range(OP, route, bytes);                                                     \
-    if (nccl_ce && is_legacy_stream(stream_arg) && group_state().depth == 0)               \
-      return on_side_stream(*st, stream_arg,                                               \
-                            [&](cudaStream_t side) { return e.real->name args_on_side; }); \
-    return e.real->name args;                                                              \
+#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)    \
+  ZC_EXPORT ncclResult_t name params {                                                       \
+    Entry e = enter(__builtin_return_address(0));                                            \
+    if (e.gate == Gate::kFail) return e.code;                                                \
+    if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args);                  \
+    if (!e.real->name) {                                                                     \
+      warn_missing_function(#name);                                                          \
+      return ncclInternalError;                                                              \
+    }                                                                                        \
+    auto st = comm_lookup(comm);                                                             \
+    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);                      \
+    uint64_t bytes = (BYTES);                                                                \
+    bool nccl_ce =                                                                           \
+        st && st->zero_policy && st->has_app_windows.load() && in_app_window(*st, recvbuff); \
+    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;     \
+    stats_count(OP, route, bytes);                                                           \
+    NvtxRange range(OP, route, bytes);                                                       \
+    if (nccl_ce && is_legacy_stream(stream_arg) && group_state().depth == 0)                 \
+      return on_side_stream(*st, stream_arg,                                                 \
+                            [&](cudaStream_t side) { return e.real->name args_on_side; });   \
+    return e.real->name args;                                                                \
   }
 
 static uint64_t nranks_of(const std::shared_ptr<CommState>& st) {
   return st && st->nranks > 0 ? static_cast<uint64_t>(st->nranks) : 1;
 }
 
-ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count * nccl_type_size(datatype), ncclAllReduce,
+ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count* nccl_type_size(datatype), ncclAllReduce,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, op, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_reducescatter, recvcount * nccl_type_size(datatype),
+ZC_COUNTED_COLLECTIVE(zerocta_op_reducescatter, recvcount* nccl_type_size(datatype),
                       ncclReduceScatter,
                       (const void* sendbuff, void* recvbuff, size_t recvcount,
                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                        cudaStream_t stream),
                       (sendbuff, recvbuff, recvcount, datatype, op, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_reduce, count * nccl_type_size(datatype), ncclReduce,
+ZC_COUNTED_COLLECTIVE(zerocta_op_reduce, count* nccl_type_size(datatype), ncclReduce,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, op, root, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count * nccl_type_size(datatype), ncclBroadcast,
+ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count* nccl_type_size(datatype), ncclBroadcast,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        int root, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, root, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count * nccl_type_size(datatype), ncclBcast,
-                      (void* buff, size_t count, ncclDataType_t datatype, int root,
-                       ncclComm_t comm, cudaStream_t stream),
+ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count* nccl_type_size(datatype), ncclBcast,
+                      (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream),
                       (buff, count, datatype, root, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_send, count * nccl_type_size(datatype), ncclSend,
+ZC_COUNTED_COLLECTIVE(zerocta_op_send, count* nccl_type_size(datatype), ncclSend,
                       (const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, count, datatype, peer, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_recv, count * nccl_type_size(datatype), ncclRecv,
+ZC_COUNTED_COLLECTIVE(zerocta_op_recv, count* nccl_type_size(datatype), ncclRecv,
                       (void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream),
                       (recvbuff, count, datatype, peer, comm, stream))
-ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_alltoall, count * nccl_type_size(datatype) * nranks_of(st),
+ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_alltoall, count* nccl_type_size(datatype) * nranks_of(st),
                          ncclAlltoAll,
                          (const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream),
                          (sendbuff, recvbuff, count, datatype, comm, stream), stream,
                          (sendbuff, recvbuff, count, datatype, comm, side))
-ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_gather, count * nccl_type_size(datatype) * nranks_of(st),
+ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_gather, count* nccl_type_size(datatype) * nranks_of(st),
                          ncclGather,
                          (const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream),
                          (sendbuff, recvbuff, count, datatype, root, comm, stream), stream,
                          (sendbuff, recvbuff, count, datatype, root, comm, side))
-ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_scatter, count * nccl_type_size(datatype), ncclScatter,
+ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_scatter, count* nccl_type_size(datatype), ncclScatter,
                          (const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream),
                          (sendbuff, recvbuff, count, datatype, root, comm, stream), stream,
@@ -162,7 +162,8 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
   if (e.gate != Gate::kActive)
-    ZC_CALL_REAL(ncclResult_t, e, ncclAllGather, (sendbuff, recvbuff, sendcount, datatype, comm, stream));
+    ZC_CALL_REAL(ncclResult_t, e, ncclAllGather,
+                 (sendbuff, recvbuff, sendcount, datatype, comm, stream));
   if (!e.real->ncclAllGather) {
     warn_missing_function("ncclAllGather");
     return ncclInternalError;
@@ -182,18 +183,18 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   in.app_windows = st && st->zero_policy && st->has_app_windows.load() &&
                    in_app_window(*st, sendbuff) && in_app_window(*st, recvbuff);
   RouteDecision d = choose_allgather_route(in);
-  if (d.route == AgRoute::kCe) {
-    in.capturing = stream_is_capturing(reinterpret_cast<CUstream>(stream));
-    if (in.capturing) d = choose_allgather_route(in);
-  }
+  // Capture changes only which of our slots and streams the op uses, never the route.
+  const bool capturing =
+      d.route == AgRoute::kCe && stream_is_capturing(reinterpret_cast<CUstream>(stream));
   ZC_DEBUG("ncclAllGather %llu B: route %d (%s)", static_cast<unsigned long long>(in.total_bytes),
            static_cast<int>(d.route), d.why);
   if (d.route == AgRoute::kCe) {
     const uint64_t per_rank = sendcount * ts;
-    auto issue = [st, sendbuff, recvbuff, per_rank, stream, total = in.total_bytes]() {
+    auto issue = [st, sendbuff, recvbuff, per_rank, stream, capturing, total = in.total_bytes]() {
       stats_count(zerocta_op_allgather, zerocta_route_ce, total);
       NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
-      return ce_allgather(*st, sendbuff, recvbuff, per_rank, reinterpret_cast<CUstream>(stream));
+      return ce_allgather(*st, sendbuff, recvbuff, per_rank, reinterpret_cast<CUstream>(stream),
+                          capturing);
     };
     GroupState& g = group_state();
     if (g.depth > 0) {

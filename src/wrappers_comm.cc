@@ -106,7 +106,8 @@ ZC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nccl
                                               int rank, ncclConfig_t* config) {
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
-  if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRankConfig, (comm, nranks, commId, rank, config));
+  if (e.gate != Gate::kActive)
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRankConfig, (comm, nranks, commId, rank, config));
   if (!e.real->ncclCommInitRankConfig) {
     warn_missing_function("ncclCommInitRankConfig");
     return ncclInternalError;
@@ -148,14 +149,16 @@ ZC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
   if (e.gate != Gate::kActive)
-    ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRankScalable, (newcomm, nranks, myrank, nId, commIds, config));
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRankScalable,
+                 (newcomm, nranks, myrank, nId, commIds, config));
   if (!e.real->ncclCommInitRankScalable) {
     warn_missing_function("ncclCommInitRankScalable");
     return ncclInternalError;
   }
   std::vector<unsigned char> storage;
   PolicyResult p = policy_for(config, NullConfig::kFresh, &storage, "ncclCommInitRankScalable");
-  ncclResult_t r = e.real->ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, p.config);
+  ncclResult_t r =
+      e.real->ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, p.config);
   after_create(*e.real, *newcomm, r, p.policy, nonblocking_config(p.config, false));
   return r;
 }
@@ -167,11 +170,12 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
   if (e.gate == Gate::kFail) return e.code;
   const bool wanted = e.gate == Gate::kActive && policy_applies();
   const CudaDriver* cu = wanted ? cuda_driver() : nullptr;
-  bool rebuild = wanted && cu && e.real->ncclGetUniqueId && e.real->ncclCommInitRankConfig &&
-                 comm && ndev > 0;
+  bool rebuild =
+      wanted && cu && e.real->ncclGetUniqueId && e.real->ncclCommInitRankConfig && comm && ndev > 0;
   if (wanted && !rebuild)
-    ZC_WARN("ncclCommInitAll forwarded unchanged (no CUDA driver to switch devices): the CTA "
-            "policy is not applied to these communicators");
+    ZC_WARN(
+        "ncclCommInitAll forwarded unchanged (no CUDA driver to switch devices): the CTA "
+        "policy is not applied to these communicators");
   if (!rebuild) {
     if (e.gate != Gate::kActive || !e.real->ncclCommInitAll)
       ZC_CALL_REAL(ncclResult_t, e, ncclCommInitAll, (comm, ndev, devlist));
@@ -244,7 +248,8 @@ ZC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
   if (e.gate != Gate::kActive)
-    ZC_CALL_REAL(ncclResult_t, e, ncclCommShrink, (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags));
+    ZC_CALL_REAL(ncclResult_t, e, ncclCommShrink,
+                 (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags));
   if (!e.real->ncclCommShrink) {
     warn_missing_function("ncclCommShrink");
     return ncclInternalError;

@@ -136,16 +136,34 @@ class World {
         const AllGatherArgs a = args(k, r);
         const OpBuffers& o = bufs_[k];
         // The application still reads recvbuff's old contents, then fills sendbuff.
-        plans[r].push_back(PlanOp{PlanStream::kUser, PlanOpKind::kCopy, 0,
-                                  addr_of(o.prior[r].data()), a.recv, a.bytes * n_});
-        plans[r].push_back(PlanOp{PlanStream::kUser, PlanOpKind::kCopy, 0, a.send,
-                                  addr_of(o.source[r].data()), a.bytes});
+        plans[r].push_back(PlanOp{PlanStream::kUser,
+                                  PlanOpKind::kCopy,
+                                  0,
+                                  {},
+                                  addr_of(o.prior[r].data()),
+                                  a.recv,
+                                  a.bytes * n_});
+        plans[r].push_back(PlanOp{PlanStream::kUser,
+                                  PlanOpKind::kCopy,
+                                  0,
+                                  {},
+                                  a.send,
+                                  addr_of(o.source[r].data()),
+                                  a.bytes});
         std::vector<PlanOp> plan;
-        zc::build_allgather_plan(layout_, view(r), a, &cursor_[r], &plan);
+        zc::build_allgather_plan(
+            layout_, view(r), a,
+            zc::SlotRange{layout_.eager_slots, layout_.nslots - layout_.eager_slots}, &cursor_[r],
+            &plan);
         if (mutate) mutate(r, k, &plan);
         plans[r].insert(plans[r].end(), plan.begin(), plan.end());
-        plans[r].push_back(PlanOp{PlanStream::kUser, PlanOpKind::kCopy, 0,
-                                  addr_of(o.observed[r].data()), a.recv, a.bytes * n_});
+        plans[r].push_back(PlanOp{PlanStream::kUser,
+                                  PlanOpKind::kCopy,
+                                  0,
+                                  {},
+                                  addr_of(o.observed[r].data()),
+                                  a.recv,
+                                  a.bytes * n_});
       }
     }
     return plans;
@@ -460,7 +478,12 @@ TEST(CePlanLayout, FlagsAreDistinctAlignedAndBeforeTheSlots) {
     EXPECT_EQ(L.arena_bytes(), L.flags_bytes + L.slot_bytes * static_cast<uint64_t>(L.nslots));
   }
   EXPECT_EQ(ArenaLayout::make(256ull << 20, 32ull << 20).nslots, 8);
-  EXPECT_EQ(ArenaLayout::make(64, 64).nslots, 2);  // never fewer than two slots
+  EXPECT_EQ(ArenaLayout::make(256ull << 20, 32ull << 20).eager_slots, 6);
+  // Never fewer than 4 slots (2 eager, 2 for graphs), and never more memory than the pool.
+  EXPECT_EQ(ArenaLayout::make(64ull << 20, 32ull << 20).nslots, 4);
+  EXPECT_EQ(ArenaLayout::make(64ull << 20, 32ull << 20).eager_slots, 2);
+  EXPECT_EQ(ArenaLayout::make(64ull << 20, 32ull << 20).slot_bytes, 16ull << 20);
+  EXPECT_EQ(ArenaLayout::make(64, 64).nslots, 4);
 }
 
 TEST(CePlanStructure, TouchesOnlyUserBuffersAndArenasAndWritesPeersOnlyBySignal) {
@@ -477,7 +500,8 @@ TEST(CePlanStructure, TouchesOnlyUserBuffersAndArenasAndWritesPeersOnlyBySignal)
                        std::to_string(ops[0].bytes) + (ops[0].in_place[r] ? " in place" : ""));
           std::vector<PlanOp> plan;
           uint64_t cursor = static_cast<uint64_t>(trial) * 3;  // any running cursor
-          zc::build_allgather_plan(L, w.view(r), w.args(0, r), &cursor, &plan);
+          zc::build_allgather_plan(L, w.view(r), w.args(0, r), zc::SlotRange{0, L.nslots}, &cursor,
+                                   &plan);
           for (const std::string& p : structure_problems(L, w.view(r), w.args(0, r), plan))
             ADD_FAILURE() << p;
           const uint64_t pieces = (ops[0].bytes + L.slot_bytes - 1) / L.slot_bytes;
@@ -485,7 +509,8 @@ TEST(CePlanStructure, TouchesOnlyUserBuffersAndArenasAndWritesPeersOnlyBySignal)
           // Deterministic: the same inputs give the same plan (every rank must agree).
           std::vector<PlanOp> again;
           uint64_t cursor2 = static_cast<uint64_t>(trial) * 3;
-          zc::build_allgather_plan(L, w.view(r), w.args(0, r), &cursor2, &again);
+          zc::build_allgather_plan(L, w.view(r), w.args(0, r), zc::SlotRange{0, L.nslots}, &cursor2,
+                                   &again);
           ASSERT_EQ(plan.size(), again.size());
           for (size_t i = 0; i < plan.size(); ++i)
             EXPECT_TRUE(same_op(plan[i], again[i])) << "op #" << i;
@@ -497,9 +522,10 @@ TEST(CePlanStructure, TouchesOnlyUserBuffersAndArenasAndWritesPeersOnlyBySignal)
 
 TEST(CePlanStructure, AppendsToTheCallersPlan) {
   World w(2, ArenaLayout::make(4 * 64, 64), {OpSpec{100, {false, true}}}, 1);
-  std::vector<PlanOp> plan(1, PlanOp{PlanStream::kUser, PlanOpKind::kRecord, 2, 0, 0, 0});
+  std::vector<PlanOp> plan(1, PlanOp{PlanStream::kUser, PlanOpKind::kRecord, 2, {}, 0, 0, 0});
   uint64_t cursor = 0;
-  zc::build_allgather_plan(w.layout(), w.view(0), w.args(0, 0), &cursor, &plan);
+  zc::build_allgather_plan(w.layout(), w.view(0), w.args(0, 0), zc::SlotRange{0, w.layout().nslots},
+                           &cursor, &plan);
   ASSERT_GT(plan.size(), 1u);
   EXPECT_EQ(plan[0].kind, PlanOpKind::kRecord);
   EXPECT_EQ(plan[0].event, 2);
@@ -513,28 +539,45 @@ TEST(CePlanStructure, CheckerRejectsForbiddenOps) {
   const AllGatherArgs a = w.args(0, 0);
   std::vector<PlanOp> base;
   uint64_t cursor = 0;
-  zc::build_allgather_plan(L, v, a, &cursor, &base);
+  zc::build_allgather_plan(L, v, a, zc::SlotRange{0, L.nslots}, &cursor, &base);
   ASSERT_TRUE(structure_problems(L, v, a, base).empty());
   const PlanOp forbidden[] = {
       // remote reset of a flag (a remote stream-memory write)
-      {PlanStream::kPull, PlanOpKind::kWrite0, 0, v.arena[1] + L.ready_offset(0, 0), 0, 0},
+      {PlanStream::kPull, PlanOpKind::kWrite0, 0, {}, v.arena[1] + L.ready_offset(0, 0), 0, 0},
       // wait on a peer's memory
-      {PlanStream::kPull, PlanOpKind::kWaitEq1, 0, v.arena[1] + L.done_offset(0, 0), 0, 0},
+      {PlanStream::kPull, PlanOpKind::kWaitEq1, 0, {}, v.arena[1] + L.done_offset(0, 0), 0, 0},
       // a data copy into a peer's arena
-      {PlanStream::kCopyIn, PlanOpKind::kCopy, 0, v.arena[1] + L.slot_offset(0), a.send, 8},
+      {PlanStream::kCopyIn, PlanOpKind::kCopy, 0, {}, v.arena[1] + L.slot_offset(0), a.send, 8},
       // a copy that reads past sendbuff
-      {PlanStream::kCopyIn, PlanOpKind::kCopy, 0, v.arena[0] + L.slot_offset(0), a.send + 96, 8},
+      {PlanStream::kCopyIn,
+       PlanOpKind::kCopy,
+       0,
+       {},
+       v.arena[0] + L.slot_offset(0),
+       a.send + 96,
+       8},
       // a piece that straddles two slots
-      {PlanStream::kCopyIn, PlanOpKind::kCopy, 0, v.arena[0] + L.slot_offset(0) + 60, a.send, 8},
+      {PlanStream::kCopyIn,
+       PlanOpKind::kCopy,
+       0,
+       {},
+       v.arena[0] + L.slot_offset(0) + 60,
+       a.send,
+       8},
       // a copy over its own flags
-      {PlanStream::kCopyIn, PlanOpKind::kCopy, 0, v.arena[0], a.send, 8},
+      {PlanStream::kCopyIn, PlanOpKind::kCopy, 0, {}, v.arena[0], a.send, 8},
       // a signal of another rank's flag
-      {PlanStream::kCopyIn, PlanOpKind::kSignal, 0, v.arena[1] + L.ready_offset(0, 2),
-       v.arena[0] + L.one_offset(), 4},
+      {PlanStream::kCopyIn,
+       PlanOpKind::kSignal,
+       0,
+       {},
+       v.arena[1] + L.ready_offset(0, 2),
+       v.arena[0] + L.one_offset(),
+       4},
       // an event that does not exist
-      {PlanStream::kUser, PlanOpKind::kRecord, 3, 0, 0, 0},
+      {PlanStream::kUser, PlanOpKind::kRecord, 3, {}, 0, 0, 0},
       // something that is none of the six kinds (a kernel, say)
-      {PlanStream::kUser, static_cast<PlanOpKind>(6), 0, 0, 0, 0},
+      {PlanStream::kUser, static_cast<PlanOpKind>(6), 0, {}, 0, 0, 0},
   };
   for (const PlanOp& f : forbidden) {
     std::vector<PlanOp> plan = base;

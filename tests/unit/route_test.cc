@@ -33,8 +33,9 @@ const char* route_name(AgRoute r) {
 //  2. an op whose size is unknown (bad datatype / overflow) or empty: NCCL decides.
 //  3. both buffers in windows the application registered: NCCL's own copy-engine path.
 //  4. nccl / nccl-staged without app windows: NCCL.
-//  5. auto / zerocta: the copy engines only with an agreed pool, outside graph capture;
-//     auto only from min_bytes up, zerocta at any size.
+//  5. auto / zerocta: the copy engines only with an agreed pool; auto only from min_bytes up,
+//     zerocta at any size. Graph capture is not an input: it changes only which slots and
+//     streams the copy-engine route uses.
 AgRoute expected_route(const RouteInputs& in) {
   if (in.mode == AllGatherMode::kOff) return AgRoute::kPassthrough;
   if (!in.bytes_valid || in.total_bytes == 0) return AgRoute::kPassthrough;
@@ -42,7 +43,7 @@ AgRoute expected_route(const RouteInputs& in) {
   const bool ours = in.mode == AllGatherMode::kAuto || in.mode == AllGatherMode::kZerocta;
   if (!ours) return AgRoute::kPassthrough;
   const bool big_enough = in.mode == AllGatherMode::kZerocta || in.total_bytes >= in.min_bytes;
-  return in.ce_ready && !in.capturing && big_enough ? AgRoute::kCe : AgRoute::kPassthrough;
+  return in.ce_ready && big_enough ? AgRoute::kCe : AgRoute::kPassthrough;
 }
 
 constexpr AllGatherMode kModes[] = {AllGatherMode::kAuto, AllGatherMode::kZerocta,
@@ -57,36 +58,33 @@ TEST(Route, TruthTable) {
     for (bool ce_ready : {false, true})
       for (uint64_t total : {uint64_t{0}, uint64_t{1}, kMin - 1, kMin, kMin + 1, UINT64_MAX})
         for (bool app_windows : {false, true})
-          for (bool capturing : {false, true})
-            for (bool bytes_valid : {false, true}) {
-              RouteInputs in;
-              in.mode = mode;
-              in.ce_ready = ce_ready;
-              in.ce_missing = kMissing;
-              in.total_bytes = total;
-              in.bytes_valid = bytes_valid;
-              in.min_bytes = kMin;
-              in.app_windows = app_windows;
-              in.capturing = capturing;
-              const RouteDecision d = zc::choose_allgather_route(in);
-              const AgRoute want = expected_route(in);
-              SCOPED_TRACE(std::string("mode ") + zc::to_string(mode) + " ce_ready " +
-                           std::to_string(ce_ready) + " total " + std::to_string(total) +
-                           " app_windows " + std::to_string(app_windows) + " capturing " +
-                           std::to_string(capturing) + " bytes_valid " +
-                           std::to_string(bytes_valid));
-              EXPECT_EQ(route_name(d.route), std::string(route_name(want)));
-              ASSERT_NE(d.why, nullptr);
-              EXPECT_GT(strlen(d.why), 0u);
-              // When the only obstacle is the missing pool, the log says why it is missing.
-              RouteInputs ready = in;
-              ready.ce_ready = true;
-              if (!ce_ready && expected_route(ready) == AgRoute::kCe) {
-                EXPECT_STREQ(d.why, kMissing);
-              }
-              ++cases;
+          for (bool bytes_valid : {false, true}) {
+            RouteInputs in;
+            in.mode = mode;
+            in.ce_ready = ce_ready;
+            in.ce_missing = kMissing;
+            in.total_bytes = total;
+            in.bytes_valid = bytes_valid;
+            in.min_bytes = kMin;
+            in.app_windows = app_windows;
+            const RouteDecision d = zc::choose_allgather_route(in);
+            const AgRoute want = expected_route(in);
+            SCOPED_TRACE(std::string("mode ") + zc::to_string(mode) + " ce_ready " +
+                         std::to_string(ce_ready) + " total " + std::to_string(total) +
+                         " app_windows " + std::to_string(app_windows) + " bytes_valid " +
+                         std::to_string(bytes_valid));
+            EXPECT_EQ(route_name(d.route), std::string(route_name(want)));
+            ASSERT_NE(d.why, nullptr);
+            EXPECT_GT(strlen(d.why), 0u);
+            // When the only obstacle is the missing pool, the log says why it is missing.
+            RouteInputs ready = in;
+            ready.ce_ready = true;
+            if (!ce_ready && expected_route(ready) == AgRoute::kCe) {
+              EXPECT_STREQ(d.why, kMissing);
             }
-  EXPECT_EQ(cases, 5 * 2 * 6 * 2 * 2 * 2);
+            ++cases;
+          }
+  EXPECT_EQ(cases, 5 * 2 * 6 * 2 * 2);
 }
 
 TEST(Route, MinBytesBoundaryIsInclusiveForAuto) {
