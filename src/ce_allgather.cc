@@ -1,6 +1,7 @@
 #include "ce_allgather.h"
 
 #include "ce_exec.h"
+#include "config.h"
 #include "log.h"
 
 namespace zc {
@@ -34,8 +35,10 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, u
   const ArenaLayout& L = ce->layout;
   SlotRange eager{0, L.eager_slots}, graph{L.eager_slots, L.nslots - L.eager_slots};
   ce->plan.clear();
+  const CeDirection dir =
+      config().ce_direction == CeDirectionMode::kPush ? CeDirection::kPush : CeDirection::kPull;
   build_allgather_plan(L, ce->view, args, capturing ? graph : eager,
-                       capturing ? &ce->capture_cursor : &ce->slot_cursor, &ce->plan);
+                       capturing ? &ce->capture_cursor : &ce->slot_cursor, &ce->plan, dir);
   CUresult r = CUDA_ERROR_INVALID_CONTEXT;
   if (dev.ok())
     r = capturing ? issue_plan(*cu, ce->capture_streams, ce->capture_events, stream, ce->plan)

@@ -49,8 +49,62 @@ ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
   return l;
 }
 
+uint64_t push_piece_bytes(const ArenaLayout& L, int nranks) {
+  uint64_t sub = L.slot_bytes / static_cast<uint64_t>(nranks);
+  return sub >= 4096 ? sub & ~uint64_t{4095} : sub;
+}
+
+namespace {
+
+void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArgs& a,
+                     SlotRange slots, uint64_t* slot_cursor, std::vector<PlanOp>* plan) {
+  const int me = v.rank, n = v.nranks;
+  const uint64_t mine = v.arena[me];
+  const uint64_t piece = push_piece_bytes(L, n);
+  push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
+  push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  push(plan, PlanStream::kPull, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  const uint64_t npieces = (a.bytes + piece - 1) / piece;
+  for (uint64_t j = 0; j < npieces; ++j) {
+    const int s =
+        slots.first + static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(slots.count));
+    const uint64_t off = j * piece;
+    const uint64_t pb = std::min(piece, a.bytes - off);
+    // Send (stream kCopyIn): into every peer's sub-slot for me, once that peer drained it.
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEq1, mine + L.done_offset(s, p));
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kWrite0, mine + L.done_offset(s, p));
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy,
+           v.arena[p] + L.slot_offset(s) + static_cast<uint64_t>(me) * piece, a.send + off, pb);
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kSignal, v.arena[p] + L.ready_offset(s, me),
+           mine + L.one_offset(), kFlag);
+    }
+    // Drain (stream kPull): each sender's sub-slot into recvbuff, then hand it back.
+    for (int k = 1; k < n; ++k) {
+      const int r = (me + n - k) % n;
+      push(plan, PlanStream::kPull, PlanOpKind::kWaitEq1, mine + L.ready_offset(s, r));
+      push(plan, PlanStream::kPull, PlanOpKind::kWrite0, mine + L.ready_offset(s, r));
+      push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + r * a.bytes + off,
+           mine + L.slot_offset(s) + static_cast<uint64_t>(r) * piece, pb);
+      push(plan, PlanStream::kPull, PlanOpKind::kSignal, v.arena[r] + L.done_offset(s, me),
+           mine + L.one_offset(), kFlag);
+    }
+  }
+  const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
+  if (a.send != own) push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, own, a.send, a.bytes);
+  push(plan, PlanStream::kCopyIn, PlanOpKind::kRecord, 0, 0, 0, 1);
+  push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 2);
+  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 1);
+  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 2);
+}
+
+}  // namespace
+
 void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGatherArgs& a,
-                          SlotRange slots, uint64_t* slot_cursor, std::vector<PlanOp>* plan) {
+                          SlotRange slots, uint64_t* slot_cursor, std::vector<PlanOp>* plan,
+                          CeDirection direction) {
+  if (direction == CeDirection::kPush) return build_push_plan(L, v, a, slots, slot_cursor, plan);
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
   // Start: both internal streams wait for the user's stream.

@@ -11,6 +11,15 @@
 //   piece   the part of one rank's chunk that goes through a slot at once (pipelining).
 //   ready[s][r]  flag in MY arena: rank r's slot s holds a piece for me to pull (r sets it).
 //   done[s][p]   flag in MY arena: peer p has finished pulling my slot s (p sets it).
+// Two directions share this structure:
+//   pull  the sender copies its piece into its own slot s; receivers read it from there.
+//         ready[s][r] (receiver's arena): r's slot s is full; done[s][p] (sender's arena):
+//         p has read it.
+//   push  the sender writes its piece from its send buffer straight into the receiver's slot
+//         s, sub-slot r (one per sender), and the receiver copies it out into its recvbuff.
+//         ready[s][r] (receiver's arena): sub-slot r of slot s is full; done[s][p] (sender's
+//         arena): p has drained it. Remote traffic is writes, which NVLink serves better than
+//         reads, and there is no copy-in.
 // Flags hold 0 or 1 and are reset by their consumer, so a flag's state after an op is the
 // same as before it: the plan needs no sequence numbers and eager ops can be replayed.
 // Initial state: ready = 0 (nothing to pull), done = 1 (every slot free).
@@ -70,6 +79,8 @@ struct AllGatherArgs {
   uint64_t bytes = 0;           // bytes per rank (sendcount * typesize)
 };
 
+enum class CeDirection : uint8_t { kPull, kPush };
+
 // Which slots an op may use: eager ops and captured ops each have their own range.
 struct SlotRange {
   int first = 0, count = 0;
@@ -80,6 +91,9 @@ struct SlotRange {
 // order, as NCCL requires of every op on a communicator, graph launches included).
 void build_allgather_plan(const ArenaLayout& layout, const RankView& view,
                           const AllGatherArgs& args, SlotRange slots, uint64_t* slot_cursor,
-                          std::vector<PlanOp>* plan);
+                          std::vector<PlanOp>* plan, CeDirection direction = CeDirection::kPull);
+
+// Bytes of one sender's piece in push mode: a slot split into one sub-slot per rank.
+uint64_t push_piece_bytes(const ArenaLayout& layout, int nranks);
 
 }  // namespace zc

@@ -62,6 +62,8 @@ constexpr AllGatherMode kAllGatherModes[] = {AllGatherMode::kAuto, AllGatherMode
                                              AllGatherMode::kNccl, AllGatherMode::kNcclStaged,
                                              AllGatherMode::kOff};
 
+constexpr CeDirectionMode kCeDirections[] = {CeDirectionMode::kPush, CeDirectionMode::kPull};
+
 // Stores a variable's value into the config; false = the text is not acceptable (the config
 // is then unchanged and keeps the default).
 using Apply = bool (*)(const char* text, Config* c);
@@ -108,6 +110,10 @@ const std::vector<VarSpec>& specs() {
          c->chunk_bytes = v;
          return true;
        }},
+      {{"ZEROCTA_CE_DIRECTION", "enum", "push|pull", "push",
+        "How the copy-engine route moves data between GPUs: push writes into the peer's pool, "
+        "pull reads from it."},
+       [](const char* t, Config* c) { return parse_enum(t, kCeDirections, &c->ce_direction); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
         "Prints the counters at exit to stderr (1) or writes them as JSON to the given path."},
        // Any text is acceptable; an empty value is the same as unset.
@@ -247,6 +253,7 @@ uint64_t config_fingerprint(const Config& c) {
   canon += " min_bytes=" + std::to_string(c.min_bytes);
   canon += " pool_bytes=" + std::to_string(c.pool_bytes);
   canon += " chunk_bytes=" + std::to_string(c.chunk_bytes);
+  canon += " ce_direction=" + std::string(to_string(c.ce_direction));
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis
   for (unsigned char ch : canon) {
     h ^= ch;
@@ -341,6 +348,8 @@ const char* to_string(AllGatherMode m) {
   }
   return "unknown";
 }
+
+const char* to_string(CeDirectionMode m) { return m == CeDirectionMode::kPush ? "push" : "pull"; }
 
 const char* to_string(LogLevel l) {
   switch (l) {

@@ -14,6 +14,7 @@ namespace zc {
 
 enum class CtaPolicyMode { kZero, kEfficiency, kDefault, kKeep };
 enum class AllGatherMode { kAuto, kZerocta, kNccl, kNcclStaged, kOff };
+enum class CeDirectionMode { kPush, kPull };
 
 // Defaults of the size variables; config_table() shows the same values as text.
 constexpr uint64_t kDefaultMinBytes = 16ull << 20;
@@ -25,18 +26,19 @@ constexpr uint64_t kMinChunkBytes = 64ull << 10;
 
 // A default-constructed Config holds every documented default (no variable set).
 struct Config {
-  bool enable = true;                               // ZEROCTA_ENABLE
-  bool strict = false;                              // ZEROCTA_STRICT
-  LogLevel log = LogLevel::kWarn;                   // ZEROCTA_LOG
-  CtaPolicyMode cta_policy = CtaPolicyMode::kZero;  // ZEROCTA_CTA_POLICY
-  bool cta_policy_force = false;                    // ZEROCTA_CTA_POLICY_FORCE
-  AllGatherMode allgather = AllGatherMode::kAuto;   // ZEROCTA_ALLGATHER
-  uint64_t min_bytes = kDefaultMinBytes;            // ZEROCTA_MIN_BYTES (total output bytes)
-  uint64_t pool_bytes = kDefaultPoolBytes;          // ZEROCTA_POOL_BYTES (per communicator)
-  uint64_t chunk_bytes = kDefaultChunkBytes;        // ZEROCTA_CHUNK_BYTES (pipeline piece)
-  std::string stats;                                // ZEROCTA_STATS: "" | "0" | "1" | a path
-  bool nvtx = true;                                 // ZEROCTA_NVTX
-  std::string nccl_library;                         // ZEROCTA_NCCL_LIBRARY
+  bool enable = true;                                     // ZEROCTA_ENABLE
+  bool strict = false;                                    // ZEROCTA_STRICT
+  LogLevel log = LogLevel::kWarn;                         // ZEROCTA_LOG
+  CtaPolicyMode cta_policy = CtaPolicyMode::kZero;        // ZEROCTA_CTA_POLICY
+  bool cta_policy_force = false;                          // ZEROCTA_CTA_POLICY_FORCE
+  AllGatherMode allgather = AllGatherMode::kAuto;         // ZEROCTA_ALLGATHER
+  uint64_t min_bytes = kDefaultMinBytes;                  // ZEROCTA_MIN_BYTES (total output bytes)
+  uint64_t pool_bytes = kDefaultPoolBytes;                // ZEROCTA_POOL_BYTES (per communicator)
+  uint64_t chunk_bytes = kDefaultChunkBytes;              // ZEROCTA_CHUNK_BYTES (pipeline piece)
+  CeDirectionMode ce_direction = CeDirectionMode::kPush;  // ZEROCTA_CE_DIRECTION
+  std::string stats;                                      // ZEROCTA_STATS: "" | "0" | "1" | a path
+  bool nvtx = true;                                       // ZEROCTA_NVTX
+  std::string nccl_library;                               // ZEROCTA_NCCL_LIBRARY
 
   // One line per bad value, e.g.
   // ZEROCTA_LOG="verbose" is invalid (accepted: none|warn|info|debug); using the default "warn"
@@ -44,7 +46,8 @@ struct Config {
   // Lines never contain a newline: the bad value is escaped and shortened.
   std::vector<std::string> errors;
   // Hash of the values that change the inter-rank protocol (allgather, min_bytes,
-  // pool_bytes, chunk_bytes, enable, cta_policy). Identical configs give identical hashes.
+  // pool_bytes, chunk_bytes, ce_direction, enable, cta_policy). Identical configs give
+  // identical hashes.
   uint64_t fingerprint = 0;
 };
 
@@ -88,6 +91,7 @@ std::string format_size(uint64_t bytes);
 
 const char* to_string(CtaPolicyMode m);
 const char* to_string(AllGatherMode m);
+const char* to_string(CeDirectionMode m);
 const char* to_string(LogLevel l);
 
 }  // namespace zc
