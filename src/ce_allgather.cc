@@ -41,8 +41,9 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, u
                        capturing ? &ce->capture_cursor : &ce->slot_cursor, &ce->plan, dir);
   CUresult r = CUDA_ERROR_INVALID_CONTEXT;
   if (dev.ok())
-    r = capturing ? issue_plan(*cu, ce->capture_streams, ce->capture_events, stream, ce->plan)
-                  : issue_plan(*cu, ce->streams, ce->events, stream, ce->plan);
+    r = capturing
+            ? issue_plan(*cu, ce->capture_streams, ce->capture_events, stream, ce->plan, false)
+            : issue_plan(*cu, ce->streams, ce->events, stream, ce->plan, true);
   if (r != CUDA_SUCCESS) {
     st.poisoned.store(ncclUnhandledCudaError);
     ZC_WARN("copy-engine all-gather failed on rank %d (%s); the communicator is poisoned", st.rank,

@@ -2,8 +2,22 @@
 
 namespace zc {
 
+namespace {
+
+CUresult copy_on_engine(const CudaDriver& cu, CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                        CUstream s) {
+  CUmemcpyAttributes attr{};
+  attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+  size_t attr_index = 0;
+  return cu.cuMemcpyBatchAsync(&dst, &src, &bytes, 1, &attr, &attr_index, 1, s);
+}
+
+}  // namespace
+
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUevent events[3],
-                    CUstream user_stream, const std::vector<PlanOp>& plan) {
+                    CUstream user_stream, const std::vector<PlanOp>& plan, bool batch_copies) {
+  const bool batch = batch_copies && cu.cuMemcpyBatchAsync != nullptr;
   for (const PlanOp& op : plan) {
     CUstream s =
         op.stream == PlanStream::kUser ? user_stream : streams[static_cast<int>(op.stream)];
@@ -19,7 +33,8 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUeve
       case PlanOpKind::kSignal:
         // Peer flags are written by a 4-byte copy, not cuStreamWriteValue32: remote stream
         // memory writes are gone from CUDA 13.1 drivers.
-        r = cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
+        r = batch ? copy_on_engine(cu, op.dst, op.src, op.bytes, s)
+                  : cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
         break;
       case PlanOpKind::kRecord:
         r = cu.cuEventRecord(events[op.event], s);

@@ -13,8 +13,11 @@ namespace zc {
 
 // Issues `plan` with kUser mapped to `user_stream`. Returns CUDA_SUCCESS or the first error
 // (the caller then poisons the communicator: peers may already depend on what was issued).
-// `streams`/`events` are the eager or the capture set of the comm.
+// `streams`/`events` are the eager or the capture set of the comm. `batch_copies`: issue data
+// copies with cuMemcpyBatchAsync marked "prefer overlap with compute", so that the driver
+// runs even same-device copies on copy engines instead of SM kernels (not allowed during
+// graph capture or on the legacy stream).
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUevent events[3],
-                    CUstream user_stream, const std::vector<PlanOp>& plan);
+                    CUstream user_stream, const std::vector<PlanOp>& plan, bool batch_copies);
 
 }  // namespace zc

@@ -17,10 +17,10 @@ using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
 constexpr int kAbiVersion = 12000;
 
 template <typename Fn>
-bool get(GetProcAddressFn gpa, const char* name, Fn* out) {
+bool get(GetProcAddressFn gpa, const char* name, Fn* out, int abi = kAbiVersion) {
   void* p = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (gpa(name, &p, kAbiVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
+  if (gpa(name, &p, abi, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
       p == nullptr) {
     *out = nullptr;
     return false;
@@ -67,6 +67,9 @@ CudaDriver* load() {
   ce &= get(gpa, "cuStreamWaitValue32", &d.cuStreamWaitValue32);
   ce &= get(gpa, "cuStreamWriteValue32", &d.cuStreamWriteValue32);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
+  int driver = 0;
+  if (d.cuDriverGetVersion && d.cuDriverGetVersion(&driver) == CUDA_SUCCESS && driver >= 13000)
+    get(gpa, "cuMemcpyBatchAsync", &d.cuMemcpyBatchAsync, 13000);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;
   if (!d.context_ok) return nullptr;

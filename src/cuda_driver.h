@@ -40,6 +40,10 @@ struct CudaDriver {
   CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  // CUDA 13 ABI (no failIdx). Optional: copies marked "prefer overlap with compute" run on
+  // the copy engines; a plain same-device cuMemcpyAsync may be run by the driver on SMs.
+  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*,
+                                 size_t*, size_t, CUstream);
 
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too

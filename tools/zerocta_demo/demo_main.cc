@@ -31,21 +31,23 @@ int count_gpus_without_cuda() {
   return n;
 }
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    auto _r = (x);                                                                     \
-    if (_r != 0) {                                                                     \
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    auto _r = (x);                                                                          \
+    if (_r != 0) {                                                                          \
       fprintf(stderr, "rank %d: %s failed (%d) at line %d\n", rank, #x, (int)_r, __LINE__); \
-      return 1;                                                                        \
-    }                                                                                  \
+      return 1;                                                                             \
+    }                                                                                       \
   } while (0)
 
 // Route names as zerocta_route_name() gives them; the demo never links the shim.
-const char* const kRouteNames[zerocta_route_count] = {"passthrough", "ce", "nccl-ce", "nccl-staged"};
+const char* const kRouteNames[zerocta_route_count] = {"passthrough", "ce", "nccl-ce",
+                                                      "nccl-staged"};
 
 using AgFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
 
-double time_ag(AgFn fn, const void* s, void* r, size_t n, ncclComm_t c, cudaStream_t st, int iters) {
+double time_ag(AgFn fn, const void* s, void* r, size_t n, ncclComm_t c, cudaStream_t st,
+               int iters) {
   for (int i = 0; i < 3; ++i) fn(s, r, n, ncclUint8, c, st);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
@@ -72,7 +74,8 @@ int run_rank(int rank, int nranks, ncclUniqueId id, const std::vector<size_t>& s
   CK(cudaMalloc(&send, maxb / nranks + 1));
   CK(cudaMalloc(&recv_ref, maxb + nranks));
   CK(cudaMalloc(&recv, maxb + nranks));
-  auto* get_stats = reinterpret_cast<int (*)(zerocta_stats_t*)>(dlsym(RTLD_DEFAULT, "zerocta_get_stats"));
+  auto* get_stats =
+      reinterpret_cast<int (*)(zerocta_stats_t*)>(dlsym(RTLD_DEFAULT, "zerocta_get_stats"));
   int bad = 0;
   if (rank == 0)
     printf("%12s %10s | %10s %10s | %10s %10s | %8s %s\n", "total bytes", "per rank", "nccl us",
@@ -100,7 +103,8 @@ int run_rank(int rank, int nranks, ncclUniqueId id, const std::vector<size_t>& s
     if (get_stats) {
       route = "passthrough";
       for (int r = 0; r < zerocta_route_count; ++r)
-        if (after.counters[zerocta_op_allgather][r].calls > before.counters[zerocta_op_allgather][r].calls)
+        if (after.counters[zerocta_op_allgather][r].calls >
+            before.counters[zerocta_op_allgather][r].calls)
           route = kRouteNames[r];
     }
     int it = total >= (256u << 20) ? iters / 2 + 1 : iters;
@@ -126,12 +130,15 @@ int run_rank(int rank, int nranks, ncclUniqueId id, const std::vector<size_t>& s
 int main(int argc, char** argv) {
   int ngpu = count_gpus_without_cuda();
   if (argc > 1 && strcmp(argv[1], "--help") == 0) {
-    printf("usage: zerocta-demo [nranks] [iters]\n  Run under LD_PRELOAD=libzerocta.so to compare.\n");
+    printf(
+        "usage: zerocta-demo [nranks] [iters]\n  Run under LD_PRELOAD=libzerocta.so to compare.\n");
     return 0;
   }
   if (ngpu < 2) {
-    printf("zerocta-demo: %d GPU(s) found; an all-gather comparison needs at least 2. Nothing to do.\n",
-           ngpu);
+    printf(
+        "zerocta-demo: %d GPU(s) found; an all-gather comparison needs at least 2. Nothing to "
+        "do.\n",
+        ngpu);
     return 0;
   }
   int nranks = argc > 1 ? atoi(argv[1]) : ngpu;
