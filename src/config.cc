@@ -91,9 +91,9 @@ const std::vector<VarSpec>& specs() {
       {{"ZEROCTA_CTA_POLICY_FORCE", "bool", kBoolValues, "0",
         "1 lets ZEROCTA_CTA_POLICY override a CTA policy the application set explicitly."},
        [](const char* t, Config* c) { return parse_bool(t, &c->cta_policy_force); }},
-      {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|nccl-staged|off", "auto",
-        "Route of all-gathers: auto picks the copy engines from ZEROCTA_MIN_BYTES up, the "
-        "others force one route."},
+      {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|nccl-staged|off", "nccl",
+        "Route of all-gathers: nccl = NCCL decides (its CE path on application windows); auto = "
+        "zerocta's copy engines from ZEROCTA_MIN_BYTES up; zerocta = always; off = untouched."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "16M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},

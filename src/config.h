@@ -31,7 +31,8 @@ struct Config {
   LogLevel log = LogLevel::kWarn;                         // ZEROCTA_LOG
   CtaPolicyMode cta_policy = CtaPolicyMode::kZero;        // ZEROCTA_CTA_POLICY
   bool cta_policy_force = false;                          // ZEROCTA_CTA_POLICY_FORCE
-  AllGatherMode allgather = AllGatherMode::kAuto;         // ZEROCTA_ALLGATHER
+  // nccl until zerocta's copy-engine route beats NCCL's kernel path (docs/PERFORMANCE.md).
+  AllGatherMode allgather = AllGatherMode::kNccl;         // ZEROCTA_ALLGATHER
   uint64_t min_bytes = kDefaultMinBytes;                  // ZEROCTA_MIN_BYTES (total output bytes)
   uint64_t pool_bytes = kDefaultPoolBytes;                // ZEROCTA_POOL_BYTES (per communicator)
   uint64_t chunk_bytes = kDefaultChunkBytes;              // ZEROCTA_CHUNK_BYTES (pipeline piece)

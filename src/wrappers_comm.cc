@@ -73,12 +73,13 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
     st->ce_missing = "non-blocking communicator (copy-engine route not supported yet)";
     return st;
   }
+  // Size and rank are needed to count all-gather bytes on every route (local queries).
+  nccl.ncclCommUserRank(comm, &st->rank);
+  nccl.ncclCommCount(comm, &st->nranks);
   if (!wants_ce()) {
     st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
     return st;
   }
-  nccl.ncclCommUserRank(comm, &st->rank);
-  nccl.ncclCommCount(comm, &st->nranks);
   nccl.ncclCommCuDevice(comm, &st->device);
   if (!setup_now) return st;  // the caller sets up several comms together
   GroupState& g = group_state();

@@ -167,7 +167,9 @@ for NCCL_DIR in "$NCCL_SYSTEM_DIR" "$NCCL_TORCH_DIR"; do
   LIBPATH="$NCCL_DIR:$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   BASE_ENV=(env "LD_LIBRARY_PATH=$LIBPATH" "ZEROCTA_EXPECT_NCCL_VERSION=$CODE")
   NOSHIM=("${BASE_ENV[@]}" ZEROCTA_EXPECT_SHIM=0)
-  WITHSHIM=("${BASE_ENV[@]}" ZEROCTA_EXPECT_SHIM=1 "LD_PRELOAD=$SHIM")
+  # The copy-engine route is opt-in (ZEROCTA_ALLGATHER defaults to nccl): exercise it.
+  WITHSHIM=("${BASE_ENV[@]}" ZEROCTA_EXPECT_SHIM=1 "LD_PRELOAD=$SHIM"
+    "ZEROCTA_ALLGATHER=${ZEROCTA_SUITE_ALLGATHER:-auto}")
 
   # Collectives: results with and without the shim must be bitwise identical.
   if selected "collectives-$V"; then
@@ -230,7 +232,7 @@ if selected "torch"; then
       step="torch-$mode"
       if [ $mode = noshim ]; then prefix=(env); else
         need "$step" "$SHIM" || continue
-        prefix=(env "LD_PRELOAD=$SHIM")
+        prefix=(env "LD_PRELOAD=$SHIM" "ZEROCTA_ALLGATHER=${ZEROCTA_SUITE_ALLGATHER:-auto}")
       fi
       run_step "$step" 900 "${prefix[@]}" "$TORCHRUN" --standalone "--nproc-per-node=$NRANKS" \
         "$HERE/torch_smoke.py"

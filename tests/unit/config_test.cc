@@ -113,7 +113,7 @@ TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.log, LogLevel::kWarn);
   EXPECT_EQ(c.cta_policy, CtaPolicyMode::kZero);
   EXPECT_FALSE(c.cta_policy_force);
-  EXPECT_EQ(c.allgather, AllGatherMode::kAuto);
+  EXPECT_EQ(c.allgather, AllGatherMode::kNccl);
   EXPECT_EQ(c.min_bytes, 16ull << 20);
   EXPECT_EQ(c.pool_bytes, 256ull << 20);
   EXPECT_EQ(c.chunk_bytes, 32ull << 20);
@@ -224,7 +224,7 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_LOG", "warn"},
       {"ZEROCTA_CTA_POLICY", "zero"},
       {"ZEROCTA_CTA_POLICY_FORCE", "0"},
-      {"ZEROCTA_ALLGATHER", "auto"},
+      {"ZEROCTA_ALLGATHER", "nccl"},
       {"ZEROCTA_CE_DIRECTION", "push"},
       {"ZEROCTA_MIN_BYTES", "16M"},
       {"ZEROCTA_POOL_BYTES", "256M"},
@@ -606,7 +606,7 @@ TEST(Fingerprint, IdenticalConfigsHashAlike) {
 TEST(Fingerprint, EveryProtocolFieldChangesIt) {
   const std::vector<std::pair<const char*, const char*>> changes = {
       {"ZEROCTA_ENABLE", "0"},          {"ZEROCTA_CTA_POLICY", "efficiency"},
-      {"ZEROCTA_CTA_POLICY", "keep"},   {"ZEROCTA_ALLGATHER", "nccl"},
+      {"ZEROCTA_CTA_POLICY", "keep"},   {"ZEROCTA_ALLGATHER", "auto"},
       {"ZEROCTA_ALLGATHER", "off"},     {"ZEROCTA_MIN_BYTES", "16777217"},
       {"ZEROCTA_MIN_BYTES", "0"},       {"ZEROCTA_POOL_BYTES", "512M"},
       {"ZEROCTA_CHUNK_BYTES", "16M"},   {"ZEROCTA_CHUNK_BYTES", "33558528"},
