@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -96,17 +95,19 @@ class MemoryMap {
               [](const Region& a, const Region& b) { return a.base < b.base; });
   }
   const Region* find(uint64_t a, uint64_t n) const {
-    // The last region that starts at or before a (a plain loop: this runs for every op).
+    // The last region that starts at or before a: a plain loop over raw pointers, as this
+    // runs for every op, also in debug builds.
+    const Region* regions = regions_.data();
     size_t lo = 0, hi = regions_.size();
     while (lo < hi) {
       const size_t mid = (lo + hi) / 2;
-      if (regions_[mid].base <= a)
+      if (regions[mid].base <= a)
         lo = mid + 1;
       else
         hi = mid;
     }
     if (lo == 0) return nullptr;
-    const Region& r = regions_[lo - 1];
+    const Region& r = regions[lo - 1];
     return inside(a, n, r.base, r.size) ? &r : nullptr;
   }
   std::string describe(uint64_t a) const {
@@ -150,9 +151,19 @@ struct SimResult {
 class Simulator {
  public:
   // plans[r] = every op rank r enqueues, in enqueue order (the order ce_exec issues them).
-  Simulator(const std::vector<std::vector<PlanOp>>& plans, const MemoryMap& memory)
-      : memory_(memory), ranks_(plans.size()) {
+  // A "rank" here is one set of three streams and three events; a communicator that has two
+  // such sets (eager ops and graph-captured ops) is simulated as two, named by `names` (by
+  // default "rank <index>") so that reports say which set blocked.
+  Simulator(const std::vector<std::vector<PlanOp>>& plans, const MemoryMap& memory,
+            std::vector<std::string> names = {})
+      : memory_(memory), ranks_(plans.size()), names_(std::move(names)) {
+    for (size_t r = names_.size(); r < plans.size(); ++r)
+      names_.push_back("rank " + std::to_string(r));
     for (size_t r = 0; r < plans.size(); ++r) {
+      size_t per_stream[kStreams] = {};
+      for (const PlanOp& op : plans[r])
+        if (static_cast<int>(op.stream) < kStreams) ++per_stream[static_cast<int>(op.stream)];
+      for (int s = 0; s < kStreams; ++s) ranks_[r].streams[s].ops.reserve(per_stream[s]);
       // CUDA event semantics: a wait applies to the most recent record of the event that
       // was enqueued before the wait (none recorded yet: the wait is a no-op).
       uint64_t records[kEvents] = {};
@@ -160,7 +171,7 @@ class Simulator {
         const int s = static_cast<int>(op.stream);
         const bool event_op = op.kind == PlanOpKind::kRecord || op.kind == PlanOpKind::kWaitEvent;
         if (s < 0 || s >= kStreams || !known_kind(op.kind) || (event_op && op.event >= kEvents)) {
-          invalid_ = "rank " + std::to_string(r) + " has an op with an invalid stream/kind/event";
+          invalid_ = names_[r] + " has an op with an invalid stream/kind/event";
           continue;
         }
         uint64_t seq = 0;
@@ -194,6 +205,7 @@ class Simulator {
     for (auto& p : priority) p = rng();
     pos_.assign(nstreams, kNone);
     waiting_on_.assign(nstreams, kNone);
+    flag_pos_.assign(nstreams, kNone);
     for (size_t i = 0; i < nstreams; ++i) {
       if (stream(i).pc < stream(i).ops.size()) ++unfinished_;
       evaluate(i);
@@ -253,7 +265,7 @@ class Simulator {
   std::string where(size_t i, size_t pc) const {
     const StreamState& st = stream(i);
     std::ostringstream os;
-    os << "rank " << i / kStreams << " stream " << i % kStreams << " op #" << pc;
+    os << names_[i / kStreams] << " stream " << i % kStreams << " op #" << pc;
     if (pc < st.ops.size()) {
       const PlanOp& op = st.ops[pc].op;
       os << " " << kind_name(op.kind);
@@ -304,9 +316,13 @@ class Simulator {
     const StreamState& st = stream(i);
     const PlanOp& op = st.ops[st.pc].op;
     if (op.kind == PlanOpKind::kWaitEq1) {
-      auto it = flag_waiters_.find(op.dst);
-      erase_value(&it->second, i);
-      if (it->second.empty()) flag_waiters_.erase(it);
+      const size_t last = flag_waiting_.back();
+      flag_waiting_[flag_pos_[i]] = last;
+      flag_addr_[flag_pos_[i]] = flag_addr_.back();
+      flag_pos_[last] = flag_pos_[i];
+      flag_waiting_.pop_back();
+      flag_addr_.pop_back();
+      flag_pos_[i] = kNone;
     } else {
       erase_value(&ranks_[i / kStreams].event_waiters[op.event], i);
     }
@@ -321,7 +337,9 @@ class Simulator {
     switch (q.op.kind) {
       case PlanOpKind::kWaitEq1:
         if (waiting_on_[i] == kNone) {
-          flag_waiters_[q.op.dst].push_back(i);
+          flag_pos_[i] = flag_waiting_.size();
+          flag_waiting_.push_back(i);
+          flag_addr_.push_back(q.op.dst);
           waiting_on_[i] = st.pc;
         }
         return set_runnable(i, load32(q.op.dst) == 1);
@@ -336,21 +354,23 @@ class Simulator {
     }
   }
 
+  // A plain scan over raw arrays: at most two streams per rank wait on a flag at once, and
+  // this runs for every write, so it must be cheap in a debug build too.
   void wrote(uint64_t dst, uint64_t n) {
-    if (n == 0 || flag_waiters_.empty()) return;
-    const uint64_t from = dst >= kFlagBytes - 1 ? dst - (kFlagBytes - 1) : 0;
-    std::vector<size_t> touched;
-    for (auto it = flag_waiters_.lower_bound(from);
-         it != flag_waiters_.end() && it->first < dst + n; ++it)
-      touched.insert(touched.end(), it->second.begin(), it->second.end());
-    for (size_t w : touched) evaluate(w);
+    const uint64_t* flag = flag_addr_.data();
+    const size_t count = flag_addr_.size();
+    for (size_t k = 0; k < count; ++k)
+      if (n != 0 && flag[k] < dst + n && dst < flag[k] + kFlagBytes)
+        set_runnable(flag_waiting_[k], load32(flag[k]) == 1);
   }
 
   // A new access by stream `me` conflicts with a copy in flight on another stream when
   // they overlap and at least one of them writes.
   bool conflict(size_t me, uint64_t src, uint64_t src_n, uint64_t dst, uint64_t dst_n,
                 std::string* why) const {
-    for (const InFlight& f : in_flight_) {
+    const InFlight* flights = in_flight_.data();
+    for (size_t k = 0; k < in_flight_.size(); ++k) {
+      const InFlight& f = flights[k];
       if (f.stream == me) continue;
       if (overlaps(dst, dst_n, f.dst, f.bytes) || overlaps(dst, dst_n, f.src, f.bytes) ||
           overlaps(src, src_n, f.dst, f.bytes)) {
@@ -420,13 +440,17 @@ class Simulator {
 
   const MemoryMap& memory_;
   std::vector<RankState> ranks_;
+  std::vector<std::string> names_;
   std::vector<InFlight> in_flight_;
   std::string invalid_;
   bool detect_races_ = true;
   uint64_t pieces_ = 1;
   size_t unfinished_ = 0;
   std::vector<size_t> runnable_, pos_, waiting_on_;
-  std::map<uint64_t, std::vector<size_t>> flag_waiters_;  // flag address -> waiting streams
+  // The streams whose head waits on a flag, the flag of each, and each stream's position.
+  std::vector<size_t> flag_waiting_;
+  std::vector<uint64_t> flag_addr_;
+  std::vector<size_t> flag_pos_;
 };
 
 }  // namespace zc_test
