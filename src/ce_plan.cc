@@ -104,7 +104,10 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
 void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGatherArgs& a,
                           SlotRange slots, uint64_t* slot_cursor, std::vector<PlanOp>* plan,
                           CeDirection direction) {
-  if (direction == CeDirection::kPush) return build_push_plan(L, v, a, slots, slot_cursor, plan);
+  // Push splits a slot into one sub-slot per rank; a slot too small for that (never the case
+  // with the configurable sizes, but nothing else guarantees it) uses the pull plan.
+  if (direction == CeDirection::kPush && push_piece_bytes(L, v.nranks) > 0)
+    return build_push_plan(L, v, a, slots, slot_cursor, plan);
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
   // Start: both internal streams wait for the user's stream.

@@ -93,7 +93,8 @@ void build_allgather_plan(const ArenaLayout& layout, const RankView& view,
                           const AllGatherArgs& args, SlotRange slots, uint64_t* slot_cursor,
                           std::vector<PlanOp>* plan, CeDirection direction = CeDirection::kPull);
 
-// Bytes of one sender's piece in push mode: a slot split into one sub-slot per rank.
+// Bytes of one sender's piece in push mode: a slot split into one sub-slot per rank (0 when
+// the slot has fewer bytes than there are ranks: build_allgather_plan then pulls).
 uint64_t push_piece_bytes(const ArenaLayout& layout, int nranks);
 
 }  // namespace zc

@@ -39,6 +39,13 @@
 
 #include "plan_simulator.h"
 
+namespace zc {
+// Lets gtest print a direction parameter as a word; internal linkage, found by ADL.
+static void PrintTo(CeDirection d, std::ostream* os) {
+  *os << (d == CeDirection::kPush ? "push" : "pull");
+}
+}  // namespace zc
+
 namespace {
 
 using zc::AllGatherArgs;
@@ -736,13 +743,14 @@ TEST_P(CePlanStructure, TouchesOnlyWhatTheDirectionAllows) {
   std::mt19937_64 rng(7);
   for (int n : {2, 3, 4, 8, kMaxRanks}) {
     std::vector<ArenaLayout> layouts = small_layouts();
-    // Push needs a sub-slot per sender: 64 ranks get slots of 256 B (4 B each).
+    // 64 ranks: slots of 32 B (pull only: push would get no sub-slot per sender) and of
+    // 256 B (push: 4 B per sender).
     if (n == kMaxRanks) layouts = {ArenaLayout::make(2 * 64, 64), ArenaLayout::make(4 * 256, 256)};
     for (const ArenaLayout& L : layouts) {
       // Push needs slot_bytes >= nranks (push_piece_bytes would be 0).
       if (dir == CeDirection::kPush && zc::push_piece_bytes(L, n) == 0) continue;
       const uint64_t piece = piece_bytes(L, n, dir);
-      for (int trial = 0; trial < (n == kMaxRanks ? 2 : 8); ++trial) {
+      for (int trial = 0; trial < (n == kMaxRanks ? 2 : 6); ++trial) {
         std::vector<OpSpec> ops(1);
         // 64 ranks: a few pieces (with wrap-around), as the plan of 64 ranks is long.
         ops[0] = random_op(n, n == kMaxRanks ? 1 + rng() % (5 * piece) : random_size(L, rng), rng);
@@ -939,10 +947,11 @@ class CePlanSim : public ::testing::TestWithParam<std::tuple<int, CeDirection>> 
  protected:
   int nranks() const { return std::get<0>(GetParam()); }
   CeDirection direction() const { return std::get<1>(GetParam()); }
-  // Push splits a slot among the senders, so its plans have about n times the pieces.
+  // Push splits a slot among the n senders, so its plans have about n times the pieces: it
+  // gets pull's number of runs * 3 / (n + 1) (about 2000 queued interleavings in all).
   int scaled(int pull_runs) const {
     return direction() == CeDirection::kPull ? pull_runs
-                                             : std::max(pull_runs * 4 / (nranks() + 2), 1);
+                                             : std::max(pull_runs * 3 / (nranks() + 1), 1);
   }
 };
 
@@ -968,7 +977,7 @@ TEST_P(CePlanSim, QueuedOpsGatherCorrectlyUnderRandomInterleavings) {
   // The mix the test means to cover did occur (eager and captured ops in one run, also on
   // separate streams).
   if (!getenv("ZEROCTA_PLAN_SEED")) {
-    EXPECT_GT(mixed, runs);
+    EXPECT_GT(mixed, runs / 4);
     EXPECT_GT(lanes, runs / 8);
   }
 }
@@ -1012,7 +1021,7 @@ TEST_P(CePlanSimEdges, EmptyAndSixtyFourRanks) {
   }
   // The largest communicator, every rank's flag column in use; the second op wraps around
   // its two graph slots. Push needs 64 sub-slots in a slot: 256-byte slots, 4 bytes each.
-  for (uint64_t seed : seeds(901, dir == CeDirection::kPull ? 3 : 2)) {
+  for (uint64_t seed : seeds(901, 2)) {
     Scenario sc;
     sc.nranks = kMaxRanks;
     sc.direction = dir;
@@ -1104,7 +1113,7 @@ TEST_P(CePlanSimCatches, MissingSlotReuseWaitsAsRacesOrCorruption) {
   const CeDirection dir = GetParam();
   auto breaker = [](const ArenaLayout& layout) {
     return dropping(layout, [](const ArenaLayout& L, const RankView& v, const PlanOp& op) {
-      return false && op.kind == PlanOpKind::kWaitEq1 && local_flag(L, v, op, /*done=*/true);
+      return op.kind == PlanOpKind::kWaitEq1 && local_flag(L, v, op, /*done=*/true);
     });
   };
   // With the race detector: a copy-in (push: a send) overwrites a slot a peer is still
@@ -1125,7 +1134,7 @@ TEST_P(CePlanSimCatches, MissingSlotReuseWaitsAsRacesOrCorruption) {
 TEST_P(CePlanSimCatches, MissingReadyResetLeavesFlagsOrDataWrong) {
   auto breaker = [](const ArenaLayout& layout) {
     return dropping(layout, [](const ArenaLayout& L, const RankView& v, const PlanOp& op) {
-      return false && op.kind == PlanOpKind::kWrite0 && local_flag(L, v, op, /*done=*/false);
+      return op.kind == PlanOpKind::kWrite0 && local_flag(L, v, op, /*done=*/false);
     });
   };
   Caught c = run_broken(2100, 50, GetParam(), breaker, true);
@@ -1141,7 +1150,7 @@ TEST_P(CePlanSimCatches, MissingSignalDeadlocksEveryInterleaving) {
         const PlanStream s = done ? PlanStream::kPull : PlanStream::kCopyIn;
         for (size_t i = 0; i < plan->size(); ++i)
           if ((*plan)[i].kind == PlanOpKind::kSignal && (*plan)[i].stream == s) {
-            (void)i;
+            plan->erase(plan->begin() + static_cast<long>(i));
             return;
           }
       });
@@ -1171,7 +1180,7 @@ TEST_P(CePlanSimCatches, MissingEventWaitsLetTheApplicationRace) {
       return Mutator([k](int, size_t, std::vector<PlanOp>* plan) {
         plan->erase(std::remove_if(plan->begin(), plan->end(),
                                    [&](const PlanOp& op) {
-                                     return false && op.kind == PlanOpKind::kWaitEvent &&
+                                     return op.kind == PlanOpKind::kWaitEvent &&
                                             op.stream == k.stream && op.event == k.event;
                                    }),
                     plan->end());
@@ -1206,7 +1215,7 @@ TEST(CePlanSimCatchesPush, SendIntoAnotherSendersSubSlotCorruptsData) {
         if (op.stream != PlanStream::kCopyIn) continue;
         if (op.kind == PlanOpKind::kCopy && before == PlanOpKind::kWrite0) {
           if (sub_slot == 0) sub_slot = op.bytes;
-          op.dst += 0 * sub_slot;
+          op.dst += sub_slot;
         }
         before = op.kind;
       }
