@@ -21,17 +21,18 @@ struct Params {
 // Exact call counts of the driver's schedule (see drv_concurrency.cc), computed from the
 // parameters alone.
 struct Expected {
-  long long allgather, allreduce, broadcast, bcast, send, recv, created;
+  long long allgather, allgather_in_window, allreduce, broadcast, bcast, send, recv, created;
 };
 
 Expected expected_for(const Params& p) {
-  auto cycles_of_variant = [&p](int v) {  // cycles k in [0, cycles) with k % 5 == v
-    return p.cycles > v ? (p.cycles - v + 4) / 5 : 0;
+  auto cycles_of_variant = [&p](int v) {  // cycles k in [0, cycles) with k % 6 == v
+    return p.cycles > v ? (p.cycles - v + 5) / 6 : 0;
   };
   const long long wi = static_cast<long long>(p.workers) * p.iterations;
   Expected e;
   e.allgather = wi * p.comms + p.churners * cycles_of_variant(2);
-  e.allreduce = wi * (p.comms + 1) + p.churners * cycles_of_variant(0);
+  e.allgather_in_window = wi;  // each worker's first communicator, once per iteration
+  e.allreduce = wi * (p.comms + 1) + p.churners * (cycles_of_variant(0) + cycles_of_variant(5));
   e.bcast = wi;
   e.broadcast = wi * p.comms + e.bcast + p.churners * cycles_of_variant(1);
   e.send = wi * p.comms + p.churners * cycles_of_variant(3);
@@ -112,17 +113,24 @@ void check_run(const Params& p, const RunResult& r) {
     EXPECT_EQ(stat_sum(r, op, "bytes"), r.num(std::string("bytes.") + op)) << op;
     EXPECT_GT(r.num(std::string("bytes.") + op), 0) << op;
   }
+  EXPECT_EQ(r.num("stats.final.allgather.nccl-ce.calls"), e.allgather_in_window)
+      << "all-gathers in the registered windows take the nccl-ce route, the others do not";
   EXPECT_EQ(r.num("stats.final.comms_created"), e.created);
-  EXPECT_EQ(r.num("stats.final.inner_calls"), e.bcast);
+  // Inner calls: ncclBcast -> ncclBroadcast, and ncclCommWindowRegister -> ncclCommRegister
+  // (from the fake's own thread), one per worker.
+  EXPECT_EQ(r.num("stats.final.inner_calls"), e.bcast + p.workers);
 
   // 3. The fake saw one call per application call, each logged on a whole line.
   auto lines = lines_per_function(r);
   auto api = [&r](const char* fn) { return r.num(std::string("api.") + fn); };
   for (const char* fn :
        {"ncclAllGather", "ncclAllReduce", "ncclBcast", "ncclSend", "ncclRecv", "ncclGroupStart",
-        "ncclGroupEnd", "ncclCommSplit", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort",
-        "ncclCommGetAsyncError", "ncclGetUniqueId"})
+        "ncclGroupEnd", "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommFinalize",
+        "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "ncclGetUniqueId",
+        "ncclCommWindowRegister", "ncclCommWindowDeregister"})
     EXPECT_EQ(lines[fn], api(fn)) << fn;
+  // ncclCommWindowRegister registers the buffer with an inner ncclCommRegister.
+  EXPECT_EQ(lines["ncclCommRegister"], api("ncclCommWindowRegister"));
   // ncclBcast reaches ncclBroadcast inside NCCL: one extra line per ncclBcast.
   EXPECT_EQ(lines["ncclBroadcast"], api("ncclBroadcast") + api("ncclBcast"));
   // The shim may create a communicator without a config through InitRankConfig (to add its

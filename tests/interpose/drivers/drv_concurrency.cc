@@ -2,10 +2,13 @@
 //
 //   workers   W threads, each owning M communicators (ncclCommInitRank / InitRankConfig),
 //             issuing all-gathers, all-reduces, broadcasts, ncclBcast (an inner call inside
-//             NCCL) and nested groups of send/recv;
+//             NCCL) and nested groups of send/recv; the first communicator's all-gathers run
+//             in a symmetric window the worker registered (the nccl-ce route; the fake
+//             registers it with an inner call from a thread of its own);
 //   churners  C threads that create and tear down communicators all the time, by every path:
 //             InitRank, InitRankConfig (blocking and non-blocking, inside a group too), Split
-//             (with a colour and with NCCL_SPLIT_NOCOLOR), Destroy, Finalize+Destroy, Abort;
+//             (with a colour and with NCCL_SPLIT_NOCOLOR), Shrink, Destroy, Finalize+Destroy,
+//             Revoke+Destroy, Abort;
 //   watchdog  one thread polling ncclCommGetAsyncError on every live communicator (as
 //             PyTorch's watchdog does) and reading zerocta_get_stats, checking that no
 //             counter ever goes backwards.
@@ -44,6 +47,10 @@ enum Api {
   kInitRank,
   kInitRankConfig,
   kSplit,
+  kShrink,
+  kRevoke,
+  kWindowRegister,
+  kWindowDeregister,
   kFinalize,
   kDestroy,
   kAbort,
@@ -60,6 +67,7 @@ enum Api {
 };
 const char* const kApiNames[kApiCount] = {
     "ncclGetUniqueId",  "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit",
+    "ncclCommShrink",   "ncclCommRevoke",   "ncclCommWindowRegister", "ncclCommWindowDeregister",
     "ncclCommFinalize", "ncclCommDestroy",  "ncclCommAbort",          "ncclCommGetAsyncError",
     "ncclAllGather",    "ncclAllReduce",    "ncclBroadcast",          "ncclBcast",
     "ncclSend",         "ncclRecv",         "ncclGroupStart",         "ncclGroupEnd"};
@@ -72,6 +80,7 @@ std::atomic<long long> g_created{0};  // communicators the application received
 std::atomic<long long> g_failures{0};  // calls that did not return ncclSuccess
 std::atomic<bool> g_go{false};         // start line: every thread begins together
 std::atomic<bool> g_stop_watchdog{false};
+std::atomic<long long> g_watchdog_rounds{0};  // completed polls of the whole list
 
 // What each thread is doing, for the deadlock report.
 constexpr int kMaxThreads = 64;
@@ -109,6 +118,8 @@ cudaStream_t stream_of(int thread) {
   return static_cast<cudaStream_t>(drv::fake_stream(static_cast<uintptr_t>(thread + 1)));
 }
 
+// Made-up device buffers, 16 per thread, kBufStride apart (drv::fake_buffer's spacing).
+constexpr size_t kBufStride = 0x100000;
 void* buf(int thread, int n) { return drv::fake_buffer(static_cast<uintptr_t>(thread * 16 + n)); }
 
 ncclComm_t init_rank(int id) {
@@ -193,6 +204,11 @@ void worker(int id, int ncomms, int iterations) {
     publish(c);
     comms.push_back(c);
   }
+  // The all-gather buffers of the first communicator, as an application-registered window.
+  g_step[id] = "window register";
+  ncclWindow_t win = nullptr;
+  CALL(kWindowRegister,
+       ncclCommWindowRegister(comms[0], buf(id, 0), 2 * kBufStride, &win, NCCL_WIN_COLL_SYMMETRIC));
   for (int i = 0; i < iterations; ++i) {
     ncclComm_t one = comms[static_cast<size_t>(i % ncomms)];
     for (int b = 0; b < 5; ++b) {
@@ -220,6 +236,12 @@ void worker(int id, int ncomms, int iterations) {
       }
     }
   }
+  // Whatever the scheduling, the watchdog polls (and reads the counters) at least once while
+  // these communicators are alive.
+  g_step[id] = "waiting for the watchdog";
+  while (g_watchdog_rounds.load() == 0) std::this_thread::yield();
+  g_step[id] = "window deregister";
+  CALL(kWindowDeregister, ncclCommWindowDeregister(comms[0], win));
   for (int j = 0; j < ncomms; ++j) {
     ncclComm_t c = comms[static_cast<size_t>(j)];
     retire(c);
@@ -230,13 +252,14 @@ void worker(int id, int ncomms, int iterations) {
   g_step[id] = "done";
 }
 
-// One communicator created and torn down per cycle; cycle k uses variant k % 5:
+// One communicator created and torn down per cycle; cycle k uses variant k % 6:
 //   0: InitRank, all-reduce, Destroy
 //   1: InitRankConfig (non-blocking), broadcast, Finalize + Destroy
 //   2: Split of the parent, all-gather, Abort
 //   3: Split with NCCL_SPLIT_NOCOLOR (no communicator), InitRankConfig inside a group,
 //      send/recv in a group, Destroy
 //   4: InitRankConfig, Abort
+//   5: Shrink of the parent (rank 1 excluded), all-reduce, Revoke + Destroy
 // plus the parent (InitRank at the start, Destroy at the end).
 void churner(int id, int cycles) {
   wait_for_start();
@@ -245,7 +268,7 @@ void churner(int id, int cycles) {
   publish(parent);
   for (int k = 0; k < cycles; ++k) {
     ncclComm_t c = nullptr;
-    switch (k % 5) {
+    switch (k % 6) {
       case 0:
         c = init_rank(id);
         if (!c) return;
@@ -303,6 +326,20 @@ void churner(int id, int cycles) {
         g_step[id] = "abort";
         CALL(kAbort, ncclCommAbort(c));
         break;
+      case 5: {
+        g_step[id] = "shrink";
+        int excluded[1] = {1};
+        CALL(kShrink, ncclCommShrink(parent, excluded, 1, &c, nullptr, NCCL_SHRINK_DEFAULT));
+        if (!c) return;
+        g_created.fetch_add(1);
+        publish(c);
+        all_reduce(id, c);
+        retire(c);
+        g_step[id] = "revoke";
+        CALL(kRevoke, ncclCommRevoke(c, 0));
+        CALL(kDestroy, ncclCommDestroy(c));
+        break;
+      }
     }
   }
   retire(parent);
@@ -336,6 +373,7 @@ void watchdog(int id, long long* polls, long long* snapshots, bool* monotonic) {
   wait_for_start();
   do {
     g_step[id] = "poll";
+    bool polled = false;
     {
       std::lock_guard<std::mutex> lock(g_live_mu);
       for (ncclComm_t c : g_live) {
@@ -347,6 +385,7 @@ void watchdog(int id, long long* polls, long long* snapshots, bool* monotonic) {
           g_failures.fetch_add(1);
         }
         ++*polls;
+        polled = true;
       }
     }
     g_step[id] = "stats";
@@ -354,6 +393,7 @@ void watchdog(int id, long long* polls, long long* snapshots, bool* monotonic) {
       if (!never_decreased(prev, now)) *monotonic = false;
       prev = now;
       ++*snapshots;
+      if (polled) g_watchdog_rounds.fetch_add(1);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   } while (!g_stop_watchdog.load());
