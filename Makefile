@@ -5,13 +5,14 @@
 #   make install PREFIX=/opt/zerocta
 #   make sanitize   CPU tests under ASan+UBSan (./build-asan)
 #   make tsan       CPU tests under ThreadSanitizer (./build-tsan)
+#   make fuzz       libFuzzer targets for their bounded time (clang, ./build-fuzz)
 #   make format     clang-format every source file
 BUILD ?= build
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all configure test demo install sanitize tsan format clean
+.PHONY: all configure test demo install sanitize tsan fuzz format clean
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -37,10 +38,16 @@ sanitize:
 tsan:
 	cmake -S . -B build-tsan $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DZEROCTA_SANITIZE=thread -DZEROCTA_BUILD_TOOLS=OFF
 	cmake --build build-tsan -j $(JOBS)
-	ctest --test-dir build-tsan --output-on-failure -LE nosan -j $(JOBS)
+	TSAN_OPTIONS=second_deadlock_stack=1 ctest --test-dir build-tsan --output-on-failure -LE nosan -j $(JOBS)
+
+# Only the fuzz targets are built with clang; the rest of the tree is tested with gcc above.
+fuzz:
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROCTA_BUILD_TOOLS=OFF
+	cmake --build build-fuzz -j $(JOBS) --target zerocta_config_fuzz
+	ctest --test-dir build-fuzz --output-on-failure -L fuzz
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.cu')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

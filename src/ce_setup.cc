@@ -398,6 +398,15 @@ void ce_release_waits(CommState& st) {
 void ce_teardown(CommState& st, bool aborting) {
   std::unique_ptr<CeComm> ce = std::move(st.ce);
   st.ce_ready.store(false);
+  if (st.side_stream) {  // the legacy-stream detour of NCCL-CE-capable ops (wrappers)
+    const CudaDriver* cu = cuda_driver();
+    ScopedDevice dev(st.device);
+    if (!aborting) cu->cuStreamSynchronize(st.side_stream);
+    cu->cuStreamDestroy(st.side_stream);
+    for (CUevent& e : st.side_events)
+      if (e) cu->cuEventDestroy(e), e = nullptr;
+    st.side_stream = nullptr;
+  }
   if (!ce) return;
   const CudaDriver* cu = cuda_driver();
   const RealNccl* nccl = real_nccl();

@@ -302,7 +302,12 @@ ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
     return ncclInternalError;
   }
   ncclResult_t r = e.real->ncclCommAbort(comm);
-  if (st) ce_teardown(*st, /*aborting=*/true);
+  if (st) {
+    // Our waits are released and the comm is poisoned, so an issuing thread finishes soon;
+    // wait for it before freeing what it uses.
+    std::lock_guard<std::mutex> lock(st->issue_mu);
+    ce_teardown(*st, /*aborting=*/true);
+  }
   return r;
 }
 

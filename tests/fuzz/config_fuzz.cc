@@ -91,6 +91,8 @@ std::string field_text(const zc::Config& c, const std::string& name) {
       {"ZEROCTA_STATS", [](const zc::Config& c) { return c.stats; }},
       {"ZEROCTA_NVTX", [](const zc::Config& c) { return std::to_string(c.nvtx); }},
       {"ZEROCTA_NCCL_LIBRARY", [](const zc::Config& c) { return c.nccl_library; }},
+      {"ZEROCTA_CE_DIRECTION",
+       [](const zc::Config& c) { return std::string(zc::to_string(c.ce_direction)); }},
   };
   auto it = kFields.find(name);
   check(it != kFields.end(), "a table variable unknown to the fuzzer", name);
