@@ -12,6 +12,24 @@ void push(std::vector<PlanOp>* plan, PlanStream s, PlanOpKind k, uint64_t dst, u
   plan->push_back(PlanOp{s, k, event, {}, dst, src, bytes});
 }
 
+// Start of every plan: both internal streams wait for the user's stream.
+void fork_from_user(std::vector<PlanOp>* plan) {
+  push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
+  push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  push(plan, PlanStream::kPull, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+}
+
+// End of every plan: the own chunk (unless the op is in place; it overlaps the peers'
+// traffic), then the user's stream waits for both internal streams.
+void own_chunk_and_join(const AllGatherArgs& a, int me, std::vector<PlanOp>* plan) {
+  const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
+  if (a.send != own) push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, own, a.send, a.bytes);
+  push(plan, PlanStream::kCopyIn, PlanOpKind::kRecord, 0, 0, 0, 1);
+  push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 2);
+  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 1);
+  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 2);
+}
+
 }  // namespace
 
 uint64_t ArenaLayout::ready_offset(int slot, int from_rank) const {
@@ -61,9 +79,7 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
   const uint64_t piece = push_piece_bytes(L, n);
-  push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
-  push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
-  push(plan, PlanStream::kPull, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  fork_from_user(plan);
   const uint64_t npieces = (a.bytes + piece - 1) / piece;
   for (uint64_t j = 0; j < npieces; ++j) {
     const int s =
@@ -91,12 +107,7 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
            mine + L.one_offset(), kFlag);
     }
   }
-  const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
-  if (a.send != own) push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, own, a.send, a.bytes);
-  push(plan, PlanStream::kCopyIn, PlanOpKind::kRecord, 0, 0, 0, 1);
-  push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 2);
-  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 1);
-  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 2);
+  own_chunk_and_join(a, me, plan);
 }
 
 }  // namespace
@@ -110,10 +121,7 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
     return build_push_plan(L, v, a, slots, slot_cursor, plan);
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
-  // Start: both internal streams wait for the user's stream.
-  push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
-  push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
-  push(plan, PlanStream::kPull, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  fork_from_user(plan);
 
   const uint64_t npieces = (a.bytes + L.slot_bytes - 1) / L.slot_bytes;
   for (uint64_t j = 0; j < npieces; ++j) {
@@ -144,14 +152,7 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
            mine + L.one_offset(), kFlag);
     }
   }
-  // The own chunk, unless the op is in place; it overlaps the pulls.
-  const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
-  if (a.send != own) push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, own, a.send, a.bytes);
-  // End: the user's stream waits for both internal streams.
-  push(plan, PlanStream::kCopyIn, PlanOpKind::kRecord, 0, 0, 0, 1);
-  push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 2);
-  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 1);
-  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 2);
+  own_chunk_and_join(a, me, plan);
 }
 
 }  // namespace zc
