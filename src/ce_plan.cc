@@ -12,6 +12,17 @@ void push(std::vector<PlanOp>* plan, PlanStream s, PlanOpKind k, uint64_t dst, u
   plan->push_back(PlanOp{s, k, event, {}, dst, src, bytes});
 }
 
+// Takes a 0/1 token: waits until the local flag is 1, then resets it (its consumer owns it).
+void take_token(std::vector<PlanOp>* plan, PlanStream stream, uint64_t flag) {
+  push(plan, stream, PlanOpKind::kWaitEq1, flag);
+  push(plan, stream, PlanOpKind::kWrite0, flag);
+}
+
+// Hands a token to a peer: a 4-byte copy of the constant 1 into the peer's flag.
+void give_token(std::vector<PlanOp>* plan, PlanStream stream, uint64_t peer_flag, uint64_t one) {
+  push(plan, stream, PlanOpKind::kSignal, peer_flag, one, kFlag);
+}
+
 // Start of every plan: both internal streams wait for the user's stream.
 void fork_from_user(std::vector<PlanOp>* plan) {
   push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
@@ -89,22 +100,19 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
     // Send (stream kCopyIn): into every peer's sub-slot for me, once that peer drained it.
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
-      push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEq1, mine + L.done_offset(s, p));
-      push(plan, PlanStream::kCopyIn, PlanOpKind::kWrite0, mine + L.done_offset(s, p));
+      take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, p));
       push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy,
            v.arena[p] + L.slot_offset(s) + static_cast<uint64_t>(me) * piece, a.send + off, pb);
-      push(plan, PlanStream::kCopyIn, PlanOpKind::kSignal, v.arena[p] + L.ready_offset(s, me),
-           mine + L.one_offset(), kFlag);
+      give_token(plan, PlanStream::kCopyIn, v.arena[p] + L.ready_offset(s, me),
+                 mine + L.one_offset());
     }
     // Drain (stream kPull): each sender's sub-slot into recvbuff, then hand it back.
     for (int k = 1; k < n; ++k) {
       const int r = (me + n - k) % n;
-      push(plan, PlanStream::kPull, PlanOpKind::kWaitEq1, mine + L.ready_offset(s, r));
-      push(plan, PlanStream::kPull, PlanOpKind::kWrite0, mine + L.ready_offset(s, r));
+      take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, r));
       push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + r * a.bytes + off,
            mine + L.slot_offset(s) + static_cast<uint64_t>(r) * piece, pb);
-      push(plan, PlanStream::kPull, PlanOpKind::kSignal, v.arena[r] + L.done_offset(s, me),
-           mine + L.one_offset(), kFlag);
+      give_token(plan, PlanStream::kPull, v.arena[r] + L.done_offset(s, me), mine + L.one_offset());
     }
   }
   own_chunk_and_join(a, me, plan);
@@ -132,24 +140,21 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
     // Copy-in: take slot s back from every peer, fill it, tell every peer.
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
-      push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEq1, mine + L.done_offset(s, p));
-      push(plan, PlanStream::kCopyIn, PlanOpKind::kWrite0, mine + L.done_offset(s, p));
+      take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, p));
     }
     push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, mine + L.slot_offset(s), a.send + off, pb);
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
-      push(plan, PlanStream::kCopyIn, PlanOpKind::kSignal, v.arena[p] + L.ready_offset(s, me),
-           mine + L.one_offset(), kFlag);
+      give_token(plan, PlanStream::kCopyIn, v.arena[p] + L.ready_offset(s, me),
+                 mine + L.one_offset());
     }
     // Pull: peers in rotated order so that no peer is read by everyone at once.
     for (int k = 1; k < n; ++k) {
       const int p = (me + n - k) % n;
-      push(plan, PlanStream::kPull, PlanOpKind::kWaitEq1, mine + L.ready_offset(s, p));
-      push(plan, PlanStream::kPull, PlanOpKind::kWrite0, mine + L.ready_offset(s, p));
+      take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, p));
       push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + p * a.bytes + off,
            v.arena[p] + L.slot_offset(s), pb);
-      push(plan, PlanStream::kPull, PlanOpKind::kSignal, v.arena[p] + L.done_offset(s, me),
-           mine + L.one_offset(), kFlag);
+      give_token(plan, PlanStream::kPull, v.arena[p] + L.done_offset(s, me), mine + L.one_offset());
     }
   }
   own_chunk_and_join(a, me, plan);
