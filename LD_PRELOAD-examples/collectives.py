@@ -49,7 +49,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=64,
                         help="total output of the large all-gathers, MiB (default 64: above "
-                        "ZEROCTA_MIN_BYTES=16M, so --allgather auto routes them)")
+                        "ZEROCTA_MIN_BYTES=64M, so --allgather auto routes them)")
     parser.add_argument("--out", help="directory for digests.rank<R>.txt")
     args = parser.parse_args()
 

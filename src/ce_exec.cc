@@ -15,8 +15,9 @@ CUresult copy_on_engine(const CudaDriver& cu, CUdeviceptr dst, CUdeviceptr src, 
 
 }  // namespace
 
-CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUevent events[3],
-                    CUstream user_stream, const std::vector<PlanOp>& plan, bool batch_copies) {
+CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kPlanStreams],
+                    const CUevent events[kPlanEvents], CUstream user_stream,
+                    const std::vector<PlanOp>& plan, bool batch_copies) {
   const bool batch = batch_copies && cu.cuMemcpyBatchAsync != nullptr;
   for (const PlanOp& op : plan) {
     CUstream s =

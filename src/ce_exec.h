@@ -17,7 +17,8 @@ namespace zc {
 // copies with cuMemcpyBatchAsync marked "prefer overlap with compute", so that the driver
 // runs even same-device copies on copy engines instead of SM kernels (not allowed during
 // graph capture or on the legacy stream).
-CUresult issue_plan(const CudaDriver& cu, const CUstream streams[3], const CUevent events[3],
-                    CUstream user_stream, const std::vector<PlanOp>& plan, bool batch_copies);
+CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kPlanStreams],
+                    const CUevent events[kPlanEvents], CUstream user_stream,
+                    const std::vector<PlanOp>& plan, bool batch_copies);
 
 }  // namespace zc

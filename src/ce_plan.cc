@@ -23,33 +23,40 @@ void give_token(std::vector<PlanOp>* plan, PlanStream stream, uint64_t peer_flag
   push(plan, stream, PlanOpKind::kSignal, peer_flag, one, kFlag);
 }
 
-// Start of every plan: both internal streams wait for the user's stream.
+// Start of every plan: the internal streams wait for the user's stream.
 void fork_from_user(std::vector<PlanOp>* plan) {
   push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
-  push(plan, PlanStream::kCopyIn, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
-  push(plan, PlanStream::kPull, PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+  for (int s = 1; s < kPlanStreams; ++s)
+    push(plan, static_cast<PlanStream>(s), PlanOpKind::kWaitEvent, 0, 0, 0, 0);
 }
 
-// End of every plan: the own chunk (unless the op is in place; it overlaps the peers'
-// traffic), then the user's stream waits for both internal streams.
-void own_chunk_and_join(const AllGatherArgs& a, int me, std::vector<PlanOp>* plan) {
+// The own chunk (unless the op is in place). Local copies share one copy engine, so where it
+// goes decides what it delays: pull puts it behind the op's copy-ins, push before its drains.
+void own_chunk(const AllGatherArgs& a, int me, PlanStream stream, std::vector<PlanOp>* plan) {
   const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
-  if (a.send != own) push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, own, a.send, a.bytes);
-  push(plan, PlanStream::kCopyIn, PlanOpKind::kRecord, 0, 0, 0, 1);
-  push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 2);
-  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 1);
-  push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, 2);
+  if (a.send != own) push(plan, stream, PlanOpKind::kCopy, own, a.send, a.bytes);
+}
+
+// End of every plan: the user's stream waits for every internal stream.
+void join_to_user(std::vector<PlanOp>* plan) {
+  for (int s = 1; s < kPlanStreams; ++s)
+    push(plan, static_cast<PlanStream>(s), PlanOpKind::kRecord, 0, 0, 0, static_cast<uint8_t>(s));
+  for (int s = 1; s < kPlanStreams; ++s)
+    push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, static_cast<uint8_t>(s));
 }
 
 }  // namespace
 
-uint64_t ArenaLayout::ready_offset(int slot, int from_rank) const {
-  return (static_cast<uint64_t>(slot) * kMaxRanks + from_rank) * kFlag;
+uint64_t ArenaLayout::ready_offset(int slot, int from_rank, int piece) const {
+  return ((static_cast<uint64_t>(slot) * kMaxPieces + piece) * kMaxRanks + from_rank) * kFlag;
 }
 uint64_t ArenaLayout::done_offset(int slot, int from_peer) const {
-  return (static_cast<uint64_t>(nslots + slot) * kMaxRanks + from_peer) * kFlag;
+  const uint64_t ready_flags = static_cast<uint64_t>(nslots) * kMaxPieces * kMaxRanks;
+  return (ready_flags + static_cast<uint64_t>(slot) * kMaxRanks + from_peer) * kFlag;
 }
-uint64_t ArenaLayout::one_offset() const { return 2ull * nslots * kMaxRanks * kFlag; }
+uint64_t ArenaLayout::one_offset() const {
+  return static_cast<uint64_t>(nslots) * (kMaxPieces + 1) * kMaxRanks * kFlag;
+}
 uint64_t ArenaLayout::marker_offset() const { return one_offset() + 64; }
 uint64_t ArenaLayout::slot_offset(int slot) const {
   return flags_bytes + static_cast<uint64_t>(slot) * slot_bytes;
@@ -69,6 +76,11 @@ ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
     l.slot_bytes = pool_bytes / 4;
     if (l.slot_bytes >= 4096) l.slot_bytes &= ~uint64_t{4095};
   }
+  // The first piece of an op: small enough that its copy-in costs little before the first
+  // pull starts, 4 KiB-aligned like every later piece offset.
+  l.first_piece_bytes = l.slot_bytes / 16;
+  if (l.first_piece_bytes >= 4096) l.first_piece_bytes &= ~uint64_t{4095};
+  if (l.first_piece_bytes == 0) l.first_piece_bytes = 1;
   // A quarter (at least 2) for captured graphs, the rest for eager ops.
   l.eager_slots = l.nslots - std::max(2, l.nslots / 4);
   // Flags, the constant and the marker, rounded to the window alignment so slots are 4 KiB
@@ -78,44 +90,93 @@ ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
   return l;
 }
 
+int split_round(uint64_t bytes, uint64_t first, bool first_round, uint64_t out[kMaxPieces]) {
+  if (!first_round || first == 0 || bytes <= 2 * first) {
+    out[0] = bytes;
+    return 1;
+  }
+  int n = 0;
+  uint64_t off = 0, piece = first;
+  // Each piece is at most 4x the one before it (the last up to 5x): copying it in, at local
+  // memory speed, takes less time than pulling the previous one over NVLink, so the pulls
+  // never wait for the copy-in once they have started.
+  while (off < bytes) {
+    const uint64_t rest = bytes - off;
+    const uint64_t take = (n == kMaxPieces - 1 || rest < 2 * piece) ? rest : piece;
+    out[n++] = take;
+    off += take;
+    piece *= 4;
+  }
+  return n;
+}
+
+int push_subslot(int sender, int receiver, int nranks) {
+  return (sender - receiver - 1 + nranks) % nranks;
+}
+
 uint64_t push_piece_bytes(const ArenaLayout& L, int nranks) {
-  uint64_t sub = L.slot_bytes / static_cast<uint64_t>(nranks);
+  uint64_t sub = L.slot_bytes / static_cast<uint64_t>(nranks > 1 ? nranks - 1 : 1);
   return sub >= 4096 ? sub & ~uint64_t{4095} : sub;
+}
+
+namespace {}  // namespace
+
+int split_push(uint64_t bytes, uint64_t sub, std::vector<uint64_t>* out) {
+  std::vector<uint64_t> rev;  // from the end
+  uint64_t t = sub / 16 >= 4096 ? (sub / 16) & ~uint64_t{4095} : sub;
+  while (bytes > 0) {
+    const uint64_t take = std::min(t, bytes);
+    rev.push_back(take);
+    bytes -= take;
+    t = std::min(t * 4, sub);
+  }
+  out->assign(rev.rbegin(), rev.rend());
+  return static_cast<int>(out->size());
 }
 
 namespace {
 
+// Push: each rank writes its pieces straight from sendbuff into the peers' slots (stream
+// kCopyIn, on the copy engine that carries NVLink traffic), the ready flag right behind the
+// data on the same stream, so it arrives as soon as the data. Receivers drain their slots
+// into recvbuff with local copies (kPull) and hand each sub-slot back from a third stream
+// (kLocal): a flag written to a peer has to queue on that same copy engine, and on kPull it
+// would hold up the next drain for as long as a whole piece takes to send.
 void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArgs& a,
                      SlotRange slots, uint64_t* slot_cursor, std::vector<PlanOp>* plan) {
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
-  const uint64_t piece = push_piece_bytes(L, n);
+  const uint64_t sub = push_piece_bytes(L, n);
   fork_from_user(plan);
-  const uint64_t npieces = (a.bytes + piece - 1) / piece;
-  for (uint64_t j = 0; j < npieces; ++j) {
+  own_chunk(a, me, PlanStream::kPull, plan);  // the drain stream idles until a piece lands
+  std::vector<uint64_t> pieces;
+  split_push(a.bytes, sub, &pieces);
+  uint64_t off = 0;
+  for (uint64_t pb : pieces) {
     const int s =
         slots.first + static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(slots.count));
-    const uint64_t off = j * piece;
-    const uint64_t pb = std::min(piece, a.bytes - off);
-    // Send (stream kCopyIn): into every peer's sub-slot for me, once that peer drained it.
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, p));
       push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy,
-           v.arena[p] + L.slot_offset(s) + static_cast<uint64_t>(me) * piece, a.send + off, pb);
+           v.arena[p] + L.slot_offset(s) + push_subslot(me, p, n) * sub, a.send + off, pb);
       give_token(plan, PlanStream::kCopyIn, v.arena[p] + L.ready_offset(s, me),
                  mine + L.one_offset());
     }
-    // Drain (stream kPull): each sender's sub-slot into recvbuff, then hand it back.
     for (int k = 1; k < n; ++k) {
       const int r = (me + n - k) % n;
       take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, r));
       push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + r * a.bytes + off,
-           mine + L.slot_offset(s) + static_cast<uint64_t>(r) * piece, pb);
-      give_token(plan, PlanStream::kPull, v.arena[r] + L.done_offset(s, me), mine + L.one_offset());
+           mine + L.slot_offset(s) + push_subslot(r, me, n) * sub, pb);
+      // Event 3 is re-recorded per sub-slot: each wait applies to the record just before it.
+      push(plan, PlanStream::kPull, PlanOpKind::kRecord, 0, 0, 0, 3);
+      push(plan, PlanStream::kLocal, PlanOpKind::kWaitEvent, 0, 0, 0, 3);
+      give_token(plan, PlanStream::kLocal, v.arena[r] + L.done_offset(s, me),
+                 mine + L.one_offset());
     }
+    off += pb;
   }
-  own_chunk_and_join(a, me, plan);
+  join_to_user(plan);
 }
 
 }  // namespace
@@ -131,33 +192,48 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
   const uint64_t mine = v.arena[me];
   fork_from_user(plan);
 
-  const uint64_t npieces = (a.bytes + L.slot_bytes - 1) / L.slot_bytes;
-  for (uint64_t j = 0; j < npieces; ++j) {
+  const uint64_t nrounds = (a.bytes + L.slot_bytes - 1) / L.slot_bytes;
+  for (uint64_t j = 0; j < nrounds; ++j) {
     const int s =
         slots.first + static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(slots.count));
     const uint64_t off = j * L.slot_bytes;
-    const uint64_t pb = std::min(L.slot_bytes, a.bytes - off);
-    // Copy-in: take slot s back from every peer, fill it, tell every peer.
-    for (int k = 1; k < n; ++k) {
-      const int p = (me + k) % n;
-      take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, p));
+    uint64_t pieces[kMaxPieces];
+    const int np =
+        split_round(std::min(L.slot_bytes, a.bytes - off), L.first_piece_bytes, j == 0, pieces);
+    // Copy-in: take slot s back from every peer, then fill it piece by piece, telling every
+    // peer about each piece.
+    for (int k = 1; k < n; ++k)
+      take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, (me + k) % n));
+    uint64_t at = 0;
+    for (int q = 0; q < np; ++q) {
+      push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, mine + L.slot_offset(s) + at,
+           a.send + off + at, pieces[q]);
+      for (int k = 1; k < n; ++k) {
+        const int p = (me + k) % n;
+        give_token(plan, PlanStream::kCopyIn, v.arena[p] + L.ready_offset(s, me, q),
+                   mine + L.one_offset());
+      }
+      at += pieces[q];
     }
-    push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy, mine + L.slot_offset(s), a.send + off, pb);
-    for (int k = 1; k < n; ++k) {
-      const int p = (me + k) % n;
-      give_token(plan, PlanStream::kCopyIn, v.arena[p] + L.ready_offset(s, me),
-                 mine + L.one_offset());
+    // Pull: peers in rotated order so that no peer is read by everyone at once; the slot is
+    // handed back once per round.
+    at = 0;
+    for (int q = 0; q < np; ++q) {
+      for (int k = 1; k < n; ++k) {
+        const int p = (me + n - k) % n;
+        take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, p, q));
+        push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + p * a.bytes + off + at,
+             v.arena[p] + L.slot_offset(s) + at, pieces[q]);
+      }
+      at += pieces[q];
     }
-    // Pull: peers in rotated order so that no peer is read by everyone at once.
     for (int k = 1; k < n; ++k) {
       const int p = (me + n - k) % n;
-      take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, p));
-      push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + p * a.bytes + off,
-           v.arena[p] + L.slot_offset(s), pb);
       give_token(plan, PlanStream::kPull, v.arena[p] + L.done_offset(s, me), mine + L.one_offset());
     }
   }
-  own_chunk_and_join(a, me, plan);
+  own_chunk(a, me, PlanStream::kCopyIn, plan);  // after every copy-in of the op
+  join_to_user(plan);
 }
 
 }  // namespace zc

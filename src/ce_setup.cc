@@ -17,6 +17,19 @@
 namespace zc {
 namespace {
 
+// The pool's layout for a communicator of `nranks`. Push sends a piece of up to
+// ZEROCTA_CHUNK_BYTES to each peer through one slot (n-1 sub-slots); pull copies up to one
+// chunk into a slot. Either way at least 8 slots (6 for eager ops, 2 for CUDA graphs): on
+// H200 a slot handed back by a peer can take a whole piece's transfer time to come back
+// (the flag queues behind that peer's own copy), so an op needs slots to spare.
+ArenaLayout layout_for(const Config& cfg, int nranks) {
+  const bool push = cfg.ce_direction == CeDirectionMode::kPush;
+  uint64_t slot = cfg.chunk_bytes * static_cast<uint64_t>(push ? nranks - 1 : 1);
+  const uint64_t eighth = (cfg.pool_bytes / 8) & ~uint64_t{4095};
+  if (eighth > 0) slot = std::min(slot, eighth);
+  return ArenaLayout::make(cfg.pool_bytes, slot);
+}
+
 constexpr uint64_t kFactsMagic = 0x7a65726f63746131ull;  // "zeroctа1"
 
 // The first fields of NCCL 2.28's struct ncclWindow_vidmem (nccl_device/impl/core__types.h):
@@ -143,7 +156,6 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     if (c->nranks < 2 || c->nranks > kMaxRanks)
       return give_up(comms, "communicator size outside 2..64");
   auto t0 = std::chrono::steady_clock::now();
-  const ArenaLayout layout = ArenaLayout::make(cfg.pool_bytes, cfg.chunk_bytes);
   std::vector<Scratch> scratch(comms.size());
 
   // 1. Facts.
@@ -155,7 +167,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     f.magic = kFactsMagic;
     f.host_hash = host_hash();
     f.fingerprint = cfg.fingerprint;
-    f.pool_bytes = layout.arena_bytes();
+    f.pool_bytes = layout_for(cfg, c.nranks).arena_bytes();
     f.nccl_version = real_nccl_version();
     f.rank = c.rank;
     CUdevice d;
@@ -216,7 +228,8 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     }
     if (s.local_ok && !verdict) {
       c.ce.reset(new CeComm);
-      c.ce->layout = layout;
+      c.ce->layout = layout_for(cfg, c.nranks);
+      const ArenaLayout& layout = c.ce->layout;
       c.ce->view.rank = c.rank;
       c.ce->view.nranks = c.nranks;
       if (nccl->ncclMemAlloc(&c.ce->arena, layout.arena_bytes()) != ncclSuccess) {
@@ -282,6 +295,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       CUdeviceptr a = reinterpret_cast<CUdeviceptr>(c.ce->arena);
       CUstream st = scratch[i].stream;
       uint32_t marker = marker_for(c.rank, cfg.fingerprint);
+      const ArenaLayout& layout = c.ce->layout;
       bool ok = cu->cuMemsetD32Async(a, 0, layout.flags_bytes / 4, st) == CUDA_SUCCESS;
       for (int s = 0; s < layout.nslots && ok; ++s)
         ok = cu->cuMemsetD32Async(a + layout.done_offset(s, 0), 1, kMaxRanks, st) == CUDA_SUCCESS;
@@ -293,8 +307,8 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     ncclResult_t r = grouped(*nccl, comms, [&](CommState& c) {
       ScopedDevice dev(c.device);
       c.ce->window = nullptr;
-      return nccl->ncclCommWindowRegister(c.comm, c.ce->arena, layout.arena_bytes(), &c.ce->window,
-                                          NCCL_WIN_COLL_SYMMETRIC);
+      return nccl->ncclCommWindowRegister(c.comm, c.ce->arena, c.ce->layout.arena_bytes(),
+                                          &c.ce->window, NCCL_WIN_COLL_SYMMETRIC);
     });
     registered = true;
     // 4. Peer pointers from the window, each verified by the marker its owner wrote.
@@ -320,7 +334,8 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
                         (static_cast<uint64_t>(static_cast<uint32_t>(idx) * head.stride_4g) << 32);
         c.ce->view.arena[p] = base;
         uint32_t seen = 0;
-        if (cu->cuMemcpyDtoH(&seen, base + layout.marker_offset(), sizeof seen) != CUDA_SUCCESS ||
+        if (cu->cuMemcpyDtoH(&seen, base + c.ce->layout.marker_offset(), sizeof seen) !=
+                CUDA_SUCCESS ||
             seen != marker_for(p, cfg.fingerprint)) {
           s.local_ok = false;
           s.why = "a peer pointer derived from the window failed verification";
@@ -338,11 +353,13 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     if (scratch[i].dev) cu->cuMemFree(scratch[i].dev);
     if (ok) {
       c.ce->streams[1] = scratch[i].stream;
-      bool good = cu->cuStreamCreate(&c.ce->streams[2], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
-      for (int k = 1; k < 3 && good; ++k)
+      bool good = true;
+      for (int k = 2; k < kPlanStreams && good; ++k)
+        good = cu->cuStreamCreate(&c.ce->streams[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+      for (int k = 1; k < kPlanStreams && good; ++k)
         good =
             cu->cuStreamCreate(&c.ce->capture_streams[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
-      for (int e = 0; e < 3 && good; ++e)
+      for (int e = 0; e < kPlanEvents && good; ++e)
         good = cu->cuEventCreate(&c.ce->events[e], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
                cu->cuEventCreate(&c.ce->capture_events[e], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
       if (!good) {
@@ -352,7 +369,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       }
       c.ce_ready.store(true, std::memory_order_release);
       stats_comm_ce_ready();
-      stats_pool_bytes_add(static_cast<int64_t>(layout.arena_bytes()));
+      stats_pool_bytes_add(static_cast<int64_t>(c.ce->layout.arena_bytes()));
     } else {
       if (c.ce && c.ce->window) nccl->ncclCommWindowDeregister(c.comm, c.ce->window);
       if (c.ce && c.ce->arena) nccl->ncclMemFree(c.ce->arena);
@@ -363,13 +380,15 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
   if (!ok) return give_up(comms, verdict ? verdict : "pool setup failed");
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  for (auto& c : comms)
+  for (auto& c : comms) {
+    const ArenaLayout& layout = c->ce->layout;
     ZC_INFO(
-        "copy-engine pool ready: rank %d/%d dev %d, %d slots x %llu B (%llu B of GPU memory), "
-        "set up in %.1f ms",
-        c->rank, c->nranks, c->device, layout.nslots,
-        static_cast<unsigned long long>(layout.slot_bytes),
+        "copy-engine pool ready: rank %d/%d dev %d, %s, %d slots x %llu B (%llu B of GPU "
+        "memory), set up in %.1f ms",
+        c->rank, c->nranks, c->device, cfg.ce_direction == CeDirectionMode::kPush ? "push" : "pull",
+        layout.nslots, static_cast<unsigned long long>(layout.slot_bytes),
         static_cast<unsigned long long>(layout.arena_bytes()), ms);
+  }
 }
 
 void ce_release_waits(CommState& st) {
@@ -387,9 +406,10 @@ void ce_release_waits(CommState& st) {
   for (int round = 0; round < 2000; ++round) {
     cu->cuMemsetD32Async(a, 1, ce->layout.one_offset() / 4, s);
     cu->cuStreamSynchronize(s);
-    if (cu->cuStreamQuery(ce->streams[1]) == CUDA_SUCCESS &&
-        cu->cuStreamQuery(ce->streams[2]) == CUDA_SUCCESS)
-      break;
+    bool drained = true;
+    for (int k = 1; k < kPlanStreams; ++k)
+      drained = drained && cu->cuStreamQuery(ce->streams[k]) == CUDA_SUCCESS;
+    if (drained) break;
     usleep(1000);
   }
   cu->cuStreamDestroy(s);
@@ -412,14 +432,14 @@ void ce_teardown(CommState& st, bool aborting) {
   const RealNccl* nccl = real_nccl();
   if (!cu || !nccl) return;
   ScopedDevice dev(st.device);
-  for (int i = 1; i < 3; ++i) {
+  for (int i = 1; i < kPlanStreams; ++i) {
     if (ce->streams[i]) {
       if (!aborting) cu->cuStreamSynchronize(ce->streams[i]);
       cu->cuStreamDestroy(ce->streams[i]);
     }
     if (ce->capture_streams[i]) cu->cuStreamDestroy(ce->capture_streams[i]);
   }
-  for (int e = 0; e < 3; ++e) {
+  for (int e = 0; e < kPlanEvents; ++e) {
     if (ce->events[e]) cu->cuEventDestroy(ce->events[e]);
     if (ce->capture_events[e]) cu->cuEventDestroy(ce->capture_events[e]);
   }

@@ -21,13 +21,14 @@ struct CeComm {
   RankView view;
   void* arena = nullptr;  // ncclMemAlloc'ed, registered as `window`
   ncclWindow_t window = nullptr;
-  CUstream streams[3] = {};  // index 0 unused (the user's stream), then copy-in, pull
-  CUevent events[3] = {};
+  // Index 0 unused (the user's stream), then copy-in, pull, local (PlanStream order).
+  CUstream streams[kPlanStreams] = {};
+  CUevent events[kPlanEvents] = {};
   uint64_t slot_cursor = 0;  // running slot counter, identical on every rank
   // Captured ops: their own streams, events and slot range (a graph replay must never share
   // a flag with an eager op in flight).
-  CUstream capture_streams[3] = {};
-  CUevent capture_events[3] = {};
+  CUstream capture_streams[kPlanStreams] = {};
+  CUevent capture_events[kPlanEvents] = {};
   uint64_t capture_cursor = 0;
   std::vector<PlanOp> plan;  // reused buffer for building plans
 };

@@ -95,15 +95,17 @@ const std::vector<VarSpec>& specs() {
         "Route of all-gathers: nccl = NCCL decides (its CE path on application windows); auto = "
         "zerocta's copy engines from ZEROCTA_MIN_BYTES up; zerocta = always; off = untouched."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
-      {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "16M",
+      {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
        [](const char* t, Config* c) { return parse_size(t, &c->min_bytes); }},
-      {{kPoolName, "size", "a size of at least 2 * ZEROCTA_CHUNK_BYTES", "256M",
-        "GPU memory of each communicator's symmetric pool, fixed for its life; larger "
-        "all-gathers are chunked through it."},
+      {{kPoolName, "size", "a size of at least 2 * ZEROCTA_CHUNK_BYTES", "1G",
+        "GPU memory of each communicator's symmetric pool (allocated when a communicator is "
+        "created with the copy-engine route on), fixed for its life; larger all-gathers are "
+        "chunked through it."},
        [](const char* t, Config* c) { return parse_size(t, &c->pool_bytes); }},
-      {{kChunkName, "size", "a size of at least 64K that is a multiple of 4K", "32M",
-        "Pipeline piece of the copy-engine all-gather."},
+      {{kChunkName, "size", "a size of at least 64K that is a multiple of 4K", "128M",
+        "Largest piece the copy-engine all-gather sends to one peer at once (push) or stages "
+        "(pull); the pool keeps at least 8 slots, which may make pieces smaller."},
        [](const char* t, Config* c) {
          uint64_t v = 0;
          if (!parse_size(t, &v) || v < kMinChunkBytes || v % kChunkGranule != 0) return false;

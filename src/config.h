@@ -17,20 +17,20 @@ enum class AllGatherMode { kAuto, kZerocta, kNccl, kNcclStaged, kOff };
 enum class CeDirectionMode { kPush, kPull };
 
 // Defaults of the size variables; config_table() shows the same values as text.
-constexpr uint64_t kDefaultMinBytes = 16ull << 20;
-constexpr uint64_t kDefaultPoolBytes = 256ull << 20;
-constexpr uint64_t kDefaultChunkBytes = 32ull << 20;
+constexpr uint64_t kDefaultMinBytes = 64ull << 20;
+constexpr uint64_t kDefaultPoolBytes = 1ull << 30;
+constexpr uint64_t kDefaultChunkBytes = 128ull << 20;
 // A chunk is a multiple of the copy engines' page-friendly granule and not tiny.
 constexpr uint64_t kChunkGranule = 4ull << 10;
 constexpr uint64_t kMinChunkBytes = 64ull << 10;
 
 // A default-constructed Config holds every documented default (no variable set).
 struct Config {
-  bool enable = true;                                     // ZEROCTA_ENABLE
-  bool strict = false;                                    // ZEROCTA_STRICT
-  LogLevel log = LogLevel::kWarn;                         // ZEROCTA_LOG
-  CtaPolicyMode cta_policy = CtaPolicyMode::kZero;        // ZEROCTA_CTA_POLICY
-  bool cta_policy_force = false;                          // ZEROCTA_CTA_POLICY_FORCE
+  bool enable = true;                               // ZEROCTA_ENABLE
+  bool strict = false;                              // ZEROCTA_STRICT
+  LogLevel log = LogLevel::kWarn;                   // ZEROCTA_LOG
+  CtaPolicyMode cta_policy = CtaPolicyMode::kZero;  // ZEROCTA_CTA_POLICY
+  bool cta_policy_force = false;                    // ZEROCTA_CTA_POLICY_FORCE
   // nccl until zerocta's copy-engine route beats NCCL's kernel path (docs/PERFORMANCE.md).
   AllGatherMode allgather = AllGatherMode::kNccl;         // ZEROCTA_ALLGATHER
   uint64_t min_bytes = kDefaultMinBytes;                  // ZEROCTA_MIN_BYTES (total output bytes)

@@ -1,5 +1,6 @@
-# zerocta-bench (tools/zerocta_bench/): all-gather paths side by side on the local GPUs, and
-# tools/zerocta-plot for its JSON. Needs nvcc (sm_90 kernels), libcudart, libnccl and libcublas;
+# zerocta-bench (tools/zerocta_bench/): a collective's paths side by side on the local GPUs
+# (all-gather routes, and the zero-CTA policy's effect on any op), and tools/zerocta-plot for
+# its JSON. Needs nvcc (sm_90 kernels), libcudart, libnccl and libcublas;
 # without them the bench is skipped with a message and the rest of the build goes on.
 include(CheckLanguage)
 check_language(CUDA)
@@ -44,8 +45,8 @@ target_link_libraries(zerocta-bench PRIVATE ${ZEROCTA_NCCL_LIBRARY} ${ZEROCTA_CU
 install(TARGETS zerocta-bench RUNTIME DESTINATION bin)
 install(PROGRAMS ${CMAKE_CURRENT_LIST_DIR}/zerocta-plot DESTINATION bin)
 
-# CPU tests (no GPU needed): the self-test, a full run on fake GPUs (launcher, protocol,
-# tables, JSON, fault handling) and the plot script on that JSON. The top level enables testing
+# CPU tests (no GPU needed): the self-test, full runs on fake GPUs of every --op (launcher,
+# protocol, tables, JSON, fault handling) and the plot script on that JSON. The top level enables testing
 # only after add_subdirectory(tools), so enable it here for this directory as well.
 if(NOT ZEROCTA_BUILD_TESTS)
   return()

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <cupti.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -20,8 +21,14 @@ constexpr size_t kMaxNames = 8;
 std::atomic<uint64_t> g_window_start{UINT64_MAX};
 std::atomic<int> g_kernels{0};
 std::atomic<int> g_memcpys{0};
-std::mutex g_names_mutex;
+std::mutex g_names_mutex;  // guards g_names and g_copies
 std::vector<std::string> g_names;
+std::vector<CopyRecord> g_copies;
+
+void keep_copy(const CopyRecord& c) {
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  g_copies.push_back(c);
+}
 
 void check_cupti(CUptiResult res, const char* call) {
   if (res == CUPTI_SUCCESS) return;
@@ -50,16 +57,23 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         if (g_names.size() < kMaxNames) g_names.push_back(k->name ? k->name : "?");
         break;
       }
-      case CUPTI_ACTIVITY_KIND_MEMCPY:
-        if (reinterpret_cast<CUpti_ActivityMemcpy6*>(record)->start >= window_start) {
-          g_memcpys.fetch_add(1);
-        }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(record);
+        if (m->start < window_start) break;
+        g_memcpys.fetch_add(1);
+        keep_copy({m->start, m->end, m->bytes, m->streamId, m->channelID,
+                   static_cast<uint32_t>(m->channelType), m->copyKind, -1, -1});
         break;
-      case CUPTI_ACTIVITY_KIND_MEMCPY2:
-        if (reinterpret_cast<CUpti_ActivityMemcpyPtoP4*>(record)->start >= window_start) {
-          g_memcpys.fetch_add(1);
-        }
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY2: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpyPtoP4*>(record);
+        if (m->start < window_start) break;
+        g_memcpys.fetch_add(1);
+        keep_copy({m->start, m->end, m->bytes, m->streamId, m->channelID,
+                   static_cast<uint32_t>(m->channelType), m->copyKind,
+                   static_cast<int>(m->srcDeviceId), static_cast<int>(m->dstDeviceId)});
         break;
+      }
       default:
         break;
     }
@@ -88,6 +102,7 @@ void cupti_begin_window() {
   {
     std::lock_guard<std::mutex> lock(g_names_mutex);
     g_names.clear();
+    g_copies.clear();
   }
   uint64_t now = 0;
   check_cupti(cuptiGetTimestamp(&now), "cuptiGetTimestamp");
@@ -102,6 +117,9 @@ ActivityCounts cupti_end_window() {
   counts.memcpys = g_memcpys.load();
   std::lock_guard<std::mutex> lock(g_names_mutex);
   counts.kernel_names = g_names;
+  counts.copies = g_copies;
+  std::sort(counts.copies.begin(), counts.copies.end(),
+            [](const CopyRecord& a, const CopyRecord& b) { return a.start < b.start; });
   g_window_start = UINT64_MAX;
   return counts;
 }

@@ -52,6 +52,20 @@ __global__ void guard_kernel(const uint8_t* p, size_t len, uint8_t value, unsign
 
 __global__ void noop_kernel() {}
 
+__global__ void read_globaltimer(unsigned long long* out) {
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  *out = now;
+}
+
+// Every thread spins until the global timer passes `until_ns`.
+__global__ void spin_kernel(unsigned long long until_ns) {
+  unsigned long long now;
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now < until_ns);
+}
+
 }  // namespace
 
 void reset_verify_counts(VerifyCounts* device_counts, cudaStream_t stream) {
@@ -82,5 +96,24 @@ void verify_guard(const void* p, size_t len, uint8_t value, unsigned long long o
 }
 
 void launch_noop_kernel(cudaStream_t stream) { noop_kernel<<<1, 1, 0, stream>>>(); }
+
+void launch_all_sm_spin(double ms, cudaStream_t stream) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spin_kernel, 1024, 0);
+  // The deadline is read on the device when the first block starts: the host clock and the
+  // global timer are not the same clock, so pass a duration through a first tiny launch.
+  unsigned long long start = 0;
+  cudaDeviceSynchronize();
+  unsigned long long* d = nullptr;
+  cudaMalloc(&d, sizeof(*d));
+  read_globaltimer<<<1, 1, 0, stream>>>(d);
+  cudaMemcpyAsync(&start, d, sizeof(start), cudaMemcpyDeviceToHost, stream);
+  cudaStreamSynchronize(stream);
+  cudaFree(d);
+  const unsigned long long until = start + static_cast<unsigned long long>(ms * 1e6);
+  spin_kernel<<<sms*(per_sm > 0 ? per_sm : 1), 1024, 0, stream>>>(until);
+}
 
 }  // namespace zgpu

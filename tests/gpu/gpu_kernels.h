@@ -56,4 +56,8 @@ void verify_guard(const void* p, size_t len, uint8_t value, unsigned long long o
 // Launches an empty kernel (one thread).
 void launch_noop_kernel(cudaStream_t stream);
 
+// Fills every SM with spinning blocks for about `ms` milliseconds (synchronises the device
+// first). Work that needs an SM cannot start until they end; copy engines can.
+void launch_all_sm_spin(double ms, cudaStream_t stream);
+
 }  // namespace zgpu

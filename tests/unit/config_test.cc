@@ -114,9 +114,9 @@ TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.cta_policy, CtaPolicyMode::kZero);
   EXPECT_FALSE(c.cta_policy_force);
   EXPECT_EQ(c.allgather, AllGatherMode::kNccl);
-  EXPECT_EQ(c.min_bytes, 16ull << 20);
-  EXPECT_EQ(c.pool_bytes, 256ull << 20);
-  EXPECT_EQ(c.chunk_bytes, 32ull << 20);
+  EXPECT_EQ(c.min_bytes, 64ull << 20);
+  EXPECT_EQ(c.pool_bytes, 1ull << 30);
+  EXPECT_EQ(c.chunk_bytes, 128ull << 20);
   EXPECT_EQ(c.stats, "");
   EXPECT_TRUE(c.nvtx);
   EXPECT_EQ(c.nccl_library, "");
@@ -226,9 +226,9 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_CTA_POLICY_FORCE", "0"},
       {"ZEROCTA_ALLGATHER", "nccl"},
       {"ZEROCTA_CE_DIRECTION", "push"},
-      {"ZEROCTA_MIN_BYTES", "16M"},
-      {"ZEROCTA_POOL_BYTES", "256M"},
-      {"ZEROCTA_CHUNK_BYTES", "32M"},
+      {"ZEROCTA_MIN_BYTES", "64M"},
+      {"ZEROCTA_POOL_BYTES", "1G"},
+      {"ZEROCTA_CHUNK_BYTES", "128M"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
@@ -540,20 +540,20 @@ TEST(PoolAndChunk, OneByteShortResetsBoth) {
   const std::string& line = c.errors[0];
   EXPECT_EQ(line.rfind("ZEROCTA_POOL_BYTES=\"67108863\"", 0), 0u) << line;
   EXPECT_NE(line.find("ZEROCTA_CHUNK_BYTES=\"32M\""), std::string::npos) << line;
-  EXPECT_NE(line.find("using the defaults ZEROCTA_POOL_BYTES=\"256M\" and "
-                      "ZEROCTA_CHUNK_BYTES=\"32M\""),
+  EXPECT_NE(line.find("using the defaults ZEROCTA_POOL_BYTES=\"1G\" and "
+                      "ZEROCTA_CHUNK_BYTES=\"128M\""),
             std::string::npos)
       << line;
 }
 
 TEST(PoolAndChunk, ChunkTooLargeForTheDefaultPool) {
-  Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", "256M"}});
+  Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", "1G"}});
   ASSERT_EQ(c.errors.size(), 1u);
-  EXPECT_NE(c.errors[0].find("ZEROCTA_POOL_BYTES=\"256M\""), std::string::npos) << c.errors[0];
-  EXPECT_NE(c.errors[0].find("ZEROCTA_CHUNK_BYTES=\"256M\""), std::string::npos) << c.errors[0];
+  EXPECT_NE(c.errors[0].find("ZEROCTA_POOL_BYTES=\"1G\""), std::string::npos) << c.errors[0];
+  EXPECT_NE(c.errors[0].find("ZEROCTA_CHUNK_BYTES=\"1G\""), std::string::npos) << c.errors[0];
   EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
-  // Just fits: the default pool holds two 128M chunks.
-  EXPECT_TRUE(parse_env({{"ZEROCTA_CHUNK_BYTES", "128M"}}).errors.empty());
+  // Just fits: the default pool holds two 512M chunks.
+  EXPECT_TRUE(parse_env({{"ZEROCTA_CHUNK_BYTES", "512M"}}).errors.empty());
 }
 
 TEST(PoolAndChunk, NoOverflowNearTheTop) {
@@ -569,11 +569,11 @@ TEST(PoolAndChunk, NoOverflowNearTheTop) {
 }
 
 TEST(PoolAndChunk, ABadValueAndTheCrossCheckEachGiveALine) {
-  // The bad chunk keeps its 32M default, which no longer fits the 32M pool.
-  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "32M"}, {"ZEROCTA_CHUNK_BYTES", "lots"}});
+  // The bad chunk keeps its 128M default, which does not fit the 128M pool.
+  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "128M"}, {"ZEROCTA_CHUNK_BYTES", "lots"}});
   ASSERT_EQ(c.errors.size(), 2u);
   EXPECT_EQ(c.errors[0], invalid_line("ZEROCTA_CHUNK_BYTES", "lots"));
-  EXPECT_NE(c.errors[1].find("is less than 2 * ZEROCTA_CHUNK_BYTES=\"32M\""), std::string::npos)
+  EXPECT_NE(c.errors[1].find("is less than 2 * ZEROCTA_CHUNK_BYTES=\"128M\""), std::string::npos)
       << c.errors[1];
   EXPECT_EQ(c.pool_bytes, Config{}.pool_bytes);
   EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
@@ -656,7 +656,7 @@ TEST(Fingerprint, LocalOnlySettingsDoNotChangeIt) {
 
 TEST(Fingerprint, DependsOnValuesNotSpelling) {
   const uint64_t base = parse_env({}).fingerprint;
-  for (const char* spelled : {"16M", "16m", "16MiB", "16384K", "16777216"}) {
+  for (const char* spelled : {"64M", "64m", "64MiB", "65536K", "67108864"}) {
     EXPECT_EQ(parse_env({{"ZEROCTA_MIN_BYTES", spelled}}).fingerprint, base) << spelled;
   }
   EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "ZERO"}}).fingerprint, base);

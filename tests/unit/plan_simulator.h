@@ -1,7 +1,7 @@
-// A simulator for copy-engine plans (ce_plan.h): N ranks, each with three in-order streams,
-// run against each other on host memory. A seeded random scheduler advances one stream op
-// at a time (a copy in up to four steps, so other streams run while it is in flight), which
-// explores many interleavings. It reports a deadlock as "no stream can run", and a race when
+// A simulator for copy-engine plans (ce_plan.h): N ranks, each with in-order streams (user,
+// copy-in, pull, local), run against each other on host memory. A seeded random scheduler advances
+// one stream op at a time (a copy in up to four steps, so other streams run while it is in flight),
+// which explores many interleavings. It reports a deadlock as "no stream can run", and a race when
 // an op touches memory that an unfinished copy on another stream reads or writes (at least
 // one of the two writing). Header-only, so the unit-test glob needs no change.
 //
@@ -28,7 +28,7 @@ using zc::PlanOpKind;
 using zc::PlanStream;
 
 constexpr int kStreams = static_cast<int>(PlanStream::kCount);
-constexpr int kEvents = 3;  // per rank and communicator
+constexpr int kEvents = zc::kPlanEvents;  // per rank and communicator
 constexpr uint64_t kFlagBytes = 4;
 
 inline uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }

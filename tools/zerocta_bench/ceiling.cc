@@ -20,8 +20,8 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
   setup_peer_gpu(g, n, ch);
   const int elem = o.dtype.bytes;
   SweepBuffers sb = sweep_buffers(o, n);
-  ZCB_CUDA(cudaMalloc(&(*bufs)[g].recv, sb.max_total));
-  ZCB_CUDA(cudaMalloc(&(*bufs)[g].send, sb.max_chunk));
+  ZCB_CUDA(cudaMalloc(&(*bufs)[g].recv, sb.max_recv));
+  ZCB_CUDA(cudaMalloc(&(*bufs)[g].send, sb.max_send));
   cudaStream_t stream;
   ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   IterTimer timer(o.iters);

@@ -19,6 +19,18 @@ int64_t WrongCounter::count(const void* recv, size_t chunk_bytes, int nchunks, i
                             uint64_t seed, int skip_chunk, cudaStream_t stream) {
   ZCB_CUDA(cudaMemsetAsync(d_wrong_, 0, sizeof(*d_wrong_), stream));
   launch_count_wrong(recv, chunk_bytes, nchunks, elem_bytes, seed, skip_chunk, d_wrong_, stream);
+  return collect(stream);
+}
+
+int64_t WrongCounter::count_sum(const void* out, uint64_t n, uint64_t base, int nranks,
+                                ncclDataType_t type, const ReducePattern& p, cudaStream_t stream) {
+  ZCB_CUDA(cudaMemsetAsync(d_wrong_, 0, sizeof(*d_wrong_), stream));
+  if (!launch_count_wrong_sum(out, n, base, nranks, type, p, d_wrong_, stream))
+    fatal("no reduction check for data type %d", static_cast<int>(type));
+  return collect(stream);
+}
+
+int64_t WrongCounter::collect(cudaStream_t stream) {
   ZCB_CUDA(cudaGetLastError());
   ZCB_CUDA(cudaMemcpyAsync(h_wrong_, d_wrong_, sizeof(*d_wrong_), cudaMemcpyDeviceToHost, stream));
   ZCB_CUDA(cudaStreamSynchronize(stream));

@@ -2,9 +2,12 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "reduce_pattern.h"
 
 namespace zcb {
 
@@ -23,8 +26,13 @@ class WrongCounter {
   // Counts wrong elements of recv (see launch_count_wrong); synchronizes stream.
   int64_t count(const void* recv, size_t chunk_bytes, int nchunks, int elem_bytes, uint64_t seed,
                 int skip_chunk, cudaStream_t stream);
+  // Counts elements of a reduction's output that differ from the exact sum (see
+  // launch_count_wrong_sum); synchronizes stream.
+  int64_t count_sum(const void* out, uint64_t n, uint64_t base, int nranks, ncclDataType_t type,
+                    const ReducePattern& p, cudaStream_t stream);
 
  private:
+  int64_t collect(cudaStream_t stream);  // launches done: copy the count back, synchronize
   unsigned long long* d_wrong_ = nullptr;
   unsigned long long* h_wrong_ = nullptr;
 };

@@ -186,7 +186,7 @@ void run_nccl_contention(const Options& o, PathId path, int rank, int nranks, Ch
   ContentionMsg m = run_contention_rank(c);
   nr.check_async_error();
   ch->send(kMsgContention, &m, sizeof(m));
-  send_shim_totals(ch, rank);
+  send_shim_totals(ch, rank, zerocta_op_allgather);
 }
 
 void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {

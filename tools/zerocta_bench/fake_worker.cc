@@ -1,6 +1,8 @@
 // Synthetic worker for --fake-gpus (see worker.h). The numbers follow a simple bandwidth model
-// per path; everything else (unique-id forwarding, barriers, shim detection, route counters,
-// faults) goes through the same protocol as the real workers.
+// per path and op, and a simple start-up model; everything else (unique-id forwarding,
+// barriers, shim detection, init times, route counters, policy counters, faults) goes through
+// the same protocol as the real workers. ZCB_FAKE_NO_POLICY=<path> makes the shim report
+// communicators without the zero-CTA policy.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -25,6 +27,10 @@ double model_peak(PathId p) {
   switch (p) {
     case PathId::kNcclKernel:
       return 520;
+    case PathId::kNcclPolicy:
+      return 515;
+    case PathId::kZeroctaPolicy:
+      return 514;
     case PathId::kNcclCe:
       return 640;
     case PathId::kZerocta:
@@ -40,6 +46,22 @@ double model_time_us(PathId p, uint64_t bytes, int in_place, int rank) {
   const double half = 8.0 * (1 << 20);  // size at which the model reaches half its peak
   const double algbw = model_peak(p) * (in_place ? 1.05 : 1.0) * bytes / (bytes + half);
   return bytes / (algbw * 1e3) * (1.0 + 0.01 * rank);
+}
+
+// The same model for any op: an all-gather's time at the same bus traffic.
+double model_op_time_us(PathId p, CollOp op, uint64_t bytes, int nranks, int in_place, int rank) {
+  return model_time_us(p, bytes, in_place, rank) * bus_factor(op, nranks) /
+         bus_factor(CollOp::kAllGather, nranks);
+}
+
+// Start-up model (ms): NCCL's init, a little more with a config, the shim's pool when its
+// copy-engine route is on; the first op pays NCCL's lazy connection set-up.
+void model_init(PathId p, int rank, InitTimesMsg* m) {
+  m->init_ms = 300.0 + 7.0 * rank;
+  if (path_sets_zero_policy(p)) m->init_ms += 4.0;
+  if (path_uses_shim(p)) m->init_ms += 2.0;
+  if (p == PathId::kZerocta || p == PathId::kZeroctaAuto) m->init_ms += 186.0;
+  m->first_op_ms = 40.0 + rank + (p == PathId::kZerocta ? 5.0 : 0.0);
 }
 
 void send_hello(Channel* ch, int rank, PathId path) {
@@ -71,11 +93,17 @@ void exchange_id(Channel* ch, int rank, PathId path) {
     fatal("unique id not forwarded intact");
 }
 
-void fill_routes(PathId path, uint64_t bytes, uint64_t calls, bool fallback, uint64_t* r) {
-  if (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20))) {
+// The shim's routing: only all-gathers of zerocta (and zerocta-auto from 16 MiB) take "ce".
+void fill_routes(PathId path, CollOp op, uint64_t bytes, uint64_t calls, bool fallback,
+                 uint64_t* r) {
+  if (!path_uses_shim(path)) return;
+  const bool ce =
+      op == CollOp::kAllGather &&
+      (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20)));
+  if (ce) {
     r[zerocta_route_ce] = calls - (fallback ? 1 : 0);
     r[zerocta_route_passthrough] = fallback ? 1 : 0;
-  } else if (path == PathId::kZeroctaAuto) {
+  } else {
     r[zerocta_route_passthrough] = calls;
   }
 }
@@ -99,27 +127,41 @@ void fake_rank(const Options& o, PathId path, int rank, int nranks, Channel* ch)
     m.covered = 1;
     m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + m.ag_ops * m.ag_alone_ms;
     m.makespan_ms = std::max(o.gemm_iters * m.gemm_overlap_ms, m.ag_ops * m.ag_overlap_ms);
-    fill_routes(path, bytes, static_cast<uint64_t>(m.ag_ops) + 3 + 20, false, m.route_calls);
+    fill_routes(path, CollOp::kAllGather, bytes, static_cast<uint64_t>(m.ag_ops) + 3 + 20, false,
+                m.route_calls);
     ch->send(kMsgContention, &m, sizeof(m));
     return;
   }
+  ch->agree_max(0);  // the barrier before ncclCommInitRank
   std::vector<uint64_t> sizes = sweep_sizes(o);
+  bool first = true;
+  uint64_t totals[zerocta_route_count] = {};  // the shim's whole-run counters
   for (size_t si = 0; si < sizes.size(); ++si) {
-    const uint64_t count = per_rank_count(sizes[si], nranks, o.dtype.bytes);
-    if (count == 0) continue;
+    const CollShape s = sweep_shape(o, sizes[si], nranks);
+    if (s.count == 0) continue;
+    if (first) {
+      fill_routes(path, o.op, s.bytes, 1, false, totals);
+      ch->agree_max(0);  // the barrier before the first op
+      InitTimesMsg it{};
+      it.rank = rank;
+      it.first_op_bytes = s.bytes;
+      model_init(path, rank, &it);
+      ch->send(kMsgInitTimes, &it, sizeof(it));
+    }
+    first = false;
     RowMsg row{};
     row.rank = rank;
     row.size_index = static_cast<int32_t>(si);
-    row.count = count;
-    row.bytes = count * o.dtype.bytes * nranks;
+    row.count = s.count;
+    row.bytes = s.bytes;
     const uint64_t calls = (o.check ? 1 : 0) + o.warmups + o.iters;
     for (int ip = 0; ip < 2; ++ip) {
       PlaceResult& pr = ip ? row.ip : row.oop;
-      pr.mean_us = model_time_us(path, row.bytes, ip, rank);
+      pr.mean_us = model_op_time_us(path, o.op, row.bytes, nranks, ip, rank);
       pr.median_us = pr.mean_us * 0.99;
       pr.wrong = !o.check ? -1 : (fault("ZCB_FAKE_WRONG", path) && rank == 1 && si == 0) ? 3 : 0;
-      if (!path_is_single_process(path))
-        fill_routes(path, row.bytes, calls, fault("ZCB_FAKE_FALLBACK", path), pr.route_calls);
+      fill_routes(path, o.op, row.bytes, calls, fault("ZCB_FAKE_FALLBACK", path), pr.route_calls);
+      for (int i = 0; i < zerocta_route_count; ++i) totals[i] += pr.route_calls[i];
     }
     ch->send(kMsgRow, &row, sizeof(row));
     if (si == 0 && rank == nranks - 1) {
@@ -132,7 +174,8 @@ void fake_rank(const Options& o, PathId path, int rank, int nranks, Channel* ch)
     ShimTotalsMsg t{};
     t.rank = rank;
     t.comms_created = 1;
-    t.comms_zero_policy = 1;
+    t.comms_zero_policy = fault("ZCB_FAKE_NO_POLICY", path) ? 0 : 1;
+    for (int i = 0; i < zerocta_route_count; ++i) t.op_calls[i] = totals[i];
     ch->send(kMsgShimTotals, &t, sizeof(t));
   }
 }

@@ -1,4 +1,8 @@
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -65,6 +69,59 @@ __global__ void fill_bf16(__nv_bfloat16* dst, uint64_t n, uint64_t seed) {
   }
 }
 
+// How a reduction's element type is made from an exact integer and compared with the expected
+// value: integers exactly (unsigned ones wrap like NCCL's sum), floating types by value, so
+// a NaN never matches.
+template <typename T>
+struct Num {
+  __device__ static T from_int(int64_t v) { return static_cast<T>(v); }
+  __device__ static bool equal(T a, T b) { return a == b; }
+};
+template <>
+struct Num<__half> {
+  __device__ static __half from_int(int64_t v) { return __float2half_rn(static_cast<float>(v)); }
+  __device__ static bool equal(__half a, __half b) { return __half2float(a) == __half2float(b); }
+};
+template <>
+struct Num<__nv_bfloat16> {
+  __device__ static __nv_bfloat16 from_int(int64_t v) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  }
+  __device__ static bool equal(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __bfloat162float(a) == __bfloat162float(b);
+  }
+};
+template <typename F8>
+struct NumF8 {
+  __device__ static F8 from_int(int64_t v) { return F8(static_cast<float>(v)); }
+  __device__ static bool equal(F8 a, F8 b) {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+};
+template <>
+struct Num<__nv_fp8_e4m3> : NumF8<__nv_fp8_e4m3> {};
+template <>
+struct Num<__nv_fp8_e5m2> : NumF8<__nv_fp8_e5m2> {};
+
+template <typename T>
+__global__ void fill_reduce_input(T* dst, uint64_t n, ReducePattern p, int rank) {
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x)
+    dst[i] = Num<T>::from_int(reduce_input_value(p, i, rank));
+}
+
+template <typename T>
+__global__ void count_wrong_sum(const T* out, uint64_t n, uint64_t base, int nranks,
+                                ReducePattern p, unsigned long long* wrong) {
+  unsigned local = 0;
+  for (uint64_t j = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<uint64_t>(gridDim.x) * blockDim.x)
+    local += !Num<T>::equal(out[j], Num<T>::from_int(reduce_expected_sum(p, base + j, nranks)));
+  // As in count_wrong: every lane gets here.
+  unsigned sum = __reduce_add_sync(0xffffffffu, local);
+  if ((threadIdx.x & 31) == 0 && sum) atomicAdd(wrong, static_cast<unsigned long long>(sum));
+}
+
 unsigned blocks_for(uint64_t n) {
   uint64_t b = (n + kThreads - 1) / kThreads;
   if (b == 0) b = 1;
@@ -86,6 +143,51 @@ void count_typed(const void* recv, size_t chunk_bytes, int nchunks, uint64_t see
   if (per_chunk == 0 || nchunks <= 0) return;
   count_wrong<T><<<blocks_for(per_chunk * nchunks), kThreads, 0, s>>>(
       static_cast<const T*>(recv), per_chunk, nchunks, seed, skip_chunk, wrong);
+}
+
+// Calls f with a null pointer of the C++ type of an NCCL data type (false for an unknown one).
+template <typename F>
+bool with_type(ncclDataType_t type, F f) {
+  switch (type) {
+    case ncclInt8:
+      f(static_cast<int8_t*>(nullptr));
+      return true;
+    case ncclUint8:
+      f(static_cast<uint8_t*>(nullptr));
+      return true;
+    case ncclInt32:
+      f(static_cast<int32_t*>(nullptr));
+      return true;
+    case ncclUint32:
+      f(static_cast<uint32_t*>(nullptr));
+      return true;
+    case ncclInt64:
+      f(static_cast<int64_t*>(nullptr));
+      return true;
+    case ncclUint64:
+      f(static_cast<uint64_t*>(nullptr));
+      return true;
+    case ncclFloat16:
+      f(static_cast<__half*>(nullptr));
+      return true;
+    case ncclFloat32:
+      f(static_cast<float*>(nullptr));
+      return true;
+    case ncclFloat64:
+      f(static_cast<double*>(nullptr));
+      return true;
+    case ncclBfloat16:
+      f(static_cast<__nv_bfloat16*>(nullptr));
+      return true;
+    case ncclFloat8e4m3:
+      f(static_cast<__nv_fp8_e4m3*>(nullptr));
+      return true;
+    case ncclFloat8e5m2:
+      f(static_cast<__nv_fp8_e5m2*>(nullptr));
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -125,6 +227,26 @@ void launch_count_wrong(const void* recv, size_t chunk_bytes, int nchunks, int e
       count_typed<uint64_t>(recv, chunk_bytes, nchunks, seed, skip_chunk, d_wrong, stream);
       break;
   }
+}
+
+bool launch_fill_reduce_input(void* dst, uint64_t n, ncclDataType_t type, const ReducePattern& p,
+                              int rank, cudaStream_t stream) {
+  if (n == 0) return true;
+  return with_type(type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    fill_reduce_input<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), n, p, rank);
+  });
+}
+
+bool launch_count_wrong_sum(const void* out, uint64_t n, uint64_t base, int nranks,
+                            ncclDataType_t type, const ReducePattern& p,
+                            unsigned long long* d_wrong, cudaStream_t stream) {
+  if (n == 0) return true;
+  return with_type(type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    count_wrong_sum<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(out), n, base,
+                                                               nranks, p, d_wrong);
+  });
 }
 
 void launch_fill_bf16(void* dst, size_t n, uint64_t seed, cudaStream_t stream) {

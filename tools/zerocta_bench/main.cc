@@ -1,4 +1,4 @@
-// zerocta-bench: all-gather paths side by side (see --help). The parent never touches CUDA:
+// zerocta-bench: one collective's paths side by side (see --help). The parent never touches CUDA:
 // it probes the GPUs in a forked child and runs every path in rank processes of its own
 // (launcher.h), so each path gets a fresh process environment and a hang costs one path only.
 #include <limits.h>
@@ -110,13 +110,15 @@ double print_plan(const Options& o, int nranks) {
   for (PathId p : o.paths) {
     double e = estimate_sweep_s(o, p, nranks);
     total += e;
-    printf("#   sweep      %-13s ~%5.0f s (limit %d s)\n", path_name(p), e, path_timeout_s(o, e));
+    printf("#   sweep      %-13s %-14s ~%5.0f s (limit %d s)\n", op_name(o.op), path_name(p), e,
+           path_timeout_s(o, e));
   }
   if (o.contention)
     for (PathId p : o.contention_paths) {
       double e = estimate_contention_s(o, p, nranks);
       total += e;
-      printf("#   contention %-13s ~%5.0f s (limit %d s)\n", path_name(p), e, path_timeout_s(o, e));
+      printf("#   contention %-13s %-14s ~%5.0f s (limit %d s)\n", "allgather", path_name(p), e,
+             path_timeout_s(o, e));
     }
   printf("#   total ~%.0f s; whole-run deadline %d s (paths not started by then are SKIPPED)\n",
          total, o.deadline_s);
@@ -128,6 +130,13 @@ double print_plan(const Options& o, int nranks) {
 int next_limit(const Options& o, double estimate, Clock::time_point start) {
   const int left = o.deadline_s - static_cast<int>(since(start));
   return std::min(path_timeout_s(o, estimate), left);
+}
+
+// zerocta-policy measures the shim's policy, so every rank must report that every
+// communicator it created got NCCL_CTA_POLICY_ZERO.
+bool policy_applied(const PathResult& r, int nranks) {
+  return r.shim_reports == nranks && r.comms_created >= static_cast<uint64_t>(nranks) &&
+         r.comms_zero_policy == r.comms_created;
 }
 
 void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string>& args,
@@ -150,20 +159,24 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
       memcpy(&ri.hello, p.data(), sizeof(HelloMsg));
       r->ranks.push_back(ri);
       print_rank_line(stdout, ri.hello, *b);
+    } else if (type == kMsgInitTimes && p.size() == sizeof(InitTimesMsg)) {
+      InitTimesMsg m;
+      memcpy(&m, p.data(), sizeof(m));
+      add_init(r, m, b->nranks);
     } else if (type == kMsgRow && p.size() == sizeof(RowMsg)) {
       RowMsg m;
       memcpy(&m, p.data(), sizeof(m));
-      if (add_row(r, m, b->nranks)) {
+      if (add_row(r, m, b->nranks, o.op)) {
         if (!r->header_printed) print_table_header(stdout, shim);
         r->header_printed = true;
-        printf("%s\n", format_row(r->rows[m.size_index], o.dtype.name, shim).c_str());
+        printf("%s\n", format_row(r->rows[m.size_index], o.op, o.dtype.name, shim).c_str());
         fflush(stdout);
       }
     } else if (type == kMsgShimTotals && p.size() == sizeof(ShimTotalsMsg)) {
       ShimTotalsMsg m;
       memcpy(&m, p.data(), sizeof(m));
       ++r->shim_reports;
-      for (int i = 0; i < zerocta_route_count; ++i) r->shim_allgather[i] += m.allgather_calls[i];
+      for (int i = 0; i < zerocta_route_count; ++i) r->shim_op_calls[i] += m.op_calls[i];
       r->comms_created += m.comms_created;
       r->comms_zero_policy += m.comms_zero_policy;
       r->comms_ce_ready += m.comms_ce_ready;
@@ -176,7 +189,7 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
   if (out.ok) {
     size_t expected = 0, complete = 0;
     for (size_t i = 0; i < b->sizes.size(); ++i) {
-      if (per_rank_count(b->sizes[i], b->nranks, o.dtype.bytes) == 0) continue;
+      if (sweep_shape(o, b->sizes[i], b->nranks).count == 0) continue;
       ++expected;
       complete += r->complete(i, b->nranks);
     }
@@ -188,7 +201,14 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
     } else if (wrong > 0) {
       r->status = "FAILED";
       r->error = std::to_string(wrong) + " wrong elements";
-    } else if (r->path == PathId::kZerocta && r->non_ce_calls() > 0) {
+    } else if (r->path == PathId::kZeroctaPolicy && !policy_applied(*r, b->nranks)) {
+      r->status = "FAILED";
+      r->error = "the shim created " + std::to_string(r->comms_zero_policy) + " of " +
+                 std::to_string(r->comms_created) + " communicators (" +
+                 std::to_string(r->shim_reports) + " of " + std::to_string(b->nranks) +
+                 " ranks reporting) with NCCL_CTA_POLICY_ZERO; check ZEROCTA_CTA_POLICY and "
+                 "ZEROCTA_ENABLE";
+    } else if (r->path == PathId::kZerocta && o.op == CollOp::kAllGather && r->non_ce_calls() > 0) {
       const std::string msg = std::to_string(r->non_ce_calls()) +
                               " all-gathers did not take zerocta's ce route (see the route column)";
       if (o.allow_fallback)
@@ -279,7 +299,7 @@ int main(int argc, char** argv) {
   }
   if (b.machine.gpu_count < 2 && o.ngpus == 0) {
     printf(
-        "# zerocta-bench: only %d GPU found; an all-gather needs at least 2. Nothing to "
+        "# zerocta-bench: only %d GPU found; the comparison needs at least 2. Nothing to "
         "measure.\n",
         b.machine.gpu_count);
     return kExitOk;
@@ -291,8 +311,8 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (b.nranks < 2) {
-    // One rank has no peer: no copy engine to measure and busbw is 0 by definition.
-    fprintf(stderr, "zerocta-bench: all-gather needs at least 2 ranks (have %d GPU(s))\n",
+    // One rank has no peer: no copy engine, no communication to compare.
+    fprintf(stderr, "zerocta-bench: the comparison needs at least 2 ranks (have %d GPU(s))\n",
             b.nranks);
     return kExitUsage;
   }

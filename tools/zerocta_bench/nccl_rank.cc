@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -61,20 +62,28 @@ NcclRank::NcclRank(PathId path, int rank, int nranks, Channel* ch)
     memcpy(id.internal, m.bytes, sizeof(m.bytes));
   }
 
-  if (path == PathId::kNcclCe) {
-    // What NCCL 2.28 requires for its CE all-gather: the zero-CTA policy in the config...
+  // The init time is the communicator's alone: the CUDA context exists (cudaFree(0)) and every
+  // rank starts the call together, so no rank's process start-up is counted by its peers.
+  ZCB_CUDA(cudaFree(nullptr));
+  ch->agree_max(0);
+  const auto start = std::chrono::steady_clock::now();
+  if (path_sets_zero_policy(path)) {
+    // The zero-CTA policy in the config: what NCCL 2.28 requires for its CE all-gather
+    // (nccl-ce), and all nccl-policy changes.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
     ZCB_NCCL(ncclCommInitRankConfig(&comm_, nranks, id, rank, &config));
   } else {
     ZCB_NCCL(ncclCommInitRank(&comm_, nranks, id, rank));
   }
+  init_ms_ =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 void* NcclRank::alloc(size_t bytes) {
   Buffer b{nullptr, nullptr};
   if (path_ == PathId::kNcclCe) {
-    // ...and both buffers in symmetric windows over ncclMemAlloc (cuMem) memory.
+    // nccl-ce also needs both buffers in symmetric windows over ncclMemAlloc (cuMem) memory.
     ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
     ZCB_NCCL(ncclCommWindowRegister(comm_, b.ptr, bytes, &b.win, NCCL_WIN_COLL_SYMMETRIC));
     if (b.win == nullptr)
@@ -91,7 +100,25 @@ void* NcclRank::alloc(size_t bytes) {
 
 void NcclRank::allgather(const void* send, void* recv, size_t count, ncclDataType_t type,
                          cudaStream_t stream) {
-  ZCB_NCCL(ncclAllGather(send, recv, count, type, comm_, stream));
+  collective(CollOp::kAllGather, send, recv, count, type, stream);
+}
+
+void NcclRank::collective(CollOp op, const void* send, void* recv, size_t count,
+                          ncclDataType_t type, cudaStream_t stream) {
+  switch (op) {
+    case CollOp::kAllGather:
+      ZCB_NCCL(ncclAllGather(send, recv, count, type, comm_, stream));
+      break;
+    case CollOp::kAllReduce:
+      ZCB_NCCL(ncclAllReduce(send, recv, count, type, ncclSum, comm_, stream));
+      break;
+    case CollOp::kReduceScatter:
+      ZCB_NCCL(ncclReduceScatter(send, recv, count, type, ncclSum, comm_, stream));
+      break;
+    case CollOp::kBroadcast:
+      ZCB_NCCL(ncclBroadcast(send, recv, count, type, kBroadcastRoot, comm_, stream));
+      break;
+  }
 }
 
 void NcclRank::check_async_error() {
@@ -114,13 +141,12 @@ NcclRank::~NcclRank() {
   if (comm_) ncclCommDestroy(comm_);
 }
 
-void send_shim_totals(Channel* ch, int rank) {
+void send_shim_totals(Channel* ch, int rank, zerocta_op_t op) {
   zerocta_stats_t s;
   if (!shim_stats(&s)) return;
   ShimTotalsMsg m{};
   m.rank = rank;
-  for (int i = 0; i < zerocta_route_count; ++i)
-    m.allgather_calls[i] = s.counters[zerocta_op_allgather][i].calls;
+  for (int i = 0; i < zerocta_route_count; ++i) m.op_calls[i] = s.counters[op][i].calls;
   m.comms_created = s.comms_created;
   m.comms_zero_policy = s.comms_zero_policy;
   m.comms_ce_ready = s.comms_ce_ready;

@@ -19,6 +19,7 @@ constexpr PathRow kPaths[] = {
     {PathId::kNcclKernel, "nccl-kernel"}, {PathId::kNcclCe, "nccl-ce"},
     {PathId::kZerocta, "zerocta"},        {PathId::kZeroctaAuto, "zerocta-auto"},
     {PathId::kCeiling, "ceiling"},        {PathId::kBareCe, "bare-ce"},
+    {PathId::kNcclPolicy, "nccl-policy"}, {PathId::kZeroctaPolicy, "zerocta-policy"},
 };
 
 const DataType kTypes[] = {
@@ -54,9 +55,10 @@ std::vector<std::string> split_commas(const std::string& s) {
 }
 
 // Parses a path list into canonical run order (duplicates removed). "all" = every path in
-// `all`; "none" = empty.
+// `all`; "none" = empty. `where` names the list in errors about known paths that do not
+// belong to it ("for --op allreduce").
 bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
-                     std::vector<PathId>* out, std::string* error) {
+                     const std::string& where, std::vector<PathId>* out, std::string* error) {
   std::vector<bool> want(sizeof(kPaths) / sizeof(kPaths[0]), false);
   out->clear();
   if (text == "none") return true;
@@ -66,13 +68,14 @@ bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
       continue;
     }
     PathId p;
-    bool allowed = parse_path_name(item, &p);
-    if (allowed) {
-      allowed = false;
+    const bool known = parse_path_name(item, &p);
+    bool allowed = false;
+    if (known)
       for (PathId a : all) allowed |= (a == p);
-    }
     if (!allowed) {
-      *error = "unknown path \"" + item + "\" (accepted: all, none";
+      *error =
+          known ? "path \"" + item + "\" does not apply " + where : "unknown path \"" + item + "\"";
+      *error += " (accepted: all, none";
       for (PathId a : all) *error += std::string(", ") + path_name(a);
       *error += ")";
       return false;
@@ -82,12 +85,6 @@ bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
   for (PathId a : all)
     if (want[static_cast<int>(a)]) out->push_back(a);
   return true;
-}
-
-const std::vector<PathId>& sweep_path_set() {
-  static const std::vector<PathId> v = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta,
-                                        PathId::kZeroctaAuto, PathId::kCeiling};
-  return v;
 }
 
 const std::vector<PathId>& contention_path_set() {
@@ -139,15 +136,34 @@ bool parse_path_name(const std::string& name, PathId* out) {
   return false;
 }
 
-bool path_uses_shim(PathId p) { return p == PathId::kZerocta || p == PathId::kZeroctaAuto; }
+bool path_uses_shim(PathId p) { return path_allgather_mode(p) != nullptr; }
 
 const char* path_allgather_mode(PathId p) {
   if (p == PathId::kZerocta) return "zerocta";
   if (p == PathId::kZeroctaAuto) return "auto";
+  if (p == PathId::kZeroctaPolicy) return "nccl";  // the shim changes only the CTA policy
   return nullptr;
 }
 
 bool path_is_single_process(PathId p) { return p == PathId::kCeiling || p == PathId::kBareCe; }
+
+bool path_sets_zero_policy(PathId p) { return p == PathId::kNcclCe || p == PathId::kNcclPolicy; }
+
+const std::vector<PathId>& sweep_path_set(CollOp op) {
+  // The policy paths right after their baseline, so the policy comparison runs first.
+  static const std::vector<PathId> all_gather = {
+      PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
+      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kCeiling};
+  static const std::vector<PathId> other = {PathId::kNcclKernel, PathId::kNcclPolicy,
+                                            PathId::kZeroctaPolicy, PathId::kZerocta,
+                                            PathId::kZeroctaAuto};
+  return op == CollOp::kAllGather ? all_gather : other;
+}
+
+std::vector<PathId> default_sweep_paths(CollOp op) {
+  if (op == CollOp::kAllGather) return sweep_path_set(op);
+  return {PathId::kNcclKernel, PathId::kNcclPolicy, PathId::kZeroctaPolicy};
+}
 
 bool parse_dtype(const std::string& name, DataType* out) {
   for (const DataType& t : kTypes) {
@@ -233,6 +249,10 @@ uint64_t per_rank_count(uint64_t total_bytes, int nranks, int dtype_bytes) {
   return total_bytes / static_cast<uint64_t>(dtype_bytes) / static_cast<uint64_t>(nranks);
 }
 
+CollShape sweep_shape(const Options& o, uint64_t size_bytes, int nranks) {
+  return coll_shape(o.op, size_bytes, nranks, o.dtype.bytes);
+}
+
 bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* error) {
   *help = false;
   // --quick first, so explicit flags override the preset whatever their order.
@@ -241,7 +261,6 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       o->quick = true;
       apply_quick_preset(o);
     }
-  o->paths = sweep_path_set();
   o->contention_paths = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta, PathId::kBareCe};
 
   for (int i = 1; i < argc; ++i) {
@@ -308,12 +327,17 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!parse_dtype(v, &o->dtype))
         return bad(v,
                    "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2");
-    } else if (a == "--paths") {
+    } else if (a == "--op") {
       if (!need(&v)) return false;
-      if (!parse_path_list(v, sweep_path_set(), &o->paths, error)) return false;
+      if (!parse_op(v, &o->op)) return bad(v, "allgather|allreduce|reducescatter|broadcast");
+    } else if (a == "--paths") {
+      if (!need(&o->paths_text)) return false;
+      if (o->paths_text.empty()) return bad(o->paths_text, "a comma list of paths");
     } else if (a == "--contention-paths") {
       if (!need(&v)) return false;
-      if (!parse_path_list(v, contention_path_set(), &o->contention_paths, error)) return false;
+      if (!parse_path_list(v, contention_path_set(), "to --contention", &o->contention_paths,
+                           error))
+        return false;
       o->contention = true;
     } else if (a == "--json") {
       if (!need(&o->json_path)) return false;
@@ -390,6 +414,17 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
     *error = "-b (minbytes) is larger than -e (maxbytes)";
     return false;
   }
+  // The path list depends on the op, which may come after --paths on the command line.
+  if (o->paths_text.empty())
+    o->paths = default_sweep_paths(o->op);
+  else if (!parse_path_list(o->paths_text, sweep_path_set(o->op),
+                            std::string("to --op ") + op_name(o->op), &o->paths, error))
+    return false;
+  if (o->contention && o->op != CollOp::kAllGather) {
+    *error = std::string("--contention measures all-gathers; run it without --op ") +
+             op_name(o->op) + " (or with --op allgather)";
+    return false;
+  }
   if (o->is_worker() && (o->worker_mode.empty() || o->worker_nranks <= 0 || o->worker_in_fd < 0 ||
                          o->worker_out_fd < 0)) {
     *error = "incomplete worker flags (internal)";
@@ -403,19 +438,30 @@ std::string usage_text(const char* argv0) {
   s += argv0;
   s += R"( [options]
 
-Measures all-gather bus bandwidth of several paths side by side on the local GPUs
-(one process per rank, no MPI), nccl-tests style, then compares them.
+Measures the bus bandwidth of one collective (--op) on several paths side by side on the local
+GPUs (one process per rank, no MPI), nccl-tests style, then compares them, including each
+path's communicator init time and first-operation time.
 
-Paths (--paths, default all; each runs in its own set of rank processes, one after another):
-  nccl-kernel   cudaMalloc buffers, default communicator: what applications get today
-  nccl-ce       NCCL's copy-engine all-gather as a modified application gets it:
-                CTAPolicy=NCCL_CTA_POLICY_ZERO, ncclMemAlloc + symmetric windows
-  zerocta       nccl-kernel's code, run under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta
-                (FAILED if any all-gather did not take zerocta's "ce" route)
-  zerocta-auto  the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
-  ceiling       bare cudaMemcpyAsync pulls of each peer's chunk, one process, no protocol
+Paths (--paths; each runs in its own set of rank processes, one after another):
+  nccl-kernel     cudaMalloc buffers, ncclCommInitRank: what applications get today
+  nccl-policy     the same with ncclCommInitRankConfig and CTAPolicy=NCCL_CTA_POLICY_ZERO:
+                  an application that sets the zero-CTA policy itself (no shim)
+  zerocta-policy  nccl-kernel's code under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=nccl:
+                  the shim changes only the CTA policy (FAILED if a communicator did not get it)
+  nccl-ce         (allgather only) NCCL's copy-engine all-gather as a modified application
+                  gets it: CTAPolicy=NCCL_CTA_POLICY_ZERO, ncclMemAlloc + symmetric windows
+  zerocta         nccl-kernel's code under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta
+                  (all-gathers: FAILED if one did not take zerocta's "ce" route; other ops are
+                  forwarded to NCCL)
+  zerocta-auto    the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
+  ceiling         (allgather only) bare cudaMemcpyAsync pulls of each peer's chunk, one
+                  process, no protocol
+Default paths: allgather: all of them; allreduce, reducescatter, broadcast: nccl-kernel,
+nccl-policy, zerocta-policy.
 
-nccl-tests options (sizes are the TOTAL output bytes, like all_gather_perf):
+nccl-tests options (sizes as nccl-tests prints them: allgather total output bytes, allreduce
+and broadcast the buffer, reducescatter total input bytes):
+  --op OP     allgather (default), allreduce, reducescatter, broadcast (ncclSum, root 0)
   -g N        ranks (default: every visible GPU)
   -b SIZE     min size (default 1M)          -e SIZE   max size (default 1G)
   -f N        step factor (default 4)        -n N      timed iterations (default 20)
@@ -423,9 +469,10 @@ nccl-tests options (sizes are the TOTAL output bytes, like all_gather_perf):
   -d TYPE     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2
               (default float)
 Other options:
-  --paths LIST           comma list of the paths above, "all" or "none"
+  --paths LIST           comma list of the paths above, "all" (every path --op can run) or
+                         "none"
   --json FILE            write machine info, every row and the contention results as JSON
-  --contention           after the sweep, measure a cuBLAS bf16 GEMM loop overlapped with
+  --contention           (allgather only) after the sweep, measure a cuBLAS bf16 GEMM loop overlapped with
                          back-to-back all-gathers (per path: nccl-kernel, nccl-ce, zerocta,
                          bare-ce; bare-ce = the ceiling's raw pulls)
   --contention-paths L   paths for --contention (adds zerocta-auto if listed)
@@ -445,7 +492,8 @@ Other options:
 
 Every child runs with NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1.
 Exit status: 0 all paths OK (also when fewer than 2 GPUs are found: a line says so),
-             1 a path FAILED (wrong data, a worker died or hung, a zerocta fallback),
+             1 a path FAILED (wrong data, a worker died or hung, a zerocta fallback,
+               a zerocta-policy communicator created without the zero-CTA policy),
              2 usage error (also -g larger than the GPUs visible, or -g 1), or
                libzerocta.so not found while a zerocta path is requested.
 )";

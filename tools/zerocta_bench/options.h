@@ -9,20 +9,42 @@
 #include <string>
 #include <vector>
 
+#include "coll_op.h"
+
 namespace zcb {
 
-// Every way of moving the bytes the bench knows. The sweep runs kNcclKernel..kCeiling;
-// the contention study runs kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto and kBareCe.
-enum class PathId { kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto, kCeiling, kBareCe };
+// Every way of running a collective the bench knows (the values index tables: append only).
+// The sweep runs the paths of sweep_path_set(op); the contention study (all-gathers) runs
+// kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto and kBareCe.
+enum class PathId {
+  kNcclKernel,
+  kNcclCe,
+  kZerocta,
+  kZeroctaAuto,
+  kCeiling,
+  kBareCe,
+  kNcclPolicy,     // the application sets CTAPolicy = NCCL_CTA_POLICY_ZERO itself
+  kZeroctaPolicy,  // nccl-kernel's program under the shim with ZEROCTA_ALLGATHER=nccl
+};
 
 const char* path_name(PathId p);
 bool parse_path_name(const std::string& name, PathId* out);
 // True for the paths whose ranks run with LD_PRELOAD=libzerocta.so.
 bool path_uses_shim(PathId p);
-// The ZEROCTA_ALLGATHER value a shim path runs with ("zerocta" or "auto"), else nullptr.
+// The ZEROCTA_ALLGATHER value a shim path runs with ("zerocta", "auto" or "nccl"), else
+// nullptr.
 const char* path_allgather_mode(PathId p);
 // True for the paths run in one process with a thread per GPU (peer memory, no NCCL).
 bool path_is_single_process(PathId p);
+// True for the paths whose program creates its communicator with ncclCommInitRankConfig and
+// CTAPolicy = NCCL_CTA_POLICY_ZERO (nccl-ce, nccl-policy); the others call ncclCommInitRank.
+bool path_sets_zero_policy(PathId p);
+// The sweep paths that can run `op`, in run order ("--paths all"). Only all-gathers have a
+// copy-engine path (nccl-ce) and a ceiling; the zerocta paths forward the other ops to NCCL.
+const std::vector<PathId>& sweep_path_set(CollOp op);
+// The sweep paths run without --paths: every path for all-gathers; for the other ops the
+// policy comparison nccl-kernel, nccl-policy, zerocta-policy.
+std::vector<PathId> default_sweep_paths(CollOp op);
 
 struct DataType {
   const char* name;  // nccl-tests spelling: "float", "bfloat16", "int8", ...
@@ -37,7 +59,9 @@ constexpr int kExitFailed = 1;  // a path FAILED: wrong data, a worker died or h
 constexpr int kExitUsage = 2;   // bad command line or a missing libzerocta.so
 
 struct Options {
-  // nccl-tests flags. Sizes are the TOTAL output bytes of the all-gather.
+  // The collective of the sweep (--op); the contention study always all-gathers.
+  CollOp op = CollOp::kAllGather;
+  // nccl-tests flags. Sizes follow nccl-tests' "size" column (coll_shape).
   int ngpus = 0;  // -g: ranks; 0 = every visible GPU
   uint64_t min_bytes = 1ull << 20;
   uint64_t max_bytes = 1ull << 30;
@@ -48,6 +72,7 @@ struct Options {
   DataType dtype{"float", ncclFloat, 4};
 
   std::vector<PathId> paths;  // sweep paths in run order; empty = no sweep ("--paths none")
+  std::string paths_text;     // --paths as given ("" = default); resolved once --op is known
   std::string json_path;
   std::string zerocta_lib;  // resolved by the parent; "" = not given
   bool allow_fallback = false;
@@ -100,5 +125,8 @@ std::vector<uint64_t> sweep_sizes(const Options& o);
 
 // Per-rank element count for a total size (0 when the size is too small for nranks ranks).
 uint64_t per_rank_count(uint64_t total_bytes, int nranks, int dtype_bytes);
+
+// The shape of sweep size `size_bytes` for the options' op and data type.
+CollShape sweep_shape(const Options& o, uint64_t size_bytes, int nranks);
 
 }  // namespace zcb

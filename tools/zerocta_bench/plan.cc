@@ -8,17 +8,21 @@ namespace zcb {
 namespace {
 
 // Pessimistic figures (an H100/H200 does better): process start + CUDA + NCCL init, and a
-// slow all-gather (algbw 150 GB/s plus 40 us) so a slow machine still fits its limit.
+// slow collective (busbw 75 GB/s plus 40 us; an all-gather on 2 ranks: algbw 150 GB/s) so a
+// slow machine still fits its limit.
 constexpr double kStartupNccl = 8.0;
 constexpr double kStartupNcclCe = 12.0;  // + ncclMemAlloc and two window registrations
 constexpr double kStartupSingle = 5.0;
 constexpr double kStartupCublas = 4.0;
-constexpr double kAlgbw = 150e9;
+constexpr double kBusbw = 75e9;
 constexpr double kOpLatency = 40e-6;
 constexpr double kCheckBw = 50e9;  // fill + poison + compare
 constexpr double kGemmFlops = 400e12;
 
-double op_s(uint64_t bytes) { return kOpLatency + bytes / kAlgbw; }
+// One collective of nccl-tests size `bytes`: busbw = bytes * factor / time.
+double op_s(CollOp op, uint64_t bytes, int nranks) {
+  return kOpLatency + bytes * bus_factor(op, nranks) / kBusbw;
+}
 
 double startup_s(PathId p) {
   if (path_is_single_process(p)) return kStartupSingle;
@@ -30,17 +34,19 @@ double startup_s(PathId p) {
 double estimate_sweep_s(const Options& o, PathId p, int nranks) {
   double t = startup_s(p);
   const int ops = (o.check ? 1 : 0) + o.warmups + o.iters;
+  // The first collective (lazy set-up) is inside the start-up figure.
   for (uint64_t size : sweep_sizes(o)) {
-    const uint64_t total = per_rank_count(size, nranks, o.dtype.bytes) * o.dtype.bytes * nranks;
-    if (total == 0) continue;
-    t += 2 * (ops * op_s(total) + (o.check ? 0.01 + total / kCheckBw : 0));
+    const CollShape s = sweep_shape(o, size, nranks);
+    if (s.count == 0) continue;
+    const double check = o.check ? 0.01 + (s.send_bytes + s.recv_bytes) / kCheckBw : 0;
+    t += 2 * (ops * op_s(o.op, s.bytes, nranks) + check);
   }
   return t;
 }
 
 double estimate_contention_s(const Options& o, PathId p, int nranks) {
   const double gemm = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k) / kGemmFlops;
-  const double ag = op_s(o.contention_total_bytes(nranks));
+  const double ag = op_s(CollOp::kAllGather, o.contention_total_bytes(nranks), nranks);
   const double window = o.gemm_iters * gemm;
   // warm-ups + GEMM alone + all-gathers alone + overlapped (issued to cover 2x the window).
   return startup_s(p) + kStartupCublas + 3 * (gemm + ag) + window + 20 * ag + 3 * window;

@@ -16,6 +16,7 @@ enum MsgType : uint32_t {
   kMsgHello = 1,   // HelloMsg, once per rank (per GPU for single-process paths)
   kMsgUniqueId,    // UniqueIdMsg from rank 0; the parent forwards it to every other rank
   kMsgAgree,       // AgreeMsg: a barrier that also agrees on the max of a value
+  kMsgInitTimes,   // InitTimesMsg, once per rank of a sweep, before its first RowMsg
   kMsgRow,         // RowMsg, one per size per rank
   kMsgContention,  // ContentionMsg, one per rank
   kMsgShimTotals,  // ShimTotalsMsg, once per rank at the end (shim paths)
@@ -50,19 +51,30 @@ struct AgreeMsg {
   uint64_t value;
 };
 
+// What a rank's start cost: its communicator creation (entered together with every other
+// rank after a barrier) and its first collective, whose enqueue + synchronize includes NCCL's
+// lazy set-up (connections, kernel loading) and the shim's, wall time on steady_clock.
+struct InitTimesMsg {
+  int32_t rank;
+  int32_t pad;
+  double init_ms;           // ncclCommInitRank / ncclCommInitRankConfig
+  double first_op_ms;       // the first collective, enqueue to the end of its synchronize
+  uint64_t first_op_bytes;  // its size (nccl-tests' size column)
+};
+
 // One placement (out-of-place or in-place) of one size on one rank.
 struct PlaceResult {
   double mean_us;                             // (last event - first event) / iters
   double median_us;                           // median of the per-iteration event intervals
   int64_t wrong;                              // wrong elements found by the check; -1 = not checked
-  uint64_t route_calls[zerocta_route_count];  // all-gathers per zerocta route (shim paths)
+  uint64_t route_calls[zerocta_route_count];  // the op's calls per zerocta route (shim paths)
 };
 
 struct RowMsg {
   int32_t rank;
   int32_t size_index;
-  uint64_t bytes;  // total output bytes actually moved (count * nranks * dtype)
-  uint64_t count;  // per-rank element count
+  uint64_t bytes;  // nccl-tests' size column of the op actually run (CollShape::bytes)
+  uint64_t count;  // the NCCL call's count argument (CollShape::count)
   PlaceResult oop;
   PlaceResult ip;
 };
@@ -86,7 +98,7 @@ struct ContentionMsg {
 struct ShimTotalsMsg {
   int32_t rank;
   int32_t pad;
-  uint64_t allgather_calls[zerocta_route_count];
+  uint64_t op_calls[zerocta_route_count];  // calls of the run's op per route (contention: AG)
   uint64_t comms_created;
   uint64_t comms_zero_policy;
   uint64_t comms_ce_ready;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 namespace zcb {
 
@@ -36,17 +37,28 @@ std::string time_str(double us) {
 
 std::string wrong_str(int64_t w) { return w < 0 ? "N/A" : std::to_string(w); }
 
-std::string path_description(PathId p) {
+std::string path_description(PathId p, CollOp op) {
+  const std::string call = op_nccl_call(op);
+  const std::string forwards =
+      op == CollOp::kAllGather ? "" : std::string(" (forwards ") + op_name(op) + " to NCCL)";
   switch (p) {
     case PathId::kNcclKernel:
-      return "cudaMalloc buffers, default communicator, ncclAllGather (no shim)";
+      return "cudaMalloc buffers, ncclCommInitRank, " + call + " (no shim)";
+    case PathId::kNcclPolicy:
+      return "cudaMalloc buffers, ncclCommInitRankConfig with CTAPolicy=NCCL_CTA_POLICY_ZERO, " +
+             call + " (no shim)";
+    case PathId::kZeroctaPolicy:
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=nccl "
+             "(the shim changes only the CTA policy)";
     case PathId::kNcclCe:
       return "CTAPolicy=ZERO, ncclMemAlloc + symmetric windows: NCCL's copy-engine all-gather "
              "(no shim)";
     case PathId::kZerocta:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta";
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta" +
+             forwards;
     case PathId::kZeroctaAuto:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=auto";
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=auto" +
+             forwards;
     case PathId::kCeiling:
       return "bare cudaMemcpyAsync peer pulls, one process, no protocol (per-GPU time, max)";
     case PathId::kBareCe:
@@ -55,16 +67,28 @@ std::string path_description(PathId p) {
   return "";
 }
 
-double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
-
-std::string cell(double v, const char* fmt, int width) {
-  char buf[64];
-  if (!std::isfinite(v))
-    snprintf(buf, sizeof(buf), "%*s", width, "-");
-  else
-    snprintf(buf, sizeof(buf), fmt, width, v);
-  return buf;
+double time_at(const PathResult* r, size_t i, bool in_place, int nranks) {
+  if (!r || i >= r->rows.size() || !r->complete(i, nranks)) return NAN;
+  return in_place ? r->rows[i].ip.time_us : r->rows[i].oop.time_us;
 }
+
+double max_init(const std::vector<InitTimesMsg>& v, double InitTimesMsg::*field) {
+  if (v.empty()) return NAN;
+  double m = v.front().*field;
+  for (const InitTimesMsg& t : v) m = std::max(m, t.*field);
+  return m;
+}
+
+template <typename F>
+double max_over(const std::vector<ContentionMsg>& v, F f) {
+  double m = 0;
+  for (const ContentionMsg& c : v) m = std::max(m, f(c));
+  return m;
+}
+
+}  // namespace
+
+double safe_ratio(double a, double b) { return b > 0 ? a / b : NAN; }
 
 const PathResult* find_path(const BenchReport& b, PathId p) {
   for (const PathResult& r : b.sweep)
@@ -77,25 +101,16 @@ double busbw_at(const PathResult* r, size_t i, bool in_place, int nranks) {
   return in_place ? r->rows[i].ip.busbw : r->rows[i].oop.busbw;
 }
 
-template <typename F>
-double max_over(const std::vector<ContentionMsg>& v, F f) {
-  double m = 0;
-  for (const ContentionMsg& c : v) m = std::max(m, f(c));
-  return m;
-}
-
-}  // namespace
-
 const char* route_name(int route) {
   return route >= 0 && route < zerocta_route_count ? kRouteNames[route] : "?";
 }
 
-void all_gather_bw(uint64_t bytes, double time_us, int nranks, double* algbw, double* busbw) {
+void coll_bw(CollOp op, uint64_t bytes, double time_us, int nranks, double* algbw, double* busbw) {
   *algbw = time_us > 0 ? static_cast<double>(bytes) / (time_us * 1e3) : 0;
-  *busbw = nranks > 0 ? *algbw * (nranks - 1) / nranks : 0;
+  *busbw = *algbw * bus_factor(op, nranks);
 }
 
-bool add_row(PathResult* r, const RowMsg& m, int nranks) {
+bool add_row(PathResult* r, const RowMsg& m, int nranks, CollOp op) {
   if (m.size_index < 0 || static_cast<size_t>(m.size_index) >= r->rows.size()) return false;
   RowAgg& a = r->rows[m.size_index];
   const bool first = a.reported == 0;
@@ -104,9 +119,40 @@ bool add_row(PathResult* r, const RowMsg& m, int nranks) {
   fold(&a.oop, m.oop, first);
   fold(&a.ip, m.ip, first);
   if (++a.reported != nranks) return false;
-  all_gather_bw(a.bytes, a.oop.time_us, nranks, &a.oop.algbw, &a.oop.busbw);
-  all_gather_bw(a.bytes, a.ip.time_us, nranks, &a.ip.algbw, &a.ip.busbw);
+  coll_bw(op, a.bytes, a.oop.time_us, nranks, &a.oop.algbw, &a.oop.busbw);
+  coll_bw(op, a.bytes, a.ip.time_us, nranks, &a.ip.algbw, &a.ip.busbw);
   return true;
+}
+
+bool add_init(PathResult* r, const InitTimesMsg& m, int nranks) {
+  r->init.push_back(m);
+  return static_cast<int>(r->init.size()) == nranks;
+}
+
+double PathResult::init_ms() const { return max_init(init, &InitTimesMsg::init_ms); }
+double PathResult::first_op_ms() const { return max_init(init, &InitTimesMsg::first_op_ms); }
+
+double time_ratio(const PathResult* r, const PathResult* base, size_t i, bool in_place,
+                  int nranks) {
+  return safe_ratio(time_at(r, i, in_place, nranks), time_at(base, i, in_place, nranks));
+}
+
+RatioSummary time_ratio_summary(const PathResult& r, const PathResult& base, int nranks) {
+  std::vector<double> v;
+  for (size_t i = 0; i < r.rows.size(); ++i)
+    for (int ip = 0; ip < 2; ++ip) {
+      const double t = time_ratio(&r, &base, i, ip != 0, nranks);
+      if (std::isfinite(t)) v.push_back(t);
+    }
+  RatioSummary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.rows = static_cast<int>(v.size());
+  s.min = v.front();
+  s.max = v.back();
+  const size_t mid = v.size() / 2;
+  s.median = v.size() % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+  return s;
 }
 
 void add_contention(ContentionResult* r, const ContentionMsg& m) { r->ranks.push_back(m); }
@@ -196,11 +242,11 @@ std::string route_tag(const uint64_t* routes) {
 }
 
 void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
-  fprintf(f, "#\n# Path %s: %s\n", path_name(r.path), path_description(r.path).c_str());
+  fprintf(f, "#\n# Path %s: %s\n", path_name(r.path), path_description(r.path, b.o->op).c_str());
   fprintf(f,
-          "# nranks %d  minBytes %llu  maxBytes %llu  step: %llu(factor)  warmup iters: %d  "
+          "# op %s  nranks %d  minBytes %llu  maxBytes %llu  step: %llu(factor)  warmup iters: %d  "
           "iters: %d  validation: %d  timeout: %d s\n",
-          b.nranks, static_cast<unsigned long long>(b.o->min_bytes),
+          op_name(b.o->op), b.nranks, static_cast<unsigned long long>(b.o->min_bytes),
           static_cast<unsigned long long>(b.o->max_bytes),
           static_cast<unsigned long long>(b.o->step_factor), b.o->warmups, b.o->iters,
           b.o->check ? 1 : 0, r.timeout_s);
@@ -234,11 +280,12 @@ void print_table_header(FILE* f, bool with_routes) {
   fflush(f);
 }
 
-std::string format_row(const RowAgg& row, const char* type_name, bool with_routes) {
+std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool with_routes) {
   char buf[512];
   int n = snprintf(buf, sizeof(buf), "%12llu  %12llu  %8s  %6s  %6i",
                    static_cast<unsigned long long>(row.bytes),
-                   static_cast<unsigned long long>(row.count), type_name, "none", -1);
+                   static_cast<unsigned long long>(row.count), type_name,
+                   op_reduces(op) ? "sum" : "none", op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   for (const PlaceAgg* p : {&row.oop, &row.ip})
     n += snprintf(buf + n, sizeof(buf) - n, "  %7s  %6.2f  %6.2f  %5s",
                   time_str(p->time_us).c_str(), p->algbw, p->busbw, wrong_str(p->wrong).c_str());
@@ -251,15 +298,29 @@ std::string format_row(const RowAgg& row, const char* type_name, bool with_route
   return s;
 }
 
+std::string init_summary(const PathResult& r) {
+  if (r.init.empty()) return "";
+  char buf[128];
+  snprintf(buf, sizeof(buf), "init: max over ranks %.1f ms, first op %.1f ms", r.init_ms(),
+           r.first_op_ms());
+  return buf;
+}
+
 void print_path_footer(FILE* f, const PathResult& r, const BenchReport& b) {
   const int64_t wrong = r.wrong_total();
   fprintf(f, "# Out of bounds values : %lld %s\n", static_cast<long long>(wrong < 0 ? 0 : wrong),
           wrong > 0 ? "FAILED" : "OK");
   fprintf(f, "# Avg bus bandwidth    : %g \n", r.avg_busbw());
+  if (!r.init.empty())
+    fprintf(f, "# %s (%s; first %s of %llu B, enqueue to synchronized; %zu of %d ranks)\n",
+            init_summary(r).c_str(),
+            path_sets_zero_policy(r.path) ? "ncclCommInitRankConfig" : "ncclCommInitRank",
+            op_nccl_call(b.o->op), static_cast<unsigned long long>(r.init.front().first_op_bytes),
+            r.init.size(), b.nranks);
   if (path_uses_shim(r.path) && r.shim_reports > 0) {
-    fprintf(f, "# zerocta all-gather routes (all ranks, whole run):");
+    fprintf(f, "# zerocta %s routes (all ranks, whole run):", op_name(b.o->op));
     for (int i = 0; i < zerocta_route_count; ++i)
-      fprintf(f, " %s %llu", kRouteNames[i], static_cast<unsigned long long>(r.shim_allgather[i]));
+      fprintf(f, " %s %llu", kRouteNames[i], static_cast<unsigned long long>(r.shim_op_calls[i]));
     fprintf(f, "; communicators %llu, zero-CTA %llu, ce-ready %llu\n",
             static_cast<unsigned long long>(r.comms_created),
             static_cast<unsigned long long>(r.comms_zero_policy),
@@ -267,64 +328,6 @@ void print_path_footer(FILE* f, const PathResult& r, const BenchReport& b) {
   }
   fprintf(f, "# Path %s: %s (%.1f s)%s%s\n", path_name(r.path), r.status.c_str(), r.seconds,
           r.error.empty() ? "" : ": ", r.error.c_str());
-  (void)b;
-  fflush(f);
-}
-
-void print_comparison(FILE* f, const BenchReport& b) {
-  std::vector<const PathResult*> cols;
-  for (const PathResult& r : b.sweep)
-    if (find_path(b, r.path)) cols.push_back(&r);
-  if (cols.empty()) return;
-  const PathResult* kern = find_path(b, PathId::kNcclKernel);
-  const PathResult* ce = find_path(b, PathId::kNcclCe);
-  const PathResult* zc = find_path(b, PathId::kZerocta);
-  const PathResult* ceil = find_path(b, PathId::kCeiling);
-  for (int ip = 0; ip < 2; ++ip) {
-    fprintf(f,
-            "#\n# Comparison, %s: busbw (GB/s) per path, ratios, %% of the copy-engine "
-            "ceiling\n",
-            ip ? "in-place" : "out-of-place");
-    std::string h = "#           size";
-    char buf[64];
-    for (const PathResult* c : cols) {
-      snprintf(buf, sizeof(buf), "  %12s", path_name(c->path));
-      h += buf;
-    }
-    h += "   zc/kernel  zc/nccl-ce";
-    if (ceil)
-      for (const PathResult* c : cols)
-        if (c != ceil) {
-          snprintf(buf, sizeof(buf), "  %%ceil:%s", path_name(c->path));
-          h += buf;
-        }
-    fprintf(f, "%s\n", h.c_str());
-    for (size_t i = 0; i < b.sizes.size(); ++i) {
-      bool any = false;
-      for (const PathResult* c : cols) any |= c->complete(i, b.nranks);
-      if (!any) continue;
-      uint64_t bytes = 0;
-      for (const PathResult* c : cols)
-        if (c->complete(i, b.nranks)) bytes = c->rows[i].bytes;
-      std::string line;
-      snprintf(buf, sizeof(buf), "  %12llu", static_cast<unsigned long long>(bytes));
-      line += buf;
-      for (const PathResult* c : cols)
-        line += "  " + cell(busbw_at(c, i, ip, b.nranks), "%*.2f", 12);
-      const double z = busbw_at(zc, i, ip, b.nranks);
-      line += "  " + cell(ratio(z, busbw_at(kern, i, ip, b.nranks)), "%*.2fx", 9);
-      line += "  " + cell(ratio(z, busbw_at(ce, i, ip, b.nranks)), "%*.2fx", 9);
-      if (ceil) {
-        const double top = busbw_at(ceil, i, ip, b.nranks);
-        for (const PathResult* c : cols)
-          if (c != ceil) {
-            int width = 6 + static_cast<int>(strlen(path_name(c->path)));
-            line += "  " + cell(100.0 * ratio(busbw_at(c, i, ip, b.nranks), top), "%*.1f", width);
-          }
-      }
-      fprintf(f, "%s\n", line.c_str());
-    }
-  }
   fflush(f);
 }
 
@@ -356,7 +359,7 @@ void print_contention(FILE* f, const BenchReport& b) {
     }
     char opsbuf[32];
     snprintf(opsbuf, sizeof(opsbuf), "%d(%d)", ops, in_win);
-    const double saved = 100.0 * (1.0 - ratio(r.makespan_ms(), r.sequential_ms()));
+    const double saved = 100.0 * (1.0 - safe_ratio(r.makespan_ms(), r.sequential_ms()));
     fprintf(f,
             "  %-13s %9.3f %9.1f %9.3f %9.1f %8.1f  %9.3f %9.3f %7s  %8.2f %8.2f %7.1f  %s%s%s\n",
             path_name(r.path), ga, flop / (ga * 1e9), go, flop / (go * 1e9), r.slowdown_pct(),

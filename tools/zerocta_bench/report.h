@@ -1,8 +1,10 @@
 // The parent's results: rows aggregated over ranks as they arrive (max over ranks of the mean
-// time, like nccl-tests; #wrong summed), the nccl-tests style tables, the comparison table,
-// the contention table and the JSON document.
+// time, like nccl-tests; #wrong summed), init times (max over ranks), the nccl-tests style
+// tables, the comparison (busbw, time ratios against nccl-kernel, init), the contention table
+// and the JSON document.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -22,7 +24,7 @@ struct PlaceAgg {
   int64_t wrong = 0;     // summed over ranks; -1 = not checked
   uint64_t routes[zerocta_route_count] = {};
   double algbw = 0;  // GB/s = bytes / time
-  double busbw = 0;  // algbw * (n-1)/n
+  double busbw = 0;  // algbw * bus_factor(op, n)
 };
 
 struct RowAgg {
@@ -43,14 +45,18 @@ struct PathResult {
   double seconds = 0;
   int timeout_s = 0;
   std::vector<RankInfo> ranks;
-  std::vector<RowAgg> rows;  // indexed like the sweep sizes
+  std::vector<InitTimesMsg> init;  // one per rank that reported (NCCL paths)
+  std::vector<RowAgg> rows;        // indexed like the sweep sizes
   bool header_printed = false;
-  // Shim counters summed over ranks (ShimTotalsMsg).
+  // Shim counters summed over ranks (ShimTotalsMsg), for the run's op.
   int shim_reports = 0;
-  uint64_t shim_allgather[zerocta_route_count] = {};
+  uint64_t shim_op_calls[zerocta_route_count] = {};
   uint64_t comms_created = 0, comms_zero_policy = 0, comms_ce_ready = 0;
 
   bool complete(size_t i, int nranks) const { return rows[i].reported == nranks; }
+  // Max over the ranks that reported; NaN when none did.
+  double init_ms() const;
+  double first_op_ms() const;
   int64_t wrong_total() const;  // over complete rows, -1 when nothing was checked
   double avg_busbw() const;     // over complete rows and both placements, like nccl-tests
   // zerocta path: timed all-gathers that did not take the ce route (summed over ranks).
@@ -90,12 +96,31 @@ struct BenchReport {
   bool ok() const;  // no path FAILED
 };
 
-// Bandwidths of nccl-tests' all-gather: algbw = bytes / time, busbw = algbw * (n-1)/n.
-void all_gather_bw(uint64_t bytes, double time_us, int nranks, double* algbw, double* busbw);
+// nccl-tests' bandwidths: algbw = bytes / time (GB/s), busbw = algbw * bus_factor(op, n).
+void coll_bw(CollOp op, uint64_t bytes, double time_us, int nranks, double* algbw, double* busbw);
 
 // Folds one rank's row in; returns true when every rank has reported that size.
-bool add_row(PathResult* r, const RowMsg& m, int nranks);
+bool add_row(PathResult* r, const RowMsg& m, int nranks, CollOp op);
+// Records one rank's init times; returns true when the last of nranks ranks reported.
+bool add_init(PathResult* r, const InitTimesMsg& m, int nranks);
 void add_contention(ContentionResult* r, const ContentionMsg& m);
+
+// a / b, NaN when b is not positive.
+double safe_ratio(double a, double b);
+// The sweep result of path p if it ran (not NOT RUN or SKIPPED), else nullptr.
+const PathResult* find_path(const BenchReport& b, PathId p);
+// busbw of row i of r (max-time based), NaN when r is null or the row is incomplete.
+double busbw_at(const PathResult* r, size_t i, bool in_place, int nranks);
+
+// Time of row i of r over the same row of base (mean times, max over ranks; > 1 = r is
+// slower); NaN when either row is missing.
+double time_ratio(const PathResult* r, const PathResult* base, size_t i, bool in_place, int nranks);
+// time_ratio over every row both paths completed, both placements.
+struct RatioSummary {
+  int rows = 0;
+  double median = NAN, min = NAN, max = NAN;
+};
+RatioSummary time_ratio_summary(const PathResult& r, const PathResult& base, int nranks);
 
 // "ce", "passthrough", "ce:25,passthrough:1", or "-" when nothing was counted.
 std::string route_tag(const uint64_t* routes);
@@ -104,9 +129,11 @@ std::string route_tag(const uint64_t* routes);
 void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b);
 void print_rank_line(FILE* f, const HelloMsg& h, const BenchReport& b);
 void print_table_header(FILE* f, bool with_routes);
-std::string format_row(const RowAgg& row, const char* type_name, bool with_routes);
+std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool with_routes);
+// "init: max over ranks X ms, first op Y ms", or "" when no rank reported.
+std::string init_summary(const PathResult& r);
 void print_path_footer(FILE* f, const PathResult& r, const BenchReport& b);
-void print_comparison(FILE* f, const BenchReport& b);
+void print_comparison(FILE* f, const BenchReport& b);  // report_compare.cc
 void print_contention(FILE* f, const BenchReport& b);
 
 // The --json document.

@@ -1,5 +1,6 @@
-// The --json document: machine, options, every row of every path (per placement, with the
-// route counters), the comparison and the contention results. tools/zerocta-plot reads it.
+// The --json document: machine, options, every path (init times, every row per placement with
+// the route counters and the time ratio against nccl-kernel) and the contention results.
+// tools/zerocta-plot reads it.
 #include <cmath>
 
 #include "json_writer.h"
@@ -15,10 +16,13 @@ void write_routes(JsonWriter& w, const uint64_t* routes) {
   w.end_object();
 }
 
-void write_place(JsonWriter& w, const char* name, const PlaceAgg& p, bool shim) {
+// NaN is written as null.
+void write_place(JsonWriter& w, const char* name, const PlaceAgg& p, bool shim,
+                 double time_vs_kernel) {
   w.key(name).begin_object();
   w.kv("time_us", p.time_us).kv("median_us", p.median_us);
   w.kv("algbw_gbps", p.algbw).kv("busbw_gbps", p.busbw);
+  w.kv("time_vs_nccl_kernel", time_vs_kernel);
   if (p.wrong < 0)
     w.key("wrong").null();
   else
@@ -51,6 +55,8 @@ void write_machine(JsonWriter& w, const BenchReport& b) {
 void write_options(JsonWriter& w, const BenchReport& b) {
   const Options& o = *b.o;
   w.key("options").begin_object();
+  w.kv("op", op_name(o.op)).kv("redop", op_reduces(o.op) ? "sum" : "none");
+  w.kv("root", o.op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   w.kv("min_bytes", o.min_bytes).kv("max_bytes", o.max_bytes).kv("step_factor", o.step_factor);
   w.kv("iters", o.iters).kv("warmups", o.warmups).kv("check", o.check);
   w.kv("dtype", o.dtype.name).kv("dtype_bytes", o.dtype.bytes);
@@ -65,11 +71,33 @@ void write_options(JsonWriter& w, const BenchReport& b) {
   w.end_object();
 }
 
+void write_init(JsonWriter& w, const PathResult& r) {
+  w.kv("init_call", path_is_single_process(r.path)  ? "none"
+                    : path_sets_zero_policy(r.path) ? "ncclCommInitRankConfig"
+                                                    : "ncclCommInitRank");
+  w.kv("init_ms", r.init_ms()).kv("first_op_ms", r.first_op_ms());  // max over ranks
+  if (r.init.empty())
+    w.key("first_op_bytes").null();
+  else
+    w.kv("first_op_bytes", r.init.front().first_op_bytes);
+  w.key("init_per_rank").begin_array();
+  for (const InitTimesMsg& t : r.init)
+    w.begin_object()
+        .kv("rank", t.rank)
+        .kv("init_ms", t.init_ms)
+        .kv("first_op_ms", t.first_op_ms)
+        .end_object();
+  w.end_array();
+}
+
 void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
   const bool shim = path_uses_shim(r.path);
+  const PathResult* kern = find_path(b, PathId::kNcclKernel);
   w.begin_object();
   w.kv("name", path_name(r.path)).kv("status", r.status).kv("error", r.error);
   w.kv("seconds", r.seconds).kv("uses_shim", shim);
+  if (const char* mode = path_allgather_mode(r.path)) w.kv("zerocta_allgather", mode);
+  write_init(w, r);
   w.key("ranks").begin_array();
   for (const RankInfo& ri : r.ranks) {
     const HelloMsg& h = ri.hello;
@@ -86,8 +114,8 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
     if (!r.complete(i, b.nranks)) continue;
     const RowAgg& row = r.rows[i];
     w.begin_object().kv("size", row.bytes).kv("count", row.count).kv("type", b.o->dtype.name);
-    write_place(w, "out_of_place", row.oop, shim);
-    write_place(w, "in_place", row.ip, shim);
+    write_place(w, "out_of_place", row.oop, shim, time_ratio(&r, kern, i, false, b.nranks));
+    write_place(w, "in_place", row.ip, shim, time_ratio(&r, kern, i, true, b.nranks));
     w.end_object();
   }
   w.end_array();
@@ -97,9 +125,17 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
   else
     w.kv("wrong_total", wrong);
   w.kv("avg_busbw_gbps", r.avg_busbw());
+  const RatioSummary rs = kern ? time_ratio_summary(r, *kern, b.nranks) : RatioSummary();
+  if (rs.rows == 0) {
+    w.key("time_vs_nccl_kernel").null();
+  } else {
+    w.key("time_vs_nccl_kernel").begin_object();
+    w.kv("median", rs.median).kv("min", rs.min).kv("max", rs.max).kv("rows", rs.rows);
+    w.end_object();
+  }
   if (shim && r.shim_reports > 0) {
     w.key("shim_totals").begin_object();
-    write_routes(w, r.shim_allgather);
+    write_routes(w, r.shim_op_calls);
     w.kv("comms_created", r.comms_created).kv("comms_zero_policy", r.comms_zero_policy);
     w.kv("comms_ce_ready", r.comms_ce_ready).end_object();
   }

@@ -1,16 +1,20 @@
 // --self-test: CPU checks of everything in the bench that can be wrong without a GPU: option
-// parsing, sizes, bandwidth math, aggregation over ranks, route tags, the workers' environment,
-// the JSON writer. Prints "N passed, M failed" and exits non-zero on any failure.
+// parsing, sizes and buffers per op, bandwidth math, the reductions' test data, aggregation
+// over ranks, init times and time ratios, route tags, the workers' environment, the JSON
+// writer. Prints "N passed, M failed" and exits non-zero on any failure.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "coll_op.h"
 #include "contention.h"
 #include "json_writer.h"
 #include "launcher.h"
 #include "options.h"
+#include "reduce_pattern.h"
 #include "report.h"
 #include "timing.h"
 
@@ -97,7 +101,7 @@ void test_options() {
   EXPECT(q.quick && q.iters == 9 && q.max_bytes == (64ull << 20) && q.gemm_m == 4096);
 
   Options all;
-  EXPECT(parse({"--paths", "all"}, &all) && all.paths.size() == 5);
+  EXPECT(parse({"--paths", "all"}, &all) && all.paths.size() == 7);
   Options none;
   EXPECT(parse({"--paths", "none", "--contention"}, &none) && none.paths.empty());
   EXPECT(none.contention && none.contention_paths.size() == 4);
@@ -122,10 +126,206 @@ void test_options() {
   EXPECT(!parse({"--worker-path", "zerocta"}, &bad));  // incomplete worker flags
 }
 
+void test_op_options() {
+  CollOp op;
+  EXPECT(parse_op("allreduce", &op) && op == CollOp::kAllReduce);
+  EXPECT(parse_op("reducescatter", &op) && op == CollOp::kReduceScatter);
+  EXPECT(parse_op("broadcast", &op) && op == CollOp::kBroadcast);
+  EXPECT(!parse_op("all_reduce", &op) && !parse_op("", &op));
+  EXPECT(std::string(op_nccl_call(CollOp::kReduceScatter)) == "ncclReduceScatter");
+  EXPECT(op_shim_counter(CollOp::kBroadcast) == zerocta_op_broadcast);
+  EXPECT(op_reduces(CollOp::kAllReduce) && !op_reduces(CollOp::kBroadcast));
+
+  Options ag;
+  EXPECT(parse({}, &ag) && ag.op == CollOp::kAllGather);
+  EXPECT(ag.paths.size() == 7 && ag.paths[0] == PathId::kNcclKernel &&
+         ag.paths[1] == PathId::kNcclPolicy && ag.paths[2] == PathId::kZeroctaPolicy &&
+         ag.paths[6] == PathId::kCeiling);
+  Options ar;
+  EXPECT(parse({"--op", "allreduce"}, &ar) && ar.op == CollOp::kAllReduce);
+  EXPECT(ar.paths.size() == 3 && ar.paths[0] == PathId::kNcclKernel &&
+         ar.paths[1] == PathId::kNcclPolicy && ar.paths[2] == PathId::kZeroctaPolicy);
+  Options bc;  // --paths before --op: resolved once the op is known
+  EXPECT(parse({"--paths", "all", "--op=broadcast"}, &bc) && bc.paths.size() == 5);
+  for (PathId p : bc.paths) EXPECT(p != PathId::kNcclCe && p != PathId::kCeiling);
+  Options rs;
+  EXPECT(parse({"--paths", "zerocta-policy,zerocta,nccl-kernel", "--op", "reducescatter"}, &rs));
+  EXPECT(rs.paths.size() == 3 && rs.paths[0] == PathId::kNcclKernel &&
+         rs.paths[1] == PathId::kZeroctaPolicy && rs.paths[2] == PathId::kZerocta);
+  std::string err;
+  Options bad1, bad2, bad3, bad4, bad5;  // fresh each: parse_options fills in its defaults once
+  EXPECT(!parse({"--paths", "nccl-kernel,nccl-ce", "--op", "allreduce"}, &bad1, &err) &&
+         err.find("nccl-ce") != std::string::npos &&
+         err.find("does not apply to --op allreduce") != std::string::npos);
+  EXPECT(!parse({"--op", "broadcast", "--paths", "ceiling"}, &bad2, &err) &&
+         err.find("ceiling") != std::string::npos);
+  EXPECT(!parse({"--op", "allreduce", "--contention"}, &bad3, &err) &&
+         err.find("--contention") != std::string::npos);
+  EXPECT(!parse({"--op", "alltoall"}, &bad4));
+  EXPECT(!parse({"--paths", ""}, &bad5));
+
+  EXPECT(path_uses_shim(PathId::kZeroctaPolicy) && !path_uses_shim(PathId::kNcclPolicy));
+  EXPECT(std::string(path_allgather_mode(PathId::kZeroctaPolicy)) == "nccl");
+  EXPECT(path_allgather_mode(PathId::kNcclPolicy) == nullptr);
+  EXPECT(path_sets_zero_policy(PathId::kNcclPolicy) && path_sets_zero_policy(PathId::kNcclCe));
+  EXPECT(!path_sets_zero_policy(PathId::kNcclKernel) &&
+         !path_sets_zero_policy(PathId::kZeroctaPolicy));
+  PathId id;
+  EXPECT(parse_path_name("nccl-policy", &id) && id == PathId::kNcclPolicy);
+  EXPECT(parse_path_name("zerocta-policy", &id) && id == PathId::kZeroctaPolicy);
+}
+
+void test_shapes() {
+  const uint64_t m = 1ull << 20;
+  CollShape s = coll_shape(CollOp::kAllGather, m, 4, 4);  // output 1 MiB, 64 Ki floats per rank
+  EXPECT(s.count == 65536 && s.bytes == m && s.send_bytes == m / 4 && s.recv_bytes == m);
+  s = coll_shape(CollOp::kReduceScatter, m, 4, 4);  // input 1 MiB
+  EXPECT(s.count == 65536 && s.bytes == m && s.send_bytes == m && s.recv_bytes == m / 4);
+  s = coll_shape(CollOp::kAllReduce, m, 4, 4);
+  EXPECT(s.count == 262144 && s.bytes == m && s.send_bytes == m && s.recv_bytes == m);
+  s = coll_shape(CollOp::kBroadcast, m, 4, 2);
+  EXPECT(s.count == 524288 && s.bytes == m && s.send_bytes == m && s.recv_bytes == m);
+  // Rounded down to whole elements and whole per-rank pieces, like nccl-tests.
+  s = coll_shape(CollOp::kReduceScatter, 1000, 3, 2);
+  EXPECT(s.count == 166 && s.bytes == 996 && s.recv_bytes == 332);
+  s = coll_shape(CollOp::kAllReduce, 1001, 3, 2);
+  EXPECT(s.count == 500 && s.bytes == 1000);
+  s = coll_shape(CollOp::kAllGather, 6, 4, 4);  // too small: nothing at all
+  EXPECT(s.count == 0 && s.bytes == 0 && s.send_bytes == 0 && s.recv_bytes == 0);
+
+  Options o;
+  EXPECT(parse({"--op", "reducescatter", "-b", "1M", "-e", "4M"}, &o));
+  EXPECT(sweep_shape(o, 4 * m, 2).send_bytes == 4 * m && sweep_shape(o, 4 * m, 2).count == m / 2);
+
+  char a[64], b[64];
+  s = coll_shape(CollOp::kAllGather, 16, 4, 1);  // 4 bytes per rank
+  Placement p = place_buffers(CollOp::kAllGather, false, 2, s, a, b);
+  EXPECT(p.send == a && p.recv == b);
+  p = place_buffers(CollOp::kAllGather, true, 2, s, a, b);  // sends its own piece of the output
+  EXPECT(p.recv == b && p.send == b + 8);
+  s = coll_shape(CollOp::kReduceScatter, 16, 4, 1);
+  p = place_buffers(CollOp::kReduceScatter, true, 3, s, a, b);  // receives into its input piece
+  EXPECT(p.send == a && p.recv == a + 12);
+  s = coll_shape(CollOp::kAllReduce, 16, 4, 1);
+  p = place_buffers(CollOp::kAllReduce, true, 1, s, a, b);
+  EXPECT(p.send == b && p.recv == b);
+  p = place_buffers(CollOp::kBroadcast, true, 0, s, a, b);
+  EXPECT(p.send == b && p.recv == b);
+
+  EXPECT(std::fabs(bus_factor(CollOp::kAllGather, 4) - 0.75) < 1e-12);
+  EXPECT(std::fabs(bus_factor(CollOp::kReduceScatter, 4) - 0.75) < 1e-12);
+  EXPECT(std::fabs(bus_factor(CollOp::kAllReduce, 4) - 1.5) < 1e-12);
+  EXPECT(std::fabs(bus_factor(CollOp::kAllReduce, 2) - 1.0) < 1e-12);
+  EXPECT(bus_factor(CollOp::kBroadcast, 8) == 1.0);
+}
+
+// Every partial sum NCCL can form (any subset of the ranks) must stay exactly representable.
+bool partial_sums_exact(ncclDataType_t type, int nranks) {
+  const ReducePattern p = make_reduce_pattern(type, nranks, 12345);
+  const int64_t limit =
+      static_cast<int64_t>(std::min<uint64_t>(exact_integer_limit(type), 1ull << 62));
+  const bool unsig = is_unsigned_type(type);
+  for (uint64_t i = 0; i < 200; ++i) {
+    int64_t pos = 0, neg = 0;  // the extreme subset sums: all positive or all negative values
+    for (int r = 0; r < nranks; ++r) {
+      const int64_t v = reduce_input_value(p, i, r);
+      if (unsig && v < 0) return false;
+      (v > 0 ? pos : neg) += v;
+    }
+    if (pos > limit || -neg > limit) return false;
+  }
+  return true;
+}
+
+void test_reduce_pattern() {
+  // The brief's formula at full amplitude: ((7i + 13r) mod 17) - 8.
+  ReducePattern p;
+  EXPECT(p.amplitude == 8 && p.offset == 0 && p.shift == 0);
+  EXPECT(reduce_input_value(p, 3, 1) == ((21 + 13) % 17) - 8);
+  EXPECT(reduce_input_value(p, 0, 0) == -8 && reduce_input_value(p, 1, 0) == -1);
+  EXPECT(reduce_expected_sum(p, 5, 3) ==
+         reduce_input_value(p, 5, 0) + reduce_input_value(p, 5, 1) + reduce_input_value(p, 5, 2));
+  EXPECT(make_reduce_pattern(ncclFloat32, 8, 0).amplitude == 8);
+  EXPECT(make_reduce_pattern(ncclBfloat16, 64, 0).amplitude == 4);   // 256 / 64
+  EXPECT(make_reduce_pattern(ncclFloat8e5m2, 2, 0).amplitude == 4);  // 8 / 2
+  EXPECT(make_reduce_pattern(ncclFloat8e5m2, 16, 0).amplitude == 0);
+  EXPECT(make_reduce_pattern(ncclFloat8e4m3, 4, 0).amplitude == 4);  // 16 / 4
+  EXPECT(make_reduce_pattern(ncclInt8, 8, 0).amplitude == 8);        // sums within -64..64
+  const ReducePattern u = make_reduce_pattern(ncclUint8, 32, 0);     // 255 / 64
+  EXPECT(u.amplitude == 3 && u.offset == 3);
+  const ReducePattern zero = make_reduce_pattern(ncclFloat8e5m2, 16, 99);
+  EXPECT(reduce_input_value(zero, 7, 5) == 0 && reduce_expected_sum(zero, 7, 16) == 0);
+  // A new size or placement shifts the pattern, so a stale output cannot pass.
+  EXPECT(make_reduce_pattern(ncclFloat32, 2, 4).shift !=
+         make_reduce_pattern(ncclFloat32, 2, 5).shift);
+  const ncclDataType_t types[] = {ncclInt8,    ncclUint8,    ncclInt32,      ncclUint32,
+                                  ncclInt64,   ncclUint64,   ncclFloat16,    ncclFloat32,
+                                  ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+  for (ncclDataType_t t : types) {
+    EXPECT(exact_integer_limit(t) > 0);
+    for (int n : {2, 3, 4, 8, 16, 64}) EXPECT(partial_sums_exact(t, n));
+  }
+  // Ranks differ (else a reduction that used one rank's data twice would pass).
+  bool differ = false;
+  for (uint64_t i = 0; i < 17; ++i)
+    differ |= reduce_input_value(p, i, 0) != reduce_input_value(p, i, 1);
+  EXPECT(differ);
+}
+
+void test_init_and_ratios() {
+  PathResult k, pol;
+  k.path = PathId::kNcclKernel;
+  pol.path = PathId::kNcclPolicy;
+  EXPECT(std::isnan(k.init_ms()) && init_summary(k).empty());
+  InitTimesMsg t{};
+  t.rank = 0;
+  t.init_ms = 300;
+  t.first_op_ms = 41;
+  EXPECT(!add_init(&k, t, 2));
+  t.rank = 1;
+  t.init_ms = 307;
+  t.first_op_ms = 40;
+  EXPECT(add_init(&k, t, 2));
+  EXPECT(k.init_ms() == 307 && k.first_op_ms() == 41);  // max over ranks, field by field
+  EXPECT(init_summary(k) == "init: max over ranks 307.0 ms, first op 41.0 ms");
+
+  k.rows.resize(3);
+  pol.rows.resize(3);
+  RowMsg m{};
+  m.bytes = 1 << 20;
+  for (int size = 0; size < 3; ++size) {
+    m.size_index = size;
+    for (int rank = 0; rank < 2; ++rank) {
+      m.rank = rank;
+      m.oop.mean_us = 100;
+      m.ip.mean_us = 200;
+      add_row(&k, m, 2, CollOp::kAllReduce);
+      m.oop.mean_us = size == 2 ? 90 : 110;  // policy: +10 %, +10 %, -10 % out of place
+      m.ip.mean_us = 200;                    // and unchanged in place
+      if (size != 1) add_row(&pol, m, 2, CollOp::kAllReduce);  // size 1 missing
+    }
+  }
+  EXPECT(std::fabs(k.rows[0].oop.busbw - k.rows[0].oop.algbw) < 1e-12);  // 2(n-1)/n = 1 at n=2
+  EXPECT(std::fabs(time_ratio(&pol, &k, 0, false, 2) - 1.1) < 1e-12);
+  EXPECT(std::isnan(time_ratio(&pol, &k, 1, false, 2)));
+  EXPECT(std::isnan(time_ratio(&pol, nullptr, 0, false, 2)));
+  const RatioSummary rs = time_ratio_summary(pol, k, 2);
+  EXPECT(rs.rows == 4 && std::fabs(rs.min - 0.9) < 1e-12 && std::fabs(rs.max - 1.1) < 1e-12);
+  EXPECT(std::fabs(rs.median - 1.0) < 1e-12);  // {0.9, 1, 1, 1.1}
+  EXPECT(format_row(k.rows[0], CollOp::kAllReduce, "float", false).find(" sum ") !=
+         std::string::npos);
+  const std::string bc = format_row(k.rows[0], CollOp::kBroadcast, "float", false);
+  EXPECT(bc.find(" none ") != std::string::npos && bc.find(" 0  ") != std::string::npos);
+}
+
 void test_bandwidth_and_rows() {
   double alg = 0, bus = 0;
-  all_gather_bw(1000000000ull, 1000000.0, 4, &alg, &bus);  // 1 GB in 1 s
+  coll_bw(CollOp::kAllGather, 1000000000ull, 1000000.0, 4, &alg, &bus);  // 1 GB in 1 s
   EXPECT(std::fabs(alg - 1.0) < 1e-12 && std::fabs(bus - 0.75) < 1e-12);
+  coll_bw(CollOp::kAllReduce, 1000000000ull, 1000000.0, 4, &alg, &bus);
+  EXPECT(std::fabs(alg - 1.0) < 1e-12 && std::fabs(bus - 1.5) < 1e-12);
+  coll_bw(CollOp::kBroadcast, 1000000000ull, 500000.0, 4, &alg, &bus);
+  EXPECT(std::fabs(alg - 2.0) < 1e-12 && std::fabs(bus - 2.0) < 1e-12);
 
   PathResult r;
   r.path = PathId::kZerocta;
@@ -141,9 +341,9 @@ void test_bandwidth_and_rows() {
   b.rank = 1;
   b.oop = {120.0, 80.0, 0, {1, 25, 0, 0}};
   b.ip = {60.0, 75.0, -1, {0, 26, 0, 0}};
-  EXPECT(!add_row(&r, a, 2));
+  EXPECT(!add_row(&r, a, 2, CollOp::kAllGather));
   EXPECT(!r.complete(1, 2));
-  EXPECT(add_row(&r, b, 2));
+  EXPECT(add_row(&r, b, 2, CollOp::kAllGather));
   const RowAgg& row = r.rows[1];
   EXPECT(row.oop.time_us == 120.0 && row.oop.median_us == 90.0);  // max over ranks
   EXPECT(row.ip.time_us == 80.0 && row.ip.median_us == 75.0);
@@ -155,14 +355,14 @@ void test_bandwidth_and_rows() {
   EXPECT(route_tag(row.oop.routes) == "passthrough:1,ce:51");
   const uint64_t zero[zerocta_route_count] = {};
   EXPECT(route_tag(zero) == "-");
-  std::string line = format_row(row, "float", true);
+  std::string line = format_row(row, CollOp::kAllGather, "float", true);
   EXPECT(line.find("1048576") == 0 || line.find(" 1048576 ") != std::string::npos);
   EXPECT(line.find("N/A") != std::string::npos &&
          line.find("passthrough:1,ce:51|ce") != std::string::npos);
   EXPECT(r.wrong_total() == 0);
   RowMsg bad = a;
   bad.size_index = 7;  // out of range: ignored, not a crash
-  EXPECT(!add_row(&r, bad, 2));
+  EXPECT(!add_row(&r, bad, 2, CollOp::kAllGather));
 
   ContentionResult c;
   ContentionMsg m{};
@@ -192,6 +392,14 @@ void test_environment() {
   std::vector<std::string> c =
       worker_environment({"LD_PRELOAD=libzerocta.so"}, PathId::kCeiling, "/l.so");
   EXPECT(!has_prefix(c, "LD_PRELOAD="));
+  // zerocta-policy: the shim, but only its policy; nccl-policy: no shim at all.
+  std::vector<std::string> zp =
+      worker_environment(base, PathId::kZeroctaPolicy, "/b/libzerocta.so");
+  EXPECT(has(zp, "LD_PRELOAD=/b/libzerocta.so:/y/libother.so") &&
+         has(zp, "ZEROCTA_ALLGATHER=nccl"));
+  std::vector<std::string> np = worker_environment(
+      {"LD_PRELOAD=/x/libzerocta.so", "ZEROCTA_ALLGATHER=zerocta"}, PathId::kNcclPolicy, "/l.so");
+  EXPECT(!has_prefix(np, "LD_PRELOAD=") && has(np, "NCCL_NVLS_ENABLE=0"));
 }
 
 void test_json_and_misc() {
@@ -214,6 +422,10 @@ void test_json_and_misc() {
 int run_self_test() {
   test_sizes();
   test_options();
+  test_op_options();
+  test_shapes();
+  test_reduce_pattern();
+  test_init_and_ratios();
   test_bandwidth_and_rows();
   test_environment();
   test_json_and_misc();

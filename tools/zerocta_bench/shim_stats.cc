@@ -33,12 +33,11 @@ bool shim_stats(zerocta_stats_t* out) {
   return fn && fn(out) == 0;
 }
 
-RouteCounts shim_allgather_routes() {
+RouteCounts shim_routes(zerocta_op_t op) {
   RouteCounts r;
   zerocta_stats_t s;
   if (!shim_stats(&s)) return r;
-  for (int i = 0; i < zerocta_route_count; ++i)
-    r.calls[i] = s.counters[zerocta_op_allgather][i].calls;
+  for (int i = 0; i < zerocta_route_count; ++i) r.calls[i] = s.counters[op][i].calls;
   return r;
 }
 

@@ -15,11 +15,12 @@ struct ShimProbe {
 };
 ShimProbe probe_shim();
 
-// All-gather calls per route so far (all zero when the shim is not loaded).
+// Calls of one collective per route so far (all zero when the shim is not loaded).
 struct RouteCounts {
   uint64_t calls[zerocta_route_count] = {};
 };
-RouteCounts shim_allgather_routes();
+RouteCounts shim_routes(zerocta_op_t op);
+inline RouteCounts shim_allgather_routes() { return shim_routes(zerocta_op_allgather); }
 RouteCounts operator-(const RouteCounts& a, const RouteCounts& b);
 
 // The whole snapshot; false when the shim is absent or the call failed.

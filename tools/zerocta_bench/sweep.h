@@ -1,5 +1,5 @@
-// Worker bodies of the bandwidth sweep: one NCCL rank (nccl-kernel, nccl-ce, zerocta,
-// zerocta-auto), or the whole single-process ceiling.
+// Worker bodies of the bandwidth sweep: one NCCL rank (every path but the ceiling), or the
+// whole single-process ceiling (all-gathers only).
 #pragma once
 
 #include "channel.h"
@@ -10,10 +10,11 @@ namespace zcb {
 void run_nccl_sweep(const Options& o, PathId path, int rank, int nranks, Channel* ch);
 void run_ceiling_sweep(const Options& o, int nranks, Channel* ch);
 
-// The buffer sizes the sweep needs: the largest total output and per-rank chunk over the sizes.
+// The per-rank buffer sizes the sweep needs: the largest send and receive buffer over the
+// sizes of the options' op (coll_shape). Both 0 when no size fits nranks ranks.
 struct SweepBuffers {
-  uint64_t max_total = 0;
-  uint64_t max_chunk = 0;
+  uint64_t max_send = 0;
+  uint64_t max_recv = 0;
 };
 SweepBuffers sweep_buffers(const Options& o, int nranks);
 

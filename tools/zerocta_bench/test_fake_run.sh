@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU test of zerocta-bench's parent side on fake GPUs (--fake-gpus: workers send synthetic
-# rows, no CUDA): launcher, unique-id forwarding, barriers, LD_PRELOAD handling, tables, JSON,
-# timeouts and fault handling; then tools/zerocta-plot on the JSON.
+# rows, no CUDA): launcher, unique-id forwarding, barriers, LD_PRELOAD handling, every --op and
+# its path list, init times, tables, JSON, timeouts and fault handling; then tools/zerocta-plot
+# on the JSON.
 # Usage: test_fake_run.sh path/to/zerocta-bench path/to/zerocta-plot   (ZEROCTA_LIB = the shim)
 set -u
 BENCH=$1
@@ -36,14 +37,103 @@ check "json is complete" python3 - "$TMP/ok.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 names = [p["name"] for p in d["paths"]]
-assert names == ["nccl-kernel", "nccl-ce", "zerocta", "zerocta-auto", "ceiling"], names
+assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "nccl-ce", "zerocta",
+                 "zerocta-auto", "ceiling"], names
 assert all(p["status"] == "OK" and len(p["rows"]) == 3 for p in d["paths"])
-assert d["result"] == "OK" and d["machine"]["nranks"] == 2
-z = d["paths"][2]["rows"][0]["out_of_place"]
+assert d["result"] == "OK" and d["machine"]["nranks"] == 2 and d["options"]["op"] == "allgather"
+paths = {p["name"]: p for p in d["paths"]}
+z = paths["zerocta"]["rows"][0]["out_of_place"]
 assert z["routes"]["ce"] > 0 and z["routes"]["passthrough"] == 0, z
+zp = paths["zerocta-policy"]["rows"][0]["out_of_place"]
+assert zp["routes"]["passthrough"] > 0 and zp["routes"]["ce"] == 0, zp
+# Init times: max over ranks for every NCCL path, none for the single-process ceiling.
+assert paths["ceiling"]["init_ms"] is None and paths["ceiling"]["init_per_rank"] == []
+for name in names[:-1]:
+    p = paths[name]
+    assert p["init_ms"] == max(r["init_ms"] for r in p["init_per_rank"]), p
+    assert len(p["init_per_rank"]) == 2 and p["first_op_ms"] > 0, p
+assert paths["zerocta"]["init_ms"] > paths["nccl-kernel"]["init_ms"] + 100  # the pool
+assert paths["nccl-policy"]["init_call"] == "ncclCommInitRankConfig"
+assert paths["nccl-kernel"]["time_vs_nccl_kernel"]["median"] == 1.0
+r = paths["nccl-policy"]["rows"][0]["in_place"]
+k = paths["nccl-kernel"]["rows"][0]["in_place"]
+assert abs(r["time_vs_nccl_kernel"] / (r["time_us"] / k["time_us"]) - 1) < 1e-4, (r, k)  # 6 digits
 assert {c["path"] for c in d["contention"]} == {"nccl-kernel", "nccl-ce", "zerocta", "zerocta-auto", "bare-ce"}
 assert all(c["status"] == "OK" and len(c["per_rank"]) == 2 for c in d["contention"])
 PY
+
+# 1b. The other ops: nccl-tests sizes and busbw factors, default path lists, init times, the
+# policy comparison in the output, the zerocta paths forwarding (passthrough route).
+for op in allreduce reducescatter broadcast; do
+  "$BENCH" --fake-gpus 4 --quick --op $op --json "$TMP/$op.json" >"$TMP/$op.txt" 2>&1
+  check "$op run exits 0" test $? -eq 0
+  check "$op prints init times" grep -qE "^# init: max over ranks [0-9.]+ ms, first op [0-9.]+ ms" \
+    "$TMP/$op.txt"
+  check "$op prints time ratios" contains "$TMP/$op.txt" "Time of each path / time of nccl-kernel"
+  check "$op prints the policy change" grep -qE "^#   nccl-policy +\+1\.0 %" "$TMP/$op.txt"
+  check "$op compares init" grep -qE "^#   zerocta-policy +[0-9.]+ +\+[0-9.]+ " "$TMP/$op.txt"
+  check "$op json" python3 - "$TMP/$op.json" $op <<'PY'
+import json, sys
+d, op = json.load(open(sys.argv[1])), sys.argv[2]
+assert d["result"] == "OK" and d["options"]["op"] == op
+assert [p["name"] for p in d["paths"]] == ["nccl-kernel", "nccl-policy", "zerocta-policy"]
+factor = {"allreduce": 1.5, "reducescatter": 0.75, "broadcast": 1.0}[op]  # 4 ranks
+for p in d["paths"]:
+    assert p["status"] == "OK" and len(p["rows"]) == 3, p
+    assert p["init_ms"] > 0 and p["first_op_ms"] > 0 and len(p["init_per_rank"]) == 4, p
+    for r in p["rows"]:
+        for place in ("out_of_place", "in_place"):
+            x = r[place]
+            assert abs(x["busbw_gbps"] - x["algbw_gbps"] * factor) < 1e-4 * x["busbw_gbps"], x
+            assert abs(x["algbw_gbps"] - r["size"] / x["time_us"] / 1e3) < 1e-4 * x["algbw_gbps"], x
+        # nccl-tests' count column: per-rank output elements (reducescatter) or the buffer.
+        assert r["count"] * 4 * (4 if op == "reducescatter" else 1) == r["size"], r
+zp = d["paths"][2]
+assert zp["zerocta_allgather"] == "nccl" and zp["uses_shim"]
+assert zp["shim_totals"]["comms_zero_policy"] == 4 and zp["shim_totals"]["routes"]["passthrough"] > 0
+assert d["paths"][1]["init_call"] == "ncclCommInitRankConfig"
+assert d["paths"][0]["init_call"] == "ncclCommInitRank" and zp["init_call"] == "ncclCommInitRank"
+assert 1.0 < d["paths"][1]["time_vs_nccl_kernel"]["median"] < 1.02
+PY
+done
+check "allreduce redop column" grep -qE "^ +1048576 +262144 +float +sum +-1 " "$TMP/allreduce.txt"
+check "broadcast root column" grep -qE "^ +1048576 +262144 +float +none +0 " "$TMP/broadcast.txt"
+check "reducescatter count column" grep -qE "^ +1048576 +65536 +float +sum +-1 " \
+  "$TMP/reducescatter.txt"
+"$BENCH" --fake-gpus 2 --quick --op allreduce --paths all --json "$TMP/arall.json" \
+  >"$TMP/arall.txt" 2>&1
+check "allreduce on every path exits 0" test $? -eq 0
+check "zerocta forwards all-reduces" python3 - "$TMP/arall.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [p["name"] for p in d["paths"]]
+assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto"], names
+for p in d["paths"][3:]:
+    assert p["status"] == "OK", p
+    assert all(r[pl]["routes"]["ce"] == 0 and r[pl]["routes"]["passthrough"] > 0
+               for r in p["rows"] for pl in ("out_of_place", "in_place")), p
+PY
+
+# 1c. Paths that make no sense for an op are usage errors, and so is --contention with one.
+"$BENCH" --fake-gpus 2 --quick --op allreduce --paths nccl-kernel,nccl-ce >"$TMP/u1.txt" 2>&1
+check "nccl-ce with allreduce exits 2" test $? -eq 2
+check "nccl-ce with allreduce explained" contains "$TMP/u1.txt" \
+  'path "nccl-ce" does not apply to --op allreduce'
+"$BENCH" --fake-gpus 2 --quick --paths ceiling --op broadcast >"$TMP/u2.txt" 2>&1
+check "ceiling with broadcast exits 2" test $? -eq 2
+"$BENCH" --fake-gpus 2 --quick --op reducescatter --contention >"$TMP/u3.txt" 2>&1
+check "contention with reducescatter exits 2" test $? -eq 2
+check "contention with reducescatter explained" contains "$TMP/u3.txt" "measures all-gathers"
+"$BENCH" --fake-gpus 2 --op alltoall >"$TMP/u4.txt" 2>&1
+check "unknown op exits 2" test $? -eq 2
+
+# 1d. zerocta-policy fails when the shim did not give a communicator the zero-CTA policy.
+ZCB_FAKE_NO_POLICY=zerocta-policy "$BENCH" --fake-gpus 2 --quick --op allreduce \
+  >"$TMP/nopol.txt" 2>&1
+check "missing policy exits 1" test $? -eq 1
+check "missing policy reported" contains "$TMP/nopol.txt" \
+  "zerocta-policy: FAILED.*0 of 2 communicators.*NCCL_CTA_POLICY_ZERO"
+check "other paths still OK" contains "$TMP/nopol.txt" "Path nccl-policy: OK"
 
 # 2. A hung path is killed at its limit, the run goes on and ends FAILED.
 start=$(date +%s)

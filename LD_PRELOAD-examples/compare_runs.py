@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Compares two training records (fsdp2_gpt.py / ddp.py --out): a run without zerocta and one
+with it. Standard library only.
+
+    compare_runs.py PLAIN.json ZEROCTA.json [--stats-dir DIR] [--summary OUT.json]
+        [--label NAME] [--second-plain]
+
+Prints whether every rank's loss at every step is bitwise identical (else the first differing
+step), whether every rank's final weights are (their checksums), both runs' median step time
+and the ratio zerocta/plain, and the routes zerocta counted for the all-gathers: from the
+ZEROCTA_STATS JSON files in --stats-dir (one per rank, the whole process life) when given,
+else from the counters the record holds (taken in-process after the last step). The last line
+is the verdict. Exit status: 0 MATCH, 1 MISMATCH or an invalid run, 2 a usage problem.
+
+--second-plain: the second run is also without zerocta (a determinism check of the program
+itself: run_pair.sh BASELINE_TWICE=1).
+"""
+
+import argparse
+import glob
+import json
+import os
+import struct
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def hex_to_float(h):
+    return struct.unpack(">f", bytes.fromhex(h))[0]
+
+
+def first_loss_difference(a, b):
+    """(step, rank, hex a, hex b) of the earliest differing loss, or None if all are equal."""
+    first = None
+    for rank, (la, lb) in enumerate(zip(a, b)):
+        for step, (x, y) in enumerate(zip(la, lb)):
+            if x != y:
+                if first is None or step < first[0]:
+                    first = (step, rank, x, y)
+                break
+    return first
+
+
+def allgather_routes_from_stats_files(stats_dir):
+    """Sums of the ZEROCTA_STATS JSON files in stats_dir (src/stats.cc's format):
+    ({route: [calls, bytes]} for op allgather, comm counters, number of files of processes
+    that created a communicator). A process forked from a rank without exec writes a file
+    of zeros at exit; such files add nothing and are not counted as ranks."""
+    routes, comms, ranks = {}, {}, 0
+    for path in sorted(glob.glob(os.path.join(stats_dir, "*.json"))):
+        s = load(path)
+        ranks += s.get("comms_created", 0) > 0
+        for route, c in s.get("ops", {}).get("allgather", {}).items():
+            acc = routes.setdefault(route, [0, 0])
+            acc[0] += c["calls"]
+            acc[1] += c["bytes"]
+        for key in ("comms_created", "comms_zero_policy", "comms_ce_ready"):
+            comms[key] = comms.get(key, 0) + s.get(key, 0)
+    return routes, comms, ranks
+
+
+def allgather_routes_from_record(zerocta):
+    """The same sums from the per-rank in-process counters a record holds."""
+    routes, comms = {}, {}
+    for rank_stats in zerocta:
+        for key, c in rank_stats["counters"].items():
+            op, route = key.split("/", 1)
+            if op == "allgather":
+                acc = routes.setdefault(route, [0, 0])
+                acc[0] += c["calls"]
+                acc[1] += c["bytes"]
+        for key in ("comms_created", "comms_zero_policy", "comms_ce_ready"):
+            comms[key] = comms.get(key, 0) + rank_stats.get(key, 0)
+    return routes, comms
+
+
+def describe_routes(routes):
+    if not routes:
+        return "no all-gathers counted"
+    return ", ".join("%s %d calls (%.1f GiB)" % (r, c, b / 2**30)
+                     for r, (c, b) in sorted(routes.items()))
+
+
+def compare(plain, other, second_plain, stats_dir):
+    """Returns (problems, summary dict, report lines)."""
+    problems, lines = [], []
+    for key in ("script", "name", "config", "world_size", "steps", "seed", "deterministic"):
+        if plain.get(key) != other.get(key):
+            problems.append("the runs differ in %s: %r vs %r" % (key, plain.get(key),
+                                                                 other.get(key)))
+    if plain.get("zerocta") is not None:
+        problems.append("zerocta was loaded in the plain run")
+    if second_plain and other.get("zerocta") is not None:
+        problems.append("zerocta was loaded in the second plain run")
+    if not second_plain and other.get("zerocta") is None:
+        problems.append("zerocta was not loaded in the zerocta run")
+    for label, rec in (("plain", plain), ("second", other)):
+        if not rec.get("finite", False):
+            problems.append("the %s run had a non-finite loss" % label)
+        if rec.get("replicated") and len(set(rec["checksum"])) != 1:
+            problems.append("the %s run's replicas differ (checksums %s)" %
+                            (label, rec["checksum"]))
+
+    diff = first_loss_difference(plain["losses_hex"], other["losses_hex"])
+    losses_equal = diff is None and len(plain["losses_hex"]) == len(other["losses_hex"])
+    weights_equal = plain["checksum"] == other["checksum"]
+    n_ranks, n_steps = len(plain["losses_hex"]), len(plain["losses_hex"][0])
+    if losses_equal:
+        lines.append("losses bitwise identical: yes (%d steps x %d ranks)" % (n_steps, n_ranks))
+    elif diff is None:
+        lines.append("losses bitwise identical: no (different numbers of ranks)")
+    else:
+        step, rank, x, y = diff
+        lines.append("losses bitwise identical: no, first at step %d rank %d: %r (%s) vs %r (%s)"
+                     % (step, rank, hex_to_float(x), x, hex_to_float(y), y))
+    lines.append("final weights bitwise identical: %s" % ("yes" if weights_equal else
+                                                          "no (checksums %s vs %s)" %
+                                                          (plain["checksum"],
+                                                           other["checksum"])))
+    if not losses_equal:
+        problems.append("losses differ")
+    if not weights_equal:
+        problems.append("final weights differ")
+
+    t0 = plain["timing"].get("median_step_ms")
+    t1 = other["timing"].get("median_step_ms")
+    ratio = t1 / t0 if t0 and t1 else None
+    second = "plain #2" if second_plain else "zerocta"
+    if ratio is not None:
+        lines.append("median step: plain %.2f ms, %s %.2f ms, ratio %.3f (%d timed steps, "
+                     "slowest rank per step)" % (t0, second, t1, ratio,
+                                                 plain["timing"]["timed_steps"]))
+
+    summary = {"losses_identical": losses_equal, "weights_identical": weights_equal,
+               "first_difference": (None if diff is None else
+                                    {"step": diff[0], "rank": diff[1], "plain": diff[2],
+                                     "other": diff[3]}),
+               "median_step_ms": {"plain": t0, "other": t1}, "ratio": ratio}
+    if not second_plain:
+        if stats_dir:
+            routes, comms, n_files = allgather_routes_from_stats_files(stats_dir)
+            source = "ZEROCTA_STATS files of %d ranks" % n_files
+            if n_files != plain.get("world_size"):
+                problems.append("ZEROCTA_STATS files of %d processes with communicators in %s, "
+                                "expected %s (one per rank)" % (n_files, stats_dir,
+                                                                plain.get("world_size")))
+        else:
+            routes, comms = allgather_routes_from_record(other["zerocta"] or [])
+            source = "in-process counters after the last step"
+        lines.append("zerocta all-gather routes, all ranks (%s): %s" %
+                     (source, describe_routes(routes)))
+        lines.append("zerocta communicators: created %s, zero CTA policy %s, copy-engine pool %s"
+                     % (comms.get("comms_created"), comms.get("comms_zero_policy"),
+                        comms.get("comms_ce_ready")))
+        summary["allgather_routes"] = {r: {"calls": c, "bytes": b} for r, (c, b) in
+                                       routes.items()}
+        summary["comms"] = comms
+        summary["route_source"] = source
+    return problems, summary, lines
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("plain")
+    p.add_argument("other")
+    p.add_argument("--stats-dir", help="directory of the zerocta run's ZEROCTA_STATS files")
+    p.add_argument("--summary", help="write the comparison as JSON here")
+    p.add_argument("--label", help="name printed in the verdict (default: the record's)")
+    p.add_argument("--second-plain", action="store_true",
+                   help="the second run is also without zerocta")
+    args = p.parse_args()
+
+    try:
+        plain, other = load(args.plain), load(args.other)
+    except (OSError, ValueError) as e:
+        print("VERDICT %s: FAILED: cannot read the records: %s" % (args.label or "-", e))
+        return 1
+    label = args.label or "%s %s" % (plain.get("script"), plain.get("name"))
+    problems, summary, lines = compare(plain, other, args.second_plain, args.stats_dir)
+    for line in lines:
+        print("%s: %s" % (label, line))
+    verdict = "MATCH" if not problems else "MISMATCH: " + "; ".join(problems)
+    if not problems:
+        verdict += " (bitwise identical losses and weights%s)" % (
+            "" if summary["ratio"] is None else ", step time ratio %.3f" % summary["ratio"])
+    print("VERDICT %s: %s" % (label, verdict))
+    summary.update({"label": label, "match": not problems, "problems": problems,
+                    "plain": os.path.abspath(args.plain), "other": os.path.abspath(args.other),
+                    "second_plain": args.second_plain})
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f, indent=1, sort_keys=True)
+            f.write("\n")
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
