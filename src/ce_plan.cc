@@ -63,13 +63,18 @@ uint64_t ArenaLayout::slot_offset(int slot) const {
 }
 uint64_t ArenaLayout::arena_bytes() const { return flags_bytes + slot_bytes * nslots; }
 
+// More slots add nothing but flags (2.3 KiB each) and setup time (a memset per slot): an op
+// never has more than a few pieces in flight.
+constexpr uint64_t kMaxSlots = 64;
+
 ArenaLayout ArenaLayout::make(uint64_t pool_bytes, uint64_t chunk_bytes) {
   ArenaLayout l;
   // At least 4 slots: 2 for eager ops and 2 for captured graphs, each pair enough to overlap
   // one piece's copy-in with the previous piece's pulls. A pool too small for 4 chunks gets
   // smaller slots rather than growing past ZEROCTA_POOL_BYTES.
   if (pool_bytes / chunk_bytes >= 4) {
-    l.nslots = static_cast<int>(pool_bytes / chunk_bytes);
+    // uint64_t until clamped: pool / chunk can exceed INT_MAX (e.g. 128T / 64K).
+    l.nslots = static_cast<int>(std::min<uint64_t>(pool_bytes / chunk_bytes, kMaxSlots));
     l.slot_bytes = chunk_bytes;
   } else {
     l.nslots = 4;

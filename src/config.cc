@@ -198,6 +198,8 @@ std::string markdown_cell(const char* text) {
 
 }  // namespace
 
+std::string quoted(const char* text) { return quote(text); }
+
 const std::vector<ConfigVar>& config_table() {
   static const std::vector<ConfigVar> kTable = [] {
     std::vector<ConfigVar> rows;

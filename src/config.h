@@ -90,6 +90,9 @@ bool parse_size(const char* text, uint64_t* out);
 // 1000 -> "1000". parse_size(format_size(v)) == v for every v.
 std::string format_size(uint64_t bytes);
 
+// `text` as it appears in a log line: quoted, escaped to one printable line, shortened.
+std::string quoted(const char* text);
+
 const char* to_string(CtaPolicyMode m);
 const char* to_string(AllGatherMode m);
 const char* to_string(CeDirectionMode m);

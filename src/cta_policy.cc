@@ -86,8 +86,10 @@ PolicyResult apply_cta_policy(const ncclConfig_t* caller, NullConfig null_config
   size_t size = 0;
   unsigned magic = 0, version = 0;
   memcpy(&size, caller, sizeof(size));
-  memcpy(&magic, reinterpret_cast<const char*>(caller) + 8, sizeof(magic));
-  memcpy(&version, reinterpret_cast<const char*>(caller) + 12, sizeof(version));
+  if (size >= 24 && size <= 65536) {  // only bytes the struct's own size covers
+    memcpy(&magic, reinterpret_cast<const char*>(caller) + 8, sizeof(magic));
+    memcpy(&version, reinterpret_cast<const char*>(caller) + 12, sizeof(version));
+  }
   if (magic != kConfigMagic || size < 24 || size > 65536) {
     r.why = "config is not initialised (bad magic or size): left for NCCL to reject";
     return r;

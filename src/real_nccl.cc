@@ -81,7 +81,10 @@ void* find_handle() {
   if (!path.empty()) {
     if (void* h = dlopen(path.c_str(), RTLD_NOLOAD | RTLD_LAZY)) return h;
     if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-    ZC_WARN("ZEROCTA_NCCL_LIBRARY=\"%s\" could not be loaded: %s", path.c_str(), dlerror());
+    static std::atomic<bool> warned{false};  // the search repeats on every call; say it once
+    const char* why = dlerror();
+    if (!warned.exchange(true))
+      ZC_WARN("ZEROCTA_NCCL_LIBRARY=\"%s\" could not be loaded: %s", path.c_str(), why);
   }
   return nullptr;
 }
@@ -93,9 +96,11 @@ bool resolve_locked(State& s) {
   Dl_info info{};
   if (!probe || !dladdr(probe, &info)) return false;
   if (reinterpret_cast<uintptr_t>(info.dli_fbase) == own_base()) {
-    ZC_WARN(
-        "the NCCL library found is libzerocta itself; check LD_PRELOAD and "
-        "ZEROCTA_NCCL_LIBRARY");
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      ZC_WARN(
+          "the NCCL library found is libzerocta itself; check LD_PRELOAD and "
+          "ZEROCTA_NCCL_LIBRARY");
     return false;
   }
 #define ZC_NCCL_FN(ret, name, params, args, kind) \

@@ -35,7 +35,7 @@ void announce(const Config& c) {
       ZC_WARN(
           "NCCL_CTA_POLICY=%s is set in the environment: NCCL uses it instead of the policy "
           "zerocta puts in the communicator config",
-          env);
+          quoted(env).c_str());
 }
 
 }  // namespace

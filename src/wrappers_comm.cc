@@ -17,20 +17,21 @@
 namespace zc {
 namespace {
 
-// Whether a communicator created with this config will be non-blocking.
+// Whether a communicator created with this config will be non-blocking. Reads only what the
+// struct's own `size` covers, like NCCL (parseCommConfig copies `size` bytes, nothing more).
 bool nonblocking_config(const ncclConfig_t* c, bool inherit_nonblocking) {
-  if (c == nullptr) {
-    if (inherit_nonblocking) return true;
-    const char* env = getenv("NCCL_COMM_BLOCKING");
-    return env && strcmp(env, "0") == 0;
-  }
+  const char* env = getenv("NCCL_COMM_BLOCKING");
+  const bool env_nonblocking = env && strcmp(env, "0") == 0;
+  if (c == nullptr) return inherit_nonblocking || env_nonblocking;
+  size_t size = 0;
+  unsigned magic = 0;
   int blocking = NCCL_CONFIG_UNDEF_INT;
-  memcpy(&blocking, reinterpret_cast<const char*>(c) + offsetof(ncclConfig_t, blocking),
-         sizeof(int));
-  if (blocking == NCCL_CONFIG_UNDEF_INT) {
-    const char* env = getenv("NCCL_COMM_BLOCKING");
-    return env && strcmp(env, "0") == 0;
-  }
+  memcpy(&size, c, sizeof size);
+  if (size >= 12) memcpy(&magic, reinterpret_cast<const char*>(c) + 8, sizeof magic);
+  if (magic == 0xcafebeef && size >= offsetof(ncclConfig_t, blocking) + sizeof(int))
+    memcpy(&blocking, reinterpret_cast<const char*>(c) + offsetof(ncclConfig_t, blocking),
+           sizeof(int));
+  if (blocking == NCCL_CONFIG_UNDEF_INT) return env_nonblocking;
   return blocking == 0;
 }
 
@@ -90,6 +91,20 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
   return st;
 }
 
+// NCCL's own check of ncclCommInitAll's list: every device in range, none twice.
+bool device_list_ok(const CudaDriver& cu, int ndev, const int* devlist) {
+  if (devlist == nullptr) return true;
+  int total = 0;
+  if (cu.cuDeviceGetCount(&total) != CUDA_SUCCESS) return false;
+  std::vector<bool> seen(static_cast<size_t>(total > 0 ? total : 0), false);
+  for (int i = 0; i < ndev; ++i) {
+    const int d = devlist[i];
+    if (d < 0 || d >= total || seen[static_cast<size_t>(d)]) return false;
+    seen[static_cast<size_t>(d)] = true;
+  }
+  return true;
+}
+
 // Teardown shared by Finalize/Destroy: wait for our work, deregister, free.
 void release_pool(ncclComm_t comm, bool remove) {
   auto st = remove ? comm_remove(comm) : comm_lookup(comm);
@@ -116,7 +131,7 @@ ZC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nccl
   std::vector<unsigned char> storage;
   PolicyResult p = policy_for(config, NullConfig::kFresh, &storage, "ncclCommInitRankConfig");
   ncclResult_t r = e.real->ncclCommInitRankConfig(comm, nranks, commId, rank, p.config);
-  after_create(*e.real, *comm, r, p.policy, nonblocking_config(p.config, false));
+  after_create(*e.real, comm ? *comm : nullptr, r, p.policy, nonblocking_config(p.config, false));
   return r;
 }
 
@@ -127,7 +142,7 @@ ZC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUnique
   if (e.gate != Gate::kActive || !policy_applies()) {
     if (e.gate == Gate::kActive && e.real->ncclCommInitRank) {
       ncclResult_t r = e.real->ncclCommInitRank(comm, nranks, commId, rank);
-      after_create(*e.real, *comm, r, -1, nonblocking_config(nullptr, false));
+      after_create(*e.real, comm ? *comm : nullptr, r, -1, nonblocking_config(nullptr, false));
       return r;
     }
     ZC_CALL_REAL(ncclResult_t, e, ncclCommInitRank, (comm, nranks, commId, rank));
@@ -140,7 +155,7 @@ ZC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUnique
   std::vector<unsigned char> storage;
   PolicyResult p = policy_for(nullptr, NullConfig::kFresh, &storage, "ncclCommInitRank");
   ncclResult_t r = e.real->ncclCommInitRankConfig(comm, nranks, commId, rank, p.config);
-  after_create(*e.real, *comm, r, p.policy, nonblocking_config(p.config, false));
+  after_create(*e.real, comm ? *comm : nullptr, r, p.policy, nonblocking_config(p.config, false));
   return r;
 }
 
@@ -160,7 +175,8 @@ ZC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
   PolicyResult p = policy_for(config, NullConfig::kFresh, &storage, "ncclCommInitRankScalable");
   ncclResult_t r =
       e.real->ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, p.config);
-  after_create(*e.real, *newcomm, r, p.policy, nonblocking_config(p.config, false));
+  after_create(*e.real, newcomm ? *newcomm : nullptr, r, p.policy,
+               nonblocking_config(p.config, false));
   return r;
 }
 
@@ -173,7 +189,11 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
   const CudaDriver* cu = wanted ? cuda_driver() : nullptr;
   bool rebuild =
       wanted && cu && e.real->ncclGetUniqueId && e.real->ncclCommInitRankConfig && comm && ndev > 0;
-  if (wanted && !rebuild)
+  // NCCL checks the whole device list before creating anything; a list it would refuse is
+  // forwarded so that NCCL refuses it (a half-built group would wait for missing ranks).
+  const bool bad_list = rebuild && !device_list_ok(*cu, ndev, devlist);
+  if (bad_list) rebuild = false;
+  if (wanted && !rebuild && !bad_list)
     ZC_WARN(
         "ncclCommInitAll forwarded unchanged (no CUDA driver to switch devices): the CTA "
         "policy is not applied to these communicators");

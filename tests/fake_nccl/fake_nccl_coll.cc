@@ -1,5 +1,6 @@
 // Fake NCCL: collectives, point-to-point and groups. Nothing touches data (the buffers in
-// these tests are made-up addresses); every call is logged with its arguments and succeeds.
+// these tests are made-up addresses); every call is logged with its arguments and succeeds,
+// unless FAKE_NCCL_CHECK_ARGS=1 asks for NCCL's argument checks (fake_nccl_argcheck.cc).
 // ncclBcast is implemented by calling the exported ncclBroadcast, as the real NCCL does.
 #include "fake_nccl_internal.h"
 
@@ -14,8 +15,25 @@ std::string tail(ncclComm_t comm, cudaStream_t stream) {
   return " comm=" + name_of(comm) + " stream=" + hex_ptr(stream);
 }
 
-ncclResult_t coll(const char* fn, const std::string& line) {
-  return finish(line, fake::should_fail(fn) ? ncclInternalError : ncclSuccess);
+ncclResult_t coll(const char* fn, const std::string& line, const fake::CollArgs& args) {
+  return finish(line, fake::should_fail(fn) ? ncclInternalError : fake::check_coll_args(args));
+}
+
+fake::CollArgs args_of(ncclComm_t comm, ncclDataType_t datatype) {
+  fake::CollArgs a;
+  a.comm = comm;
+  a.datatype = datatype;
+  return a;
+}
+fake::CollArgs with_op(fake::CollArgs a, ncclRedOp_t op) {
+  a.has_op = true;
+  a.op = op;
+  return a;
+}
+fake::CollArgs with_root(fake::CollArgs a, int root) {
+  a.has_root = true;
+  a.root = root;
+  return a;
 }
 
 thread_local int t_group_depth = 0;
@@ -27,17 +45,19 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   return coll("ncclReduce",
               "ncclReduce sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
                   strf(" count=%zu datatype=%d op=%d root=%d", count, datatype, op, root) +
-                  tail(comm, stream));
+                  tail(comm, stream),
+              with_root(with_op(args_of(comm, datatype), op), root));
 }
 FAKE_PNCCL_ALIAS(ncclReduce)
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-  return coll("ncclBroadcast", "ncclBroadcast sendbuff=" + hex_ptr(sendbuff) +
-                                   " recvbuff=" + hex_ptr(recvbuff) +
-                                   strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
-                                   tail(comm, stream));
+  return coll("ncclBroadcast",
+              "ncclBroadcast sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
+                  tail(comm, stream),
+              with_root(args_of(comm, datatype), root));
 }
 FAKE_PNCCL_ALIAS(ncclBroadcast)
 
@@ -58,7 +78,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            cudaStream_t stream) {
   return coll("ncclAllReduce",
               "ncclAllReduce sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
-                  strf(" count=%zu datatype=%d op=%d", count, datatype, op) + tail(comm, stream));
+                  strf(" count=%zu datatype=%d op=%d", count, datatype, op) + tail(comm, stream),
+              with_op(args_of(comm, datatype), op));
 }
 FAKE_PNCCL_ALIAS(ncclAllReduce)
 
@@ -68,7 +89,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   return coll("ncclReduceScatter",
               "ncclReduceScatter sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
                   strf(" recvcount=%zu datatype=%d op=%d", recvcount, datatype, op) +
-                  tail(comm, stream));
+                  tail(comm, stream),
+              with_op(args_of(comm, datatype), op));
 }
 FAKE_PNCCL_ALIAS(ncclReduceScatter)
 
@@ -76,7 +98,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return coll("ncclAllGather",
               "ncclAllGather sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
-                  strf(" sendcount=%zu datatype=%d", sendcount, datatype) + tail(comm, stream));
+                  strf(" sendcount=%zu datatype=%d", sendcount, datatype) + tail(comm, stream),
+              args_of(comm, datatype));
 }
 FAKE_PNCCL_ALIAS(ncclAllGather)
 
@@ -84,41 +107,48 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return coll("ncclAlltoAll",
               "ncclAlltoAll sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
-                  strf(" count=%zu datatype=%d", count, datatype) + tail(comm, stream));
+                  strf(" count=%zu datatype=%d", count, datatype) + tail(comm, stream),
+              args_of(comm, datatype));
 }
 FAKE_PNCCL_ALIAS(ncclAlltoAll)
 
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclGather", "ncclGather sendbuff=" + hex_ptr(sendbuff) +
-                                " recvbuff=" + hex_ptr(recvbuff) +
-                                strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
-                                tail(comm, stream));
+  return coll("ncclGather",
+              "ncclGather sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
+                  tail(comm, stream),
+              with_root(args_of(comm, datatype), root));
 }
 FAKE_PNCCL_ALIAS(ncclGather)
 
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclScatter", "ncclScatter sendbuff=" + hex_ptr(sendbuff) +
-                                 " recvbuff=" + hex_ptr(recvbuff) +
-                                 strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
-                                 tail(comm, stream));
+  return coll("ncclScatter",
+              "ncclScatter sendbuff=" + hex_ptr(sendbuff) + " recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d root=%d", count, datatype, root) +
+                  tail(comm, stream),
+              with_root(args_of(comm, datatype), root));
 }
 FAKE_PNCCL_ALIAS(ncclScatter)
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclSend", "ncclSend sendbuff=" + hex_ptr(sendbuff) +
-                              strf(" count=%zu datatype=%d peer=%d", count, datatype, peer) +
-                              tail(comm, stream));
+  return coll("ncclSend",
+              "ncclSend sendbuff=" + hex_ptr(sendbuff) +
+                  strf(" count=%zu datatype=%d peer=%d", count, datatype, peer) +
+                  tail(comm, stream),
+              with_root(args_of(comm, datatype), peer));
 }
 FAKE_PNCCL_ALIAS(ncclSend)
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclRecv", "ncclRecv recvbuff=" + hex_ptr(recvbuff) +
-                              strf(" count=%zu datatype=%d peer=%d", count, datatype, peer) +
-                              tail(comm, stream));
+  return coll("ncclRecv",
+              "ncclRecv recvbuff=" + hex_ptr(recvbuff) +
+                  strf(" count=%zu datatype=%d peer=%d", count, datatype, peer) +
+                  tail(comm, stream),
+              with_root(args_of(comm, datatype), peer));
 }
 FAKE_PNCCL_ALIAS(ncclRecv)
 

@@ -84,6 +84,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
   std::string line = strf("ncclCommInitAll ndev=%d devlist=", ndev) + fake::int_list(devlist, ndev);
   if (fake::should_fail("ncclCommInitAll")) return finish(line, ncclInternalError);
   if (comm == nullptr || ndev < 1) return finish(line, ncclInvalidArgument);
+  // NCCL validates the whole device list before creating anything.
+  if (ncclResult_t bad = fake::check_device_list(ndev, devlist)) return finish(line, bad);
   std::string names;
   for (int i = 0; i < ndev; ++i) {
     comm[i] =
@@ -154,6 +156,8 @@ ncclResult_t comm_lifecycle(const char* fn, ncclComm_t comm, const std::string& 
                             bool free_it) {
   std::string line = std::string(fn) + " comm=" + name_of(comm) + extra;
   if (fake::should_fail(fn)) return finish(line, ncclInternalError);
+  // NCCL 2.28's ncclCommDestroy and ncclCommAbort accept NULL as a no-op.
+  if (comm == nullptr && free_it && fake::check_args_enabled()) return finish(line, ncclSuccess);
   if (fake::find_comm(comm) == nullptr) return finish(line, ncclInvalidArgument);
   finish(line, ncclSuccess);
   if (free_it) fake::delete_comm(comm);

@@ -59,4 +59,22 @@ FAKE_HIDDEN int current_device();
 
 FAKE_HIDDEN std::string int_list(const int* values, int n);
 
+// Argument checks of the real NCCL, active only with FAKE_NCCL_CHECK_ARGS=1
+// (fake_nccl_argcheck.cc); without it they answer ncclSuccess.
+struct CollArgs {
+  ncclComm_t comm = nullptr;
+  int datatype = ncclInt8;
+  bool has_op = false;
+  int op = ncclSum;
+  bool has_root = false;  // root, or peer for send/recv
+  int root = 0;
+};
+FAKE_HIDDEN bool check_args_enabled();
+// A built-in operator, or one ncclRedOpCreatePreMulSum handed out (fake_nccl_mem.cc).
+FAKE_HIDDEN bool redop_exists(int op);
+FAKE_HIDDEN ncclResult_t check_coll_args(const CollArgs& args);
+// ncclCommInitAll's check: ndev < 0 or a device outside the driver's count -> invalid
+// argument, a device listed twice -> invalid usage.
+FAKE_HIDDEN ncclResult_t check_device_list(int ndev, const int* devlist);
+
 }  // namespace fake

@@ -23,6 +23,10 @@ std::atomic<int> g_next_redop{ncclNumOps};
 
 }  // namespace
 
+namespace fake {
+bool redop_exists(int op) { return op >= 0 && (op < ncclNumOps || op < g_next_redop.load()); }
+}  // namespace fake
+
 ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   std::string line = strf("ncclMemAlloc size=%zu", size);
   if (fake::should_fail("ncclMemAlloc")) return finish(line, ncclInternalError);

@@ -88,7 +88,7 @@ ncclResult_t finish(const std::string& line, ncclResult_t result) {
 }
 
 bool config_magic_ok(const ncclConfig_t* config) {
-  return config != nullptr && config->magic == 0xcafebeef;
+  return config != nullptr && config->size >= 12 && config->magic == 0xcafebeef;
 }
 
 std::string describe_config(const ncclConfig_t* config) {
@@ -108,9 +108,13 @@ std::string describe_config(const ncclConfig_t* config) {
     memcpy(&v, b + 16, sizeof v);
     blocking = strf("%d", v);
   }
+  // magic and version only where `size` covers them: NCCL copies exactly `size` bytes.
+  unsigned magic = 0, version = 0;
+  if (size >= 12) memcpy(&magic, b + 8, sizeof magic);
+  if (size >= 16) memcpy(&version, b + 12, sizeof version);
   return "config=" + hex_ptr(config) +
-         strf(" config_size=%zu magic=%#x version=%u cta=%s blocking=%s hex=", size, config->magic,
-              config->version, cta.c_str(), blocking.c_str()) +
+         strf(" config_size=%zu magic=%#x version=%u cta=%s blocking=%s hex=", size, magic, version,
+              cta.c_str(), blocking.c_str()) +
          hex_bytes(b, dump);
 }
 

@@ -124,48 +124,64 @@ void write_trace(const ActivityCounts& a, int rank, uint64_t bytes, int ops) {
 }
 
 // Which engine runs a same-GPU copy: timed alone, and again while spinning blocks fill every
-// SM. A copy that needs SMs waits for the spin to end; a copy engine does not. Printed for
-// plain cudaMemcpyAsync and for cudaMemcpyBatchAsync with "prefer overlap with compute".
+// SM. A copy that needs SMs waits for the spin to end; a copy engine does not. Tried: plain
+// cudaMemcpyAsync, cudaMemcpyBatchAsync with "prefer overlap with compute", and that batch
+// with a 4-byte copy to a peer GPU added (as NCCL batches its own chunk with its peer copies).
 void probe_local_copy_engine(int rank) {
   const size_t bytes = size_t{256} << 20;
-  void *a = nullptr, *b = nullptr;
+  int dev = 0, ndev = 0;
+  ZG_CUDA(cudaGetDevice(&dev));
+  ZG_CUDA(cudaGetDeviceCount(&ndev));
+  const int peer = (dev + 1) % ndev;
+  void *a = nullptr, *b = nullptr, *remote = nullptr, *tiny = nullptr;
   ZG_CUDA(cudaMalloc(&a, bytes));
   ZG_CUDA(cudaMalloc(&b, bytes));
+  ZG_CUDA(cudaMalloc(&tiny, 4096));
+  ZG_CUDA(cudaSetDevice(peer));
+  ZG_CUDA(cudaMalloc(&remote, 4096));
+  ZG_CUDA(cudaSetDevice(dev));
+  const cudaError_t pe = cudaDeviceEnablePeerAccess(peer, 0);
+  if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) ZG_CUDA(pe);
+  cudaGetLastError();
   cudaStream_t cs, ks;
   ZG_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   ZG_CUDA(cudaStreamCreateWithFlags(&ks, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
   ZG_CUDA(cudaEventCreate(&e0));
   ZG_CUDA(cudaEventCreate(&e1));
-  auto copy = [&](bool batch) {
-    if (!batch) {
+  enum Kind { kPlain, kBatch, kBatchWithPeer, kBatchWithLocalTiny };
+  const char* names[] = {"cudaMemcpyAsync", "cudaMemcpyBatchAsync(prefer-overlap)",
+                         "batch(prefer-overlap) + 4 B to a peer",
+                         "batch(prefer-overlap) + 4 B local"};
+  auto copy = [&](Kind k) {
+    if (k == kPlain) {
       ZG_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, cs));
       return;
     }
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t idx = 0, size = bytes;
-    void* dst = b;
-    const void* src = a;
-    ZG_CUDA(cudaMemcpyBatchAsync(&dst, &src, &size, 1, &attr, &idx, 1, cs));
+    size_t idx = 0;
+    size_t sizes[2] = {bytes, 4};
+    void* dsts[2] = {b, k == kBatchWithPeer ? remote : tiny};
+    const void* srcs[2] = {a, static_cast<const char*>(tiny) + 64};
+    ZG_CUDA(cudaMemcpyBatchAsync(dsts, srcs, sizes, k == kBatch ? 1 : 2, &attr, &idx, 1, cs));
   };
-  for (bool batch : {false, true}) {
+  for (Kind k : {kPlain, kBatch, kBatchWithPeer, kBatchWithLocalTiny}) {
     float alone = 0, spun = 0;
     for (bool spin : {false, true}) {
-      copy(batch);  // warm
+      copy(k);  // warm
       ZG_CUDA(cudaDeviceSynchronize());
       if (spin) launch_all_sm_spin(5.0, ks);
       ZG_CUDA(cudaEventRecord(e0, cs));
-      copy(batch);
+      copy(k);
       ZG_CUDA(cudaEventRecord(e1, cs));
       ZG_CUDA(cudaDeviceSynchronize());
       ZG_CUDA(cudaEventElapsedTime(spin ? &spun : &alone, e0, e1));
     }
-    printf(
-        "engine-probe rank=%d local %s: alone %.3f ms, while every SM spins 5 ms: %.3f ms -> %s\n",
-        rank, batch ? "cudaMemcpyBatchAsync(prefer-overlap)" : "cudaMemcpyAsync", alone, spun,
-        spun > 2.5 ? "needs SMs" : "copy engine");
+    printf("engine-probe rank=%d local 256 MiB by %s: alone %.3f ms, while every SM spins 5 ms: "
+           "%.3f ms -> %s\n",
+           rank, names[k], alone, spun, spun > 2.5 ? "needs SMs" : "copy engine");
   }
   ZG_CUDA(cudaEventDestroy(e0));
   ZG_CUDA(cudaEventDestroy(e1));
@@ -173,6 +189,10 @@ void probe_local_copy_engine(int rank) {
   ZG_CUDA(cudaStreamDestroy(ks));
   ZG_CUDA(cudaFree(a));
   ZG_CUDA(cudaFree(b));
+  ZG_CUDA(cudaFree(tiny));
+  ZG_CUDA(cudaSetDevice(peer));
+  ZG_CUDA(cudaFree(remote));
+  ZG_CUDA(cudaSetDevice(dev));
 }
 
 int ce_route_rank(const RankContext& ctx) {

@@ -1,0 +1,229 @@
+// Communicator churn: cycles of ncclCommInitRankConfig / one all-gather / ncclCommDestroy on
+// two ranks must not leak. zerocta sets a communicator's copy-engine pool up at creation
+// (src/ce_setup.cc: facts all-gather, agreement, ncclMemAlloc, window registration, streams and
+// events) and tears it down in ncclCommDestroy, so with the shim and ZEROCTA_ALLGATHER=zerocta
+// (set by the test; ZEROCTA_CYCLES_ALLGATHER overrides) every cycle creates and frees a whole
+// pool, and its all-gather runs on it. Without the shim the same test measures NCCL alone.
+//
+// Host RSS (/proc/self/statm) and GPU memory in use (cudaMemGetInfo: total - free) are
+// sampled on every rank after cycle 10 (warm-up: first-use caches) and after the last one;
+// the test fails if either grew by more than ZEROCTA_CYCLES_MAX_GROWTH_MIB (64) on any rank,
+// if any all-gather was wrong, or (with the shim) if a cycle went without its pool or the
+// pool gauge does not return to 0.
+//
+//   ZEROCTA_CYCLES            cycles (default 1000; unset, the count is lowered to what fits
+//                             ZEROCTA_CYCLES_BUDGET_S (150), but not below 100, once the
+//                             first 10 cycles have been timed)
+//   ZEROCTA_CYCLES_BYTES      all-gather bytes per rank (32M)
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "gpu_gtest.h"
+#include "gpu_kernels.h"
+#include "mp_harness.h"
+#include "rank_util.h"
+#include "test_data.h"
+
+namespace zgpu {
+namespace {
+
+constexpr int kRanks = 2;
+constexpr long kWarmupCycles = 10;
+constexpr long kDefaultCycles = 1000;
+constexpr long kMinAdaptedCycles = 100;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Knobs {
+  long cycles = env_long("ZEROCTA_CYCLES", -1);  // -1: default, adapted to the budget
+  long budget_s = env_long("ZEROCTA_CYCLES_BUDGET_S", 150);
+  size_t per_rank = static_cast<size_t>(env_long("ZEROCTA_CYCLES_BYTES", 32L << 20));
+  long max_growth_mib = env_long("ZEROCTA_CYCLES_MAX_GROWTH_MIB", 64);
+  std::string allgather =
+      getenv("ZEROCTA_CYCLES_ALLGATHER") ? getenv("ZEROCTA_CYCLES_ALLGATHER") : "zerocta";
+};
+
+// Per rank, in its shared block. Rank 0's block also carries the id of the next cycle's
+// communicator and the agreed cycle count.
+struct CycleReport {
+  ncclUniqueId next_id;  // rank 0 only
+  int64_t target;        // rank 0 only: cycles to run (agreed after the warm-up)
+  int64_t cycles_done;
+  int64_t rss_warm, rss_end, gpu_warm, gpu_end;  // bytes
+  int64_t init_ns, allgather_ns, destroy_ns;     // sums over the cycles
+  uint64_t bad_bytes;
+  int32_t shim;
+  uint64_t ce_calls, passthrough_calls, comms_ce_ready, pool_bytes_end;
+};
+static_assert(sizeof(CycleReport) <= kRankSharedBlockBytes, "report must fit the shared block");
+CycleReport* report_of(int rank) { return static_cast<CycleReport*>(rank_shared_block(rank)); }
+
+int64_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  long long size = 0, resident = 0;
+  if (!(statm >> size >> resident)) fail("cannot read /proc/self/statm");
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+int64_t gpu_used_bytes() {
+  ZG_CUDA(cudaDeviceSynchronize());
+  size_t free_b = 0, total_b = 0;
+  ZG_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(total_b - free_b);
+}
+
+// Rank 0 lowers the default count to what fits the budget once it knows a cycle's cost.
+int64_t adapted_target(const Knobs& k, int64_t warm_ns) {
+  const double per_cycle_s = static_cast<double>(warm_ns) / 1e9 / kWarmupCycles;
+  const long fits = kWarmupCycles + static_cast<long>(k.budget_s / std::max(per_cycle_s, 1e-3));
+  const long target = std::max(kMinAdaptedCycles, std::min(kDefaultCycles, fits));
+  printf(
+      "cycles: %.0f ms per cycle over the first %ld; running %ld cycles (default %ld, "
+      "ZEROCTA_CYCLES_BUDGET_S=%ld, at least %ld)\n",
+      per_cycle_s * 1e3, kWarmupCycles, target, kDefaultCycles, k.budget_s, kMinAdaptedCycles);
+  fflush(stdout);
+  return target;
+}
+
+int cycles_rank(const RankContext& ctx, const Knobs& k) {
+  CycleReport* me = report_of(ctx.rank);
+  CycleReport* r0 = report_of(0);
+  if (ctx.rank == 0) r0->target = k.cycles > 0 ? k.cycles : kDefaultCycles;
+  cudaStream_t stream = nullptr;
+  void *send = nullptr, *recv = nullptr;
+  VerifyCounts* counts = nullptr;
+  ZG_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ZG_CUDA(cudaMalloc(&send, k.per_rank));
+  ZG_CUDA(cudaMalloc(&recv, k.per_rank * ctx.nranks));
+  ZG_CUDA(cudaMalloc(&counts, sizeof(VerifyCounts)));
+  const int64_t start = now_ns();
+  for (long c = 0;; ++c) {
+    if (ctx.rank == 0 && c < r0->target) ZG_NCCL(ncclGetUniqueId(&r0->next_id));
+    barrier();  // publishes next_id and target
+    if (c >= r0->target) break;
+    const ncclUniqueId id = r0->next_id;
+    const uint64_t seed = seed_of({0xC1C1E, static_cast<uint64_t>(c)});
+    fill_pattern(send, k.per_rank, seed, ctx.rank, stream);
+    ZG_CUDA(cudaMemsetAsync(recv, kPoison, k.per_rank * ctx.nranks, stream));
+    ZG_CUDA(cudaStreamSynchronize(stream));
+
+    const int64_t t0 = now_ns();
+    ncclComm_t comm = nullptr;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ZG_NCCL(ncclCommInitRankConfig(&comm, ctx.nranks, id, ctx.rank, &config));
+    const int64_t t1 = now_ns();
+    ZG_NCCL(ncclAllGather(send, recv, k.per_rank, ncclUint8, comm, stream));
+    wait_stream(stream, "cycle " + std::to_string(c) + " all-gather");
+    const int64_t t2 = now_ns();
+    reset_verify_counts(counts, stream);
+    verify_allgather(recv, nullptr, k.per_rank, ctx.nranks, seed, counts, stream);
+    VerifyCounts v{};
+    ZG_CUDA(cudaMemcpyAsync(&v, counts, sizeof v, cudaMemcpyDeviceToHost, stream));
+    ZG_CUDA(cudaStreamSynchronize(stream));
+    me->bad_bytes += v.bad_expected;
+    check_comm_async(comm, "cycle " + std::to_string(c));
+    const int64_t t3 = now_ns();
+    ZG_NCCL(ncclCommDestroy(comm));
+    const int64_t t4 = now_ns();
+    me->init_ns += t1 - t0;
+    me->allgather_ns += t2 - t1;
+    me->destroy_ns += t4 - t3;
+    me->cycles_done = c + 1;
+    heartbeat();
+    if (c + 1 == kWarmupCycles) {
+      me->rss_warm = rss_bytes();
+      me->gpu_warm = gpu_used_bytes();
+      if (ctx.rank == 0 && k.cycles <= 0) r0->target = adapted_target(k, now_ns() - start);
+    }
+  }
+  me->rss_end = rss_bytes();
+  me->gpu_end = gpu_used_bytes();
+  GetStatsFn get = shim_get_stats();
+  zerocta_stats_t s{};
+  me->shim = get != nullptr;
+  if (get != nullptr && get(&s) == 0) {
+    me->ce_calls = s.counters[zerocta_op_allgather][zerocta_route_ce].calls;
+    me->passthrough_calls = s.counters[zerocta_op_allgather][zerocta_route_passthrough].calls;
+    me->comms_ce_ready = s.comms_ce_ready;
+    me->pool_bytes_end = s.pool_bytes;
+  }
+  cudaFree(send);
+  cudaFree(recv);
+  cudaFree(counts);
+  cudaStreamDestroy(stream);
+  return me->bad_bytes == 0 ? 0 : 1;
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+TEST(CommCycles, InitAllGatherDestroyDoesNotLeak) {
+  ZG_REQUIRE_GPUS(kRanks);
+  const Knobs k;
+  RunOptions o = default_run_options(static_cast<int>(k.budget_s + 240));
+  if (k.cycles > 0) o.total_timeout_s = std::max<int>(o.total_timeout_s, 120 + 3 * k.cycles);
+  o.idle_timeout_s = 45;  // one cycle never takes that long: a hung cycle fails in time
+  o.before_cuda = [k](int) { setenv("ZEROCTA_ALLGATHER", k.allgather.c_str(), 1); };
+  RunResult result = run_ranks(
+      kRanks, [&k](const RankContext& ctx) { return cycles_rank(ctx, k); }, o);
+  const int64_t limit = k.max_growth_mib << 20;
+  bool pass = result.ok();
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const CycleReport& r = *report_of(rank);
+    const long n = static_cast<long>(r.cycles_done);
+    const int64_t rss_growth = r.rss_end - r.rss_warm, gpu_growth = r.gpu_end - r.gpu_warm;
+    const long measured = n - kWarmupCycles;
+    const double per_cycle_kib =
+        measured > 0 ? static_cast<double>(std::max(rss_growth, gpu_growth)) / 1024 / measured : 0;
+    const bool route_ok = !r.shim || k.allgather != "zerocta" ||
+                          (r.comms_ce_ready == static_cast<uint64_t>(n) &&
+                           r.ce_calls == static_cast<uint64_t>(n) && r.pool_bytes_end == 0);
+    const bool ok = n > kWarmupCycles && rss_growth <= limit && gpu_growth <= limit &&
+                    r.bad_bytes == 0 && route_ok;
+    pass = pass && ok;
+    printf(
+        "RELIABILITY cycles rank=%d cycles=%ld route=%s ms_per_cycle=%.1f (init %.1f, "
+        "all-gather %.1f, destroy %.1f) rss_MiB at_cycle_%ld=%.1f end=%.1f growth=%.1f "
+        "gpu_used_MiB at_cycle_%ld=%.1f end=%.1f growth=%.1f (limit %ld) "
+        "largest_growth_per_cycle=%.1fKiB comms_with_pool=%llu pool_bytes_at_end=%llu "
+        "bad_bytes=%llu\n",
+        rank, n,
+        !r.shim          ? "nccl(no shim)"
+        : r.ce_calls > 0 ? "zerocta-ce"
+                         : "passthrough",
+        n > 0 ? static_cast<double>(r.init_ns + r.allgather_ns + r.destroy_ns) / 1e6 / n : 0,
+        n > 0 ? static_cast<double>(r.init_ns) / 1e6 / n : 0,
+        n > 0 ? static_cast<double>(r.allgather_ns) / 1e6 / n : 0,
+        n > 0 ? static_cast<double>(r.destroy_ns) / 1e6 / n : 0, kWarmupCycles, mib(r.rss_warm),
+        mib(r.rss_end), mib(rss_growth), kWarmupCycles, mib(r.gpu_warm), mib(r.gpu_end),
+        mib(gpu_growth), k.max_growth_mib, per_cycle_kib,
+        static_cast<unsigned long long>(r.comms_ce_ready),
+        static_cast<unsigned long long>(r.pool_bytes_end),
+        static_cast<unsigned long long>(r.bad_bytes));
+    EXPECT_GT(n, kWarmupCycles) << "rank " << rank << " did not get past the warm-up";
+    EXPECT_LE(rss_growth, limit) << "rank " << rank << ": host memory grew";
+    EXPECT_LE(gpu_growth, limit) << "rank " << rank << ": GPU memory grew";
+    EXPECT_EQ(r.bad_bytes, 0u) << "rank " << rank << ": an all-gather was wrong";
+    EXPECT_TRUE(route_ok) << "rank " << rank << ": with the shim every cycle needs its own pool "
+                          << "(comms_with_pool=" << r.comms_ce_ready << ", ce_calls=" << r.ce_calls
+                          << ", pool_bytes_at_end=" << r.pool_bytes_end << ")";
+  }
+  printf("RELIABILITY cycles verdict=%s\n", pass ? "PASS" : "FAIL");
+  fflush(stdout);
+  EXPECT_TRUE(result.ok()) << result.summary();
+}
+
+}  // namespace
+}  // namespace zgpu
