@@ -179,9 +179,10 @@ void probe_local_copy_engine(int rank) {
       ZG_CUDA(cudaDeviceSynchronize());
       ZG_CUDA(cudaEventElapsedTime(spin ? &spun : &alone, e0, e1));
     }
-    printf("engine-probe rank=%d local 256 MiB by %s: alone %.3f ms, while every SM spins 5 ms: "
-           "%.3f ms -> %s\n",
-           rank, names[k], alone, spun, spun > 2.5 ? "needs SMs" : "copy engine");
+    printf(
+        "engine-probe rank=%d local 256 MiB by %s: alone %.3f ms, while every SM spins 5 ms: "
+        "%.3f ms -> %s\n",
+        rank, names[k], alone, spun, spun > 2.5 ? "needs SMs" : "copy engine");
   }
   ZG_CUDA(cudaEventDestroy(e0));
   ZG_CUDA(cudaEventDestroy(e1));
