@@ -591,7 +591,12 @@ void run_oom(const OomCase& c) {
     capture_stderr(rank);
     setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
     setenv("ZEROCTA_LOG", "warn", 1);
-    if (c.every_rank || rank == 1) setenv("ZEROCTA_POOL_BYTES", huge, 1);
+    if (c.every_rank || rank == 1) {
+      setenv("ZEROCTA_POOL_BYTES", huge, 1);
+      // Pieces large enough that the pool's at most 64 slots fill all of it: the arena is
+      // then the whole ZEROCTA_POOL_BYTES, which no GPU can allocate.
+      setenv("ZEROCTA_CHUNK_BYTES", "256G", 1);
+    }
   };
   RunResult result = run_ranks(
       kRanks, [&c](const RankContext& ctx) { return oom_rank(ctx, c); }, o);
