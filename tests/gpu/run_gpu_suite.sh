@@ -48,13 +48,10 @@ unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_DIGEST_FILE ZEROCTA_EXPECT_CE ZEROCTA_E
   ZEROCTA_EXPECT_NCCL_VERSION
 
 # --- GPU count, without touching the GPUs beyond a query ------------------------------------
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-  NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-elif command -v nvidia-smi >/dev/null 2>&1; then
-  NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-else
-  NGPU=$(find /proc/driver/nvidia/gpus -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-fi
+# shellcheck source=tests/gpu/gpu_host_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_host_lib.sh"
+RECORD_WIDTH=34
+NGPU=$(count_gpus)
 NRANKS=$((NGPU > 8 ? 8 : NGPU))
 {
   echo "date: $(date -Is)"
@@ -65,19 +62,7 @@ NRANKS=$((NGPU > 8 ? 8 : NGPU))
 } >"$OUT/env.txt"
 echo "zerocta GPU suite: build=$BUILD out=$OUT gpus=$NGPU"
 
-# --- step bookkeeping ----------------------------------------------------------------------
-NAMES=()
-RESULTS=()
-NOTES=()
-record() {  # name result note
-  NAMES+=("$1")
-  RESULTS+=("$2")
-  NOTES+=("$3")
-  printf '%-34s %-4s %s\n' "$1" "$2" "$3"
-}
-selected() {
-  [ -z "$ONLY" ] || echo "$1" | grep -Eq -- "$ONLY"
-}
+# --- steps (record/selected: gpu_host_lib.sh) ---------------------------------------------
 
 # run_step NAME TIMEOUT_S CMD...: runs CMD with a deadline, output to OUT/NAME.log.
 # PASS on exit 0, SKIP when a gtest binary ran no test (no GPU / too few GPUs), FAIL otherwise.

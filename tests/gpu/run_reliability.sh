@@ -47,13 +47,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_POOL_BYTES ZEROCTA_EXPECT_SHIM \
   ZEROCTA_EXPECT_NCCL_VERSION
 
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-  NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-elif command -v nvidia-smi >/dev/null 2>&1; then
-  NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-else
-  NGPU=$(find /proc/driver/nvidia/gpus -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-fi
+# shellcheck source=tests/gpu/gpu_host_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_host_lib.sh"
+RECORD_WIDTH=14
+NGPU=$(count_gpus)
 {
   echo "date: $(date -Is)"
   echo "host: $(hostname)"
@@ -64,16 +61,6 @@ fi
 } >"$OUT/env.txt"
 echo "zerocta reliability: build=$BUILD out=$OUT gpus=$NGPU budget=${BUDGET}s"
 
-NAMES=()
-RESULTS=()
-NOTES=()
-record() {  # name result note
-  NAMES+=("$1")
-  RESULTS+=("$2")
-  NOTES+=("$3")
-  printf '%-14s %-5s %s\n' "$1" "$2" "$3"
-}
-selected() { [ -z "$ONLY" ] || echo "$1" | grep -Eq -- "$ONLY"; }
 
 # run_step NAME WANT_S MIN_S SHIM(1|0) BINARY GTEST_FILTER [VAR=VALUE...]
 # Runs with a timeout of WANT_S, cut to the time left (SKIP when less than MIN_S is left).

@@ -1,0 +1,28 @@
+# shellcheck shell=bash
+# Shared by the GPU-host scripts (run_gpu_suite.sh, run_reliability.sh); sourced, not run.
+
+# Number of GPUs this process would use, without touching them beyond a query.
+count_gpus() {
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L 2>/dev/null | grep -c '^GPU'
+  else
+    find /proc/driver/nvidia/gpus -mindepth 1 -maxdepth 1 2>/dev/null | wc -l
+  fi
+}
+
+# Step bookkeeping: record NAME RESULT NOTE appends to NAMES/RESULTS/NOTES and prints a row
+# whose name column is RECORD_WIDTH wide (default 34).
+NAMES=()
+RESULTS=()
+NOTES=()
+record() {
+  NAMES+=("$1")
+  RESULTS+=("$2")
+  NOTES+=("$3")
+  printf "%-${RECORD_WIDTH:-34}s %-5s %s\n" "$1" "$2" "$3"
+}
+
+# Whether step NAME matches the ONLY regex (all steps when ONLY is empty).
+selected() { [ -z "${ONLY:-}" ] || echo "$1" | grep -Eq -- "$ONLY"; }
