@@ -23,11 +23,24 @@ void give_token(std::vector<PlanOp>* plan, PlanStream stream, uint64_t peer_flag
   push(plan, stream, PlanOpKind::kSignal, peer_flag, one, kFlag);
 }
 
-// Start of every plan: the internal streams wait for the user's stream.
-void fork_from_user(std::vector<PlanOp>* plan) {
-  push(plan, PlanStream::kUser, PlanOpKind::kRecord, 0, 0, 0, 0);
+// Wraps the ops a plan appended since `start`: the internal streams they use first wait for
+// the user's stream, and the user's stream then waits for the end of each of them. Streams the
+// op does not use get nothing (every event operation costs its stream time).
+void fork_join(std::vector<PlanOp>* plan, size_t start) {
+  bool used[kPlanStreams] = {};
+  for (size_t i = start; i < plan->size(); ++i) used[static_cast<int>((*plan)[i].stream)] = true;
+  std::vector<PlanOp> fork;
+  fork.push_back(PlanOp{PlanStream::kUser, PlanOpKind::kRecord, 0, {}, 0, 0, 0});
   for (int s = 1; s < kPlanStreams; ++s)
-    push(plan, static_cast<PlanStream>(s), PlanOpKind::kWaitEvent, 0, 0, 0, 0);
+    if (used[s])
+      fork.push_back(PlanOp{static_cast<PlanStream>(s), PlanOpKind::kWaitEvent, 0, {}, 0, 0, 0});
+  plan->insert(plan->begin() + static_cast<long>(start), fork.begin(), fork.end());
+  for (int s = 1; s < kPlanStreams; ++s)
+    if (used[s])
+      push(plan, static_cast<PlanStream>(s), PlanOpKind::kRecord, 0, 0, 0, static_cast<uint8_t>(s));
+  for (int s = 1; s < kPlanStreams; ++s)
+    if (used[s])
+      push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, static_cast<uint8_t>(s));
 }
 
 // The own chunk (unless the op is in place). Local copies share one copy engine, so where it
@@ -35,14 +48,6 @@ void fork_from_user(std::vector<PlanOp>* plan) {
 void own_chunk(const AllGatherArgs& a, int me, PlanStream stream, std::vector<PlanOp>* plan) {
   const uint64_t own = a.recv + static_cast<uint64_t>(me) * a.bytes;
   if (a.send != own) push(plan, stream, PlanOpKind::kCopy, own, a.send, a.bytes);
-}
-
-// End of every plan: the user's stream waits for every internal stream.
-void join_to_user(std::vector<PlanOp>* plan) {
-  for (int s = 1; s < kPlanStreams; ++s)
-    push(plan, static_cast<PlanStream>(s), PlanOpKind::kRecord, 0, 0, 0, static_cast<uint8_t>(s));
-  for (int s = 1; s < kPlanStreams; ++s)
-    push(plan, PlanStream::kUser, PlanOpKind::kWaitEvent, 0, 0, 0, static_cast<uint8_t>(s));
 }
 
 }  // namespace
@@ -124,8 +129,6 @@ uint64_t push_piece_bytes(const ArenaLayout& L, int nranks) {
   return sub >= 4096 ? sub & ~uint64_t{4095} : sub;
 }
 
-namespace {}  // namespace
-
 int split_push(uint64_t bytes, uint64_t sub, std::vector<uint64_t>* out) {
   std::vector<uint64_t> rev;  // from the end
   uint64_t t = sub / 16 >= 4096 ? (sub / 16) & ~uint64_t{4095} : sub;
@@ -152,7 +155,7 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
   const uint64_t sub = push_piece_bytes(L, n);
-  fork_from_user(plan);
+  const size_t start = plan->size();
   own_chunk(a, me, PlanStream::kPull, plan);  // the drain stream idles until a piece lands
   std::vector<uint64_t> pieces;
   split_push(a.bytes, sub, &pieces);
@@ -160,14 +163,18 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
   for (uint64_t pb : pieces) {
     const int s =
         slots.first + static_cast<int>((*slot_cursor)++ % static_cast<uint64_t>(slots.count));
+    // Take the sub-slots back from every peer, then send all of them as one batch, then the
+    // ready flags as another (stream order puts each flag behind its data).
+    for (int k = 1; k < n; ++k)
+      take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, (me + k) % n));
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
-      take_token(plan, PlanStream::kCopyIn, mine + L.done_offset(s, p));
       push(plan, PlanStream::kCopyIn, PlanOpKind::kCopy,
            v.arena[p] + L.slot_offset(s) + push_subslot(me, p, n) * sub, a.send + off, pb);
-      give_token(plan, PlanStream::kCopyIn, v.arena[p] + L.ready_offset(s, me),
-                 mine + L.one_offset());
     }
+    for (int k = 1; k < n; ++k)
+      give_token(plan, PlanStream::kCopyIn, v.arena[(me + k) % n] + L.ready_offset(s, me),
+                 mine + L.one_offset());
     for (int k = 1; k < n; ++k) {
       const int r = (me + n - k) % n;
       take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, r));
@@ -181,7 +188,7 @@ void build_push_plan(const ArenaLayout& L, const RankView& v, const AllGatherArg
     }
     off += pb;
   }
-  join_to_user(plan);
+  fork_join(plan, start);
 }
 
 }  // namespace
@@ -195,7 +202,7 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
     return build_push_plan(L, v, a, slots, slot_cursor, plan);
   const int me = v.rank, n = v.nranks;
   const uint64_t mine = v.arena[me];
-  fork_from_user(plan);
+  const size_t start = plan->size();
 
   const uint64_t nrounds = (a.bytes + L.slot_bytes - 1) / L.slot_bytes;
   for (uint64_t j = 0; j < nrounds; ++j) {
@@ -220,13 +227,14 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
       }
       at += pieces[q];
     }
-    // Pull: peers in rotated order so that no peer is read by everyone at once; the slot is
-    // handed back once per round.
+    // Pull: piece by piece, once every peer announced it, one batch of copies from all peers
+    // (rotated order); the slots go back to their owners once per round.
     at = 0;
     for (int q = 0; q < np; ++q) {
+      for (int k = 1; k < n; ++k)
+        take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, (me + n - k) % n, q));
       for (int k = 1; k < n; ++k) {
         const int p = (me + n - k) % n;
-        take_token(plan, PlanStream::kPull, mine + L.ready_offset(s, p, q));
         push(plan, PlanStream::kPull, PlanOpKind::kCopy, a.recv + p * a.bytes + off + at,
              v.arena[p] + L.slot_offset(s) + at, pieces[q]);
       }
@@ -238,7 +246,7 @@ void build_allgather_plan(const ArenaLayout& L, const RankView& v, const AllGath
     }
   }
   own_chunk(a, me, PlanStream::kCopyIn, plan);  // after every copy-in of the op
-  join_to_user(plan);
+  fork_join(plan, start);
 }
 
 }  // namespace zc

@@ -93,11 +93,16 @@ const std::vector<VarSpec>& specs() {
        [](const char* t, Config* c) { return parse_bool(t, &c->cta_policy_force); }},
       {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|nccl-staged|off", "nccl",
         "Route of all-gathers: nccl = NCCL decides (its CE path on application windows); auto = "
-        "zerocta's copy engines from ZEROCTA_MIN_BYTES up; zerocta = always; off = untouched."},
+        "zerocta's copy engines from ZEROCTA_MIN_BYTES up on up to ZEROCTA_AUTO_MAX_RANKS ranks; "
+        "zerocta = always; off = untouched."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
        [](const char* t, Config* c) { return parse_size(t, &c->min_bytes); }},
+      {{"ZEROCTA_AUTO_MAX_RANKS", "count", "0 (any) or a number of ranks", "2",
+        "Largest communicator whose all-gathers auto routes to the copy engines (on more "
+        "ranks the route is slower than NCCL's kernel path at the default pool size)."},
+       [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},
       {{kPoolName, "size", "a size of at least 2 * ZEROCTA_CHUNK_BYTES", "1G",
         "GPU memory of each communicator's symmetric pool (allocated when a communicator is "
         "created with the copy-engine route on), fixed for its life; larger all-gathers are "
@@ -113,8 +118,9 @@ const std::vector<VarSpec>& specs() {
          return true;
        }},
       {{"ZEROCTA_CE_DIRECTION", "enum", "push|pull", "push",
-        "How the copy-engine route moves data between GPUs: push writes into the peer's pool, "
-        "pull reads from it."},
+        "How the copy-engine route moves data between GPUs: push writes into the peer's pool "
+        "(fastest), pull reads from it (two local copies per op instead of one per rank: least "
+        "slowdown of overlapped compute on 4 or more GPUs, lower bandwidth)."},
        [](const char* t, Config* c) { return parse_enum(t, kCeDirections, &c->ce_direction); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
         "Prints the counters at exit to stderr (1) or writes them as JSON to the given path."},
@@ -255,6 +261,7 @@ uint64_t config_fingerprint(const Config& c) {
   canon += " cta_policy=" + std::string(to_string(c.cta_policy));
   canon += " allgather=" + std::string(to_string(c.allgather));
   canon += " min_bytes=" + std::to_string(c.min_bytes);
+  canon += " auto_max_ranks=" + std::to_string(c.auto_max_ranks);
   canon += " pool_bytes=" + std::to_string(c.pool_bytes);
   canon += " chunk_bytes=" + std::to_string(c.chunk_bytes);
   canon += " ce_direction=" + std::string(to_string(c.ce_direction));
@@ -306,6 +313,19 @@ bool parse_size(const char* text, uint64_t* out) {
   }
   if (value > (UINT64_MAX >> shift)) return false;
   *out = value << shift;
+  return true;
+}
+
+bool parse_count(const char* text, uint64_t* out) {
+  constexpr uint64_t kMaxCount = 1000000;
+  if (text == nullptr || out == nullptr || *text == '\0') return false;
+  uint64_t value = 0;
+  for (const char* p = text; *p != '\0'; ++p) {
+    if (*p < '0' || *p > '9') return false;
+    value = value * 10 + static_cast<uint64_t>(*p - '0');
+    if (value > kMaxCount) return false;
+  }
+  *out = value;
   return true;
 }
 

@@ -20,6 +20,8 @@ enum class CeDirectionMode { kPush, kPull };
 constexpr uint64_t kDefaultMinBytes = 64ull << 20;
 constexpr uint64_t kDefaultPoolBytes = 1ull << 30;
 constexpr uint64_t kDefaultChunkBytes = 128ull << 20;
+// auto's copy-engine route beats NCCL's kernel path on 2 ranks only (docs/PERFORMANCE.md).
+constexpr uint64_t kDefaultAutoMaxRanks = 2;
 // A chunk is a multiple of the copy engines' page-friendly granule and not tiny.
 constexpr uint64_t kChunkGranule = 4ull << 10;
 constexpr uint64_t kMinChunkBytes = 64ull << 10;
@@ -34,6 +36,7 @@ struct Config {
   // nccl until zerocta's copy-engine route beats NCCL's kernel path (docs/PERFORMANCE.md).
   AllGatherMode allgather = AllGatherMode::kNccl;         // ZEROCTA_ALLGATHER
   uint64_t min_bytes = kDefaultMinBytes;                  // ZEROCTA_MIN_BYTES (total output bytes)
+  uint64_t auto_max_ranks = kDefaultAutoMaxRanks;         // ZEROCTA_AUTO_MAX_RANKS (0 = any)
   uint64_t pool_bytes = kDefaultPoolBytes;                // ZEROCTA_POOL_BYTES (per communicator)
   uint64_t chunk_bytes = kDefaultChunkBytes;              // ZEROCTA_CHUNK_BYTES (pipeline piece)
   CeDirectionMode ce_direction = CeDirectionMode::kPush;  // ZEROCTA_CE_DIRECTION
@@ -47,15 +50,15 @@ struct Config {
   // Lines never contain a newline: the bad value is escaped and shortened.
   std::vector<std::string> errors;
   // Hash of the values that change the inter-rank protocol (allgather, min_bytes,
-  // pool_bytes, chunk_bytes, ce_direction, enable, cta_policy). Identical configs give
-  // identical hashes.
+  // auto_max_ranks, pool_bytes, chunk_bytes, ce_direction, enable, cta_policy). Identical configs
+  // give identical hashes.
   uint64_t fingerprint = 0;
 };
 
 // One row of the variable table (also used to generate/check the README table).
 struct ConfigVar {
   const char* name;     // "ZEROCTA_LOG"
-  const char* type;     // "enum", "bool", "size", "string"
+  const char* type;     // "enum", "bool", "size", "count", "string"
   const char* values;   // "none|warn|info|debug", "0|1|true|...", "size ...", "path"
   const char* def;      // default as text ("" = unset)
   const char* meaning;  // one sentence
@@ -85,6 +88,10 @@ uint64_t config_fingerprint(const Config& c);
 // also "KiB"/"MiB"/"GiB"/"TiB", and lower-case "k"/"m"/"g"/"t"); rejects negatives, junk,
 // whitespace, overflow. Returns false on error and then leaves *out unchanged.
 bool parse_size(const char* text, uint64_t* out);
+
+// Parses a count: plain decimal digits, at most 1000000 (no suffix, sign or whitespace).
+// Returns false on error and then leaves *out unchanged.
+bool parse_count(const char* text, uint64_t* out);
 
 // Shortest exact text for a size with a K/M/G/T suffix where one fits: 16777216 -> "16M",
 // 1000 -> "1000". parse_size(format_size(v)) == v for every v.

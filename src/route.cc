@@ -40,6 +40,8 @@ RouteDecision choose_allgather_route(const RouteInputs& in) {
     return {AgRoute::kPassthrough,
             in.ce_missing && *in.ce_missing ? in.ce_missing : "copy-engine pool not ready"};
   if (in.mode == AllGatherMode::kZerocta) return {AgRoute::kCe, "ZEROCTA_ALLGATHER=zerocta"};
+  if (in.auto_max_ranks != 0 && in.nranks > in.auto_max_ranks)
+    return {AgRoute::kPassthrough, "more ranks than ZEROCTA_AUTO_MAX_RANKS"};
   if (in.total_bytes < in.min_bytes) return {AgRoute::kPassthrough, "below ZEROCTA_MIN_BYTES"};
   return {AgRoute::kCe, "at or above ZEROCTA_MIN_BYTES"};
 }

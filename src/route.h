@@ -20,7 +20,9 @@ struct RouteInputs {
   uint64_t total_bytes = 0;     // sendcount * typesize * nranks
   bool bytes_valid = true;      // datatype known and no overflow
   uint64_t min_bytes = 0;
-  bool app_windows = false;  // both buffers lie in windows the application registered
+  uint64_t nranks = 0;          // the communicator's size
+  uint64_t auto_max_ranks = 0;  // auto routes only communicators up to this size (0 = any)
+  bool app_windows = false;     // both buffers lie in windows the application registered
 };
 
 struct RouteDecision {

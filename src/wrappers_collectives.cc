@@ -180,6 +180,8 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   in.bytes_valid = ts != 0 && sendcount <= UINT64_MAX / ts / n;
   in.total_bytes = in.bytes_valid ? sendcount * ts * n : 0;
   in.min_bytes = cfg.min_bytes;
+  in.nranks = n;
+  in.auto_max_ranks = cfg.auto_max_ranks;
   in.app_windows = st && st->zero_policy && st->has_app_windows.load() &&
                    in_app_window(*st, sendbuff) && in_app_window(*st, recvbuff);
   RouteDecision d = choose_allgather_route(in);

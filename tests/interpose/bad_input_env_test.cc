@@ -16,7 +16,7 @@
 namespace itest {
 namespace {
 
-enum class Kind { kWords, kSize, kString };
+enum class Kind { kWords, kSize, kCount, kString };
 struct Var {
   const char* name;
   Kind kind;
@@ -30,6 +30,7 @@ const Var kVars[] = {
     {"ZEROCTA_CTA_POLICY_FORCE", Kind::kWords},
     {"ZEROCTA_ALLGATHER", Kind::kWords},
     {"ZEROCTA_MIN_BYTES", Kind::kSize},
+    {"ZEROCTA_AUTO_MAX_RANKS", Kind::kCount},
     {"ZEROCTA_POOL_BYTES", Kind::kSize},
     {"ZEROCTA_CHUNK_BYTES", Kind::kSize},
     {"ZEROCTA_CE_DIRECTION", Kind::kWords},

@@ -614,6 +614,25 @@ std::vector<std::string> structure_problems(const ArenaLayout& L, const RankView
         bad.push_back(at + "unknown op kind " + std::to_string(static_cast<int>(op.kind)));
     }
   }
+  // Batches (ce_plan.h): adjacent copies (or signals) of one stream may run concurrently, so
+  // none may write what another of the run reads or writes.
+  for (size_t i = 0; i < plan.size();) {
+    const bool copyish = plan[i].kind == PlanOpKind::kCopy || plan[i].kind == PlanOpKind::kSignal;
+    size_t j = i + 1;
+    while (copyish && j < plan.size() && plan[j].kind == plan[i].kind &&
+           plan[j].stream == plan[i].stream)
+      ++j;
+    for (size_t x = i; x < j; ++x)
+      for (size_t y = x + 1; y < j; ++y) {
+        const PlanOp &p = plan[x], &q = plan[y];
+        if (zc_test::overlaps(p.dst, p.bytes, q.dst, q.bytes) ||
+            zc_test::overlaps(p.dst, p.bytes, q.src, q.bytes) ||
+            zc_test::overlaps(q.dst, q.bytes, p.src, p.bytes))
+          bad.push_back("ops " + std::to_string(x) + " and " + std::to_string(y) +
+                        " of one batch touch the same bytes");
+      }
+    i = j;
+  }
   // The joins: both internal streams start after the user's stream, and the user's stream
   // continues only after the last op of each internal stream.
   for (int s = 1; s < kStreams; ++s) {
@@ -845,6 +864,48 @@ TEST_P(CePlanStructure, AppendsToTheCallersPlan) {
   EXPECT_EQ(plan[0].event, 2);
 }
 
+TEST_P(CePlanStructure, APiecesPeerCopiesFormOneBatch) {
+  // A piece's copies to (push) or from (pull) every peer must be adjacent ops of one stream,
+  // so that ce_exec issues them as one batch, which the driver spreads over copy engines.
+  const bool push = GetParam() == CeDirection::kPush;
+  for (int n : {2, 3, 4, 8, 9, 16}) {
+    SCOPED_TRACE("nranks " + std::to_string(n));
+    const ArenaLayout L = ArenaLayout::make(8 * 4096 * 16, 4096 * 16);
+    World w(n, L, {OpSpec{3 * 4096 * 16 + 5, std::vector<bool>(n, false)}}, 3);
+    const RankView& v = w.view(1);
+    std::vector<PlanOp> plan;
+    uint64_t cursor = 0;
+    zc::build_allgather_plan(L, v, w.args(0, 1), eager_range(L), &cursor, &plan, GetParam());
+    auto peer_of = [&](const PlanOp& op) {
+      const uint64_t far = push ? op.dst : op.src;
+      for (int p = 0; p < n; ++p)
+        if (p != v.rank && far >= v.arena[p] && far < v.arena[p] + L.arena_bytes()) return p;
+      return -1;
+    };
+    int runs = 0;
+    for (size_t i = 0; i < plan.size();) {
+      if (plan[i].kind != PlanOpKind::kCopy || peer_of(plan[i]) < 0) {
+        ++i;
+        continue;
+      }
+      std::set<int> peers;
+      size_t j = i;
+      for (; j < plan.size() && plan[j].kind == PlanOpKind::kCopy &&
+             plan[j].stream == plan[i].stream && peer_of(plan[j]) >= 0;
+           ++j)
+        EXPECT_TRUE(peers.insert(peer_of(plan[j])).second) << "a peer twice in one batch";
+      EXPECT_EQ(static_cast<int>(peers.size()), n - 1) << "a batch without every peer, op " << i;
+      ++runs;
+      i = j;
+    }
+    // Push: one piece per slot; pull: an op's first round is cut into several pieces.
+    if (push)
+      EXPECT_EQ(static_cast<uint64_t>(runs), cursor) << "one batch per piece";
+    else
+      EXPECT_GE(static_cast<uint64_t>(runs), cursor) << "one batch per piece";
+  }
+}
+
 TEST_P(CePlanStructure, CheckerRejectsForbiddenOps) {
   // The structure check must be able to fail, for the right reason: plant one forbidden op
   // at a time, including the other direction's data copies.
@@ -937,7 +998,17 @@ TEST_P(CePlanStructure, CheckerRejectsForbiddenOps) {
     EXPECT_TRUE(named) << "a " << kind_name(c.op.kind) << " that " << c.because
                        << " was not rejected for it (" << problems.size() << " problems"
                        << (problems.empty() ? "" : ", first: " + problems[0]) << ")";
-  }
+  }  // A copy repeated right after itself lands in the same batch as itself: same bytes.
+  std::vector<PlanOp> twice = base;
+  for (size_t i = 0; i < twice.size(); ++i)
+    if (twice[i].kind == PlanOpKind::kCopy) {
+      twice.insert(twice.begin() + static_cast<long>(i) + 1, twice[i]);
+      break;
+    }
+  bool named = false;
+  for (const std::string& p : structure_problems(L, v, a, range, dir, twice))
+    named = named || p.find("of one batch touch the same bytes") != std::string::npos;
+  EXPECT_TRUE(named) << "two copies of one batch into the same bytes were not rejected";
 }
 
 TEST_P(CePlanStructure, EagerAndCapturedOpsUseSeparateSlotsAndCursors) {

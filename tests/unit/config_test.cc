@@ -51,6 +51,7 @@ void expect_same_values(const Config& a, const Config& b) {
   EXPECT_EQ(a.cta_policy_force, b.cta_policy_force);
   EXPECT_EQ(a.allgather, b.allgather);
   EXPECT_EQ(a.min_bytes, b.min_bytes);
+  EXPECT_EQ(a.auto_max_ranks, b.auto_max_ranks);
   EXPECT_EQ(a.pool_bytes, b.pool_bytes);
   EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
   EXPECT_EQ(a.stats, b.stats);
@@ -96,6 +97,9 @@ const std::map<std::string, uint64_t Config::*> kSizeFields = {
     {"ZEROCTA_POOL_BYTES", &Config::pool_bytes},
     {"ZEROCTA_CHUNK_BYTES", &Config::chunk_bytes},
 };
+const std::map<std::string, uint64_t Config::*> kCountFields = {
+    {"ZEROCTA_AUTO_MAX_RANKS", &Config::auto_max_ranks},
+};
 const std::map<std::string, std::string Config::*> kStringFields = {
     {"ZEROCTA_STATS", &Config::stats},
     {"ZEROCTA_NCCL_LIBRARY", &Config::nccl_library},
@@ -115,6 +119,7 @@ TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_FALSE(c.cta_policy_force);
   EXPECT_EQ(c.allgather, AllGatherMode::kNccl);
   EXPECT_EQ(c.min_bytes, 64ull << 20);
+  EXPECT_EQ(c.auto_max_ranks, 2u);
   EXPECT_EQ(c.pool_bytes, 1ull << 30);
   EXPECT_EQ(c.chunk_bytes, 128ull << 20);
   EXPECT_EQ(c.stats, "");
@@ -183,7 +188,7 @@ TEST(TableTest, ReadsTheSameVariablesWhenAllAreSet) {
 }
 
 TEST(TableTest, RowsAreComplete) {
-  const std::set<std::string> types = {"bool", "enum", "size", "string"};
+  const std::set<std::string> types = {"bool", "enum", "size", "count", "string"};
   for (const ConfigVar& v : config_table()) {
     std::string name = v.name;
     EXPECT_EQ(name.rfind("ZEROCTA_", 0), 0u) << name;
@@ -203,12 +208,12 @@ TEST(TableTest, TypedFieldMapsCoverTheTable) {
   for (const ConfigVar& v : config_table()) {
     std::string type = v.type;
     size_t in_maps = kBoolFields.count(v.name) + kSizeFields.count(v.name) +
-                     kStringFields.count(v.name) + kEnumNames.count(v.name);
+                     kCountFields.count(v.name) + kStringFields.count(v.name) +
+                     kEnumNames.count(v.name);
     EXPECT_EQ(in_maps, 1u) << v.name << ": add it to the test's field maps";
     const std::map<std::string, size_t> in_typed_map = {
-        {"bool", kBoolFields.count(v.name)},
-        {"size", kSizeFields.count(v.name)},
-        {"string", kStringFields.count(v.name)},
+        {"bool", kBoolFields.count(v.name)},   {"size", kSizeFields.count(v.name)},
+        {"count", kCountFields.count(v.name)}, {"string", kStringFields.count(v.name)},
         {"enum", kEnumNames.count(v.name)},
     };
     auto it = in_typed_map.find(type);
@@ -227,6 +232,7 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_ALLGATHER", "nccl"},
       {"ZEROCTA_CE_DIRECTION", "push"},
       {"ZEROCTA_MIN_BYTES", "64M"},
+      {"ZEROCTA_AUTO_MAX_RANKS", "2"},
       {"ZEROCTA_POOL_BYTES", "1G"},
       {"ZEROCTA_CHUNK_BYTES", "128M"},
       {"ZEROCTA_STATS", ""},
@@ -494,6 +500,22 @@ TEST(SizeVariables, AcceptSuffixedValues) {
 TEST(SizeVariables, RejectOverflowAndNegatives) {
   for (const auto& [name, field] : kSizeFields) {
     for (const char* bad : {"18446744073709551616", "16777216T", "-1", "-16M", "16Mx", ""}) {
+      Config c = parse_env({{name, bad}});
+      ASSERT_EQ(c.errors.size(), 1u) << name << "=" << bad;
+      EXPECT_EQ(c.errors[0], invalid_line(name, bad));
+      EXPECT_EQ(c.*field, Config{}.*field);
+    }
+  }
+}
+
+TEST(CountVariables, AcceptPlainNumbersOnly) {
+  for (const auto& [name, field] : kCountFields) {
+    for (const char* good : {"0", "2", "8", "1000000"}) {
+      Config c = parse_env({{name, good}});
+      EXPECT_TRUE(c.errors.empty()) << name << "=" << good;
+      EXPECT_EQ(c.*field, std::stoull(good)) << name;
+    }
+    for (const char* bad : {"1000001", "4K", "+4", "4.0", "0x4", "18446744073709551617"}) {
       Config c = parse_env({{name, bad}});
       ASSERT_EQ(c.errors.size(), 1u) << name << "=" << bad;
       EXPECT_EQ(c.errors[0], invalid_line(name, bad));

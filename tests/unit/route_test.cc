@@ -33,16 +33,18 @@ const char* route_name(AgRoute r) {
 //  2. an op whose size is unknown (bad datatype / overflow) or empty: NCCL decides.
 //  3. both buffers in windows the application registered: NCCL's own copy-engine path.
 //  4. nccl / nccl-staged without app windows: NCCL.
-//  5. auto / zerocta: the copy engines only with an agreed pool; auto only from min_bytes up,
-//     zerocta at any size. Graph capture is not an input: it changes only which slots and
-//     streams the copy-engine route uses.
+//  5. auto / zerocta: the copy engines only with an agreed pool; auto only from min_bytes up
+//     and on communicators of at most auto_max_ranks ranks (0 = any), zerocta always. Graph capture
+//     is not an input: it changes only which slots and streams the copy-engine route uses.
 AgRoute expected_route(const RouteInputs& in) {
   if (in.mode == AllGatherMode::kOff) return AgRoute::kPassthrough;
   if (!in.bytes_valid || in.total_bytes == 0) return AgRoute::kPassthrough;
   if (in.app_windows) return AgRoute::kNcclCe;
   const bool ours = in.mode == AllGatherMode::kAuto || in.mode == AllGatherMode::kZerocta;
   if (!ours) return AgRoute::kPassthrough;
-  const bool big_enough = in.mode == AllGatherMode::kZerocta || in.total_bytes >= in.min_bytes;
+  const bool small_comm = in.auto_max_ranks == 0 || in.nranks <= in.auto_max_ranks;
+  const bool big_enough =
+      in.mode == AllGatherMode::kZerocta || (in.total_bytes >= in.min_bytes && small_comm);
   return in.ce_ready && big_enough ? AgRoute::kCe : AgRoute::kPassthrough;
 }
 
@@ -58,33 +60,38 @@ TEST(Route, TruthTable) {
     for (bool ce_ready : {false, true})
       for (uint64_t total : {uint64_t{0}, uint64_t{1}, kMin - 1, kMin, kMin + 1, UINT64_MAX})
         for (bool app_windows : {false, true})
-          for (bool bytes_valid : {false, true}) {
-            RouteInputs in;
-            in.mode = mode;
-            in.ce_ready = ce_ready;
-            in.ce_missing = kMissing;
-            in.total_bytes = total;
-            in.bytes_valid = bytes_valid;
-            in.min_bytes = kMin;
-            in.app_windows = app_windows;
-            const RouteDecision d = zc::choose_allgather_route(in);
-            const AgRoute want = expected_route(in);
-            SCOPED_TRACE(std::string("mode ") + zc::to_string(mode) + " ce_ready " +
-                         std::to_string(ce_ready) + " total " + std::to_string(total) +
-                         " app_windows " + std::to_string(app_windows) + " bytes_valid " +
-                         std::to_string(bytes_valid));
-            EXPECT_EQ(route_name(d.route), std::string(route_name(want)));
-            ASSERT_NE(d.why, nullptr);
-            EXPECT_GT(strlen(d.why), 0u);
-            // When the only obstacle is the missing pool, the log says why it is missing.
-            RouteInputs ready = in;
-            ready.ce_ready = true;
-            if (!ce_ready && expected_route(ready) == AgRoute::kCe) {
-              EXPECT_STREQ(d.why, kMissing);
-            }
-            ++cases;
-          }
-  EXPECT_EQ(cases, 5 * 2 * 6 * 2 * 2);
+          for (bool bytes_valid : {false, true})
+            for (uint64_t nranks : {2, 3, 8})
+              for (uint64_t max_ranks : {0, 2, 8}) {
+                RouteInputs in;
+                in.nranks = nranks;
+                in.auto_max_ranks = max_ranks;
+                in.mode = mode;
+                in.ce_ready = ce_ready;
+                in.ce_missing = kMissing;
+                in.total_bytes = total;
+                in.bytes_valid = bytes_valid;
+                in.min_bytes = kMin;
+                in.app_windows = app_windows;
+                const RouteDecision d = zc::choose_allgather_route(in);
+                const AgRoute want = expected_route(in);
+                SCOPED_TRACE(std::string("mode ") + zc::to_string(mode) + " ce_ready " +
+                             std::to_string(ce_ready) + " total " + std::to_string(total) +
+                             " app_windows " + std::to_string(app_windows) + " bytes_valid " +
+                             std::to_string(bytes_valid) + " nranks " + std::to_string(nranks) +
+                             " auto_max_ranks " + std::to_string(max_ranks));
+                EXPECT_EQ(route_name(d.route), std::string(route_name(want)));
+                ASSERT_NE(d.why, nullptr);
+                EXPECT_GT(strlen(d.why), 0u);
+                // When the only obstacle is the missing pool, the log says why it is missing.
+                RouteInputs ready = in;
+                ready.ce_ready = true;
+                if (!ce_ready && expected_route(ready) == AgRoute::kCe) {
+                  EXPECT_STREQ(d.why, kMissing);
+                }
+                ++cases;
+              }
+  EXPECT_EQ(cases, 5 * 2 * 6 * 2 * 2 * 3 * 3);
 }
 
 TEST(Route, MinBytesBoundaryIsInclusiveForAuto) {

@@ -1,4 +1,4 @@
-// The ceiling path of the sweep: bare peer pulls (peer_pull.h) timed exactly like the NCCL
+// The ceiling path of the sweep: bare peer writes (peer_push.h) timed exactly like the NCCL
 // paths, with the same check, so its busbw is directly comparable.
 #include <thread>
 #include <vector>
@@ -7,7 +7,7 @@
 #include "cuda_check.h"
 #include "host_barrier.h"
 #include "kernels.h"
-#include "peer_pull.h"
+#include "peer_push.h"
 #include "sweep.h"
 #include "timing.h"
 
@@ -50,22 +50,24 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
         ZCB_CUDA(cudaGetLastError());
         ZCB_CUDA(cudaStreamSynchronize(stream));
         barrier->wait();  // every source is filled
-        enqueue_pulls(g, *bufs, chunk, in_place, stream);
+        enqueue_pushes(g, *bufs, chunk, in_place, stream);
+        ZCB_CUDA(cudaStreamSynchronize(stream));
+        barrier->wait();  // every GPU's writes into this GPU's recv are done
         // Out-of-place, nobody writes this GPU's own chunk of recv: do not count it.
         pr.wrong = wrong.count((*bufs)[g].recv, chunk, n, elem, seed, in_place ? -1 : g, stream);
       }
-      for (int i = 0; i < o.warmups; ++i) enqueue_pulls(g, *bufs, chunk, in_place, stream);
+      for (int i = 0; i < o.warmups; ++i) enqueue_pushes(g, *bufs, chunk, in_place, stream);
       ZCB_CUDA(cudaStreamSynchronize(stream));
       barrier->wait();  // start the timed loops together
       timer.record(0, stream);
       for (int i = 0; i < o.iters; ++i) {
-        enqueue_pulls(g, *bufs, chunk, in_place, stream);
+        enqueue_pushes(g, *bufs, chunk, in_place, stream);
         timer.record(i + 1, stream);
       }
       ZCB_CUDA(cudaStreamSynchronize(stream));
       pr.mean_us = timer.mean_us(o.iters);
       pr.median_us = timer.median_us(o.iters);
-      barrier->wait();  // nobody poisons a buffer a peer may still be reading
+      barrier->wait();  // nobody poisons a buffer a peer may still be writing
     }
     ch->send(kMsgRow, &row, sizeof(row));
   }

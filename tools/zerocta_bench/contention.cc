@@ -11,7 +11,7 @@
 #include "host_barrier.h"
 #include "kernels.h"
 #include "nccl_rank.h"
-#include "peer_pull.h"
+#include "peer_push.h"
 #include "shim_stats.h"
 #include "timing.h"
 
@@ -205,7 +205,7 @@ void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
     c.o = &o;
     c.rank = g;
     c.ag_bytes = chunk * nranks;
-    c.enqueue_op = [&](cudaStream_t s) { enqueue_pulls(g, bufs, chunk, false, s); };
+    c.enqueue_op = [&](cudaStream_t s) { enqueue_pushes(g, bufs, chunk, false, s); };
     c.agree_max = [&](uint64_t v) { return barrier.arrive_max(v); };
     ContentionMsg m = run_contention_rank(c);
     ch->send(kMsgContention, &m, sizeof(m));

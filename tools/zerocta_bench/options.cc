@@ -454,8 +454,8 @@ Paths (--paths; each runs in its own set of rank processes, one after another):
                   (all-gathers: FAILED if one did not take zerocta's "ce" route; other ops are
                   forwarded to NCCL)
   zerocta-auto    the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
-  ceiling         (allgather only) bare cudaMemcpyAsync pulls of each peer's chunk, one
-                  process, no protocol
+  ceiling         (allgather only) bare copy-engine writes of each GPU's chunk to every
+                  peer, one cudaMemcpyBatchAsync per GPU, one process, no protocol
 Default paths: allgather: all of them; allreduce, reducescatter, broadcast: nccl-kernel,
 nccl-policy, zerocta-policy.
 
@@ -474,7 +474,7 @@ Other options:
   --json FILE            write machine info, every row and the contention results as JSON
   --contention           (allgather only) after the sweep, measure a cuBLAS bf16 GEMM loop overlapped with
                          back-to-back all-gathers (per path: nccl-kernel, nccl-ce, zerocta,
-                         bare-ce; bare-ce = the ceiling's raw pulls)
+                         bare-ce; bare-ce = the ceiling's raw writes)
   --contention-paths L   paths for --contention (adds zerocta-auto if listed)
   --contention-bytes S   all-gather total output size (default 256 MiB per rank)
   --gemm M,N,K           GEMM shape (default 8192,8192,8192)

@@ -60,9 +60,10 @@ std::string path_description(PathId p, CollOp op) {
       return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=auto" +
              forwards;
     case PathId::kCeiling:
-      return "bare cudaMemcpyAsync peer pulls, one process, no protocol (per-GPU time, max)";
+      return "bare peer writes, one cudaMemcpyBatchAsync per GPU, one process, no protocol "
+             "(per-GPU time, max)";
     case PathId::kBareCe:
-      return "the ceiling's raw peer pulls, back to back";
+      return "the ceiling's batched peer writes, back to back";
   }
   return "";
 }

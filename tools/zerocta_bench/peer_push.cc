@@ -1,4 +1,4 @@
-#include "peer_pull.h"
+#include "peer_push.h"
 
 #include <unistd.h>
 
@@ -33,14 +33,31 @@ void setup_peer_gpu(int g, int ngpus, Channel* ch) {
   ch->send(kMsgHello, &h, sizeof(h));
 }
 
-void enqueue_pulls(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk, bool in_place,
-                   cudaStream_t stream) {
+void enqueue_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk, bool in_place,
+                    cudaStream_t stream) {
   const int n = static_cast<int>(bufs.size());
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  const char* src = in_place ? bufs[g].recv + g * chunk : bufs[g].send;
   for (int k = 1; k < n; ++k) {
-    const int q = (g + k) % n;
-    const char* src = in_place ? bufs[q].recv + q * chunk : bufs[q].send;
-    ZCB_CUDA(cudaMemcpyAsync(bufs[g].recv + q * chunk, src, chunk, cudaMemcpyDefault, stream));
+    const int q = (g + k) % n;  // rotated, so that no GPU is written by every GPU first
+    dsts.push_back(bufs[q].recv + g * chunk);
+    srcs.push_back(src);
+    sizes.push_back(chunk);
   }
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+  ZCB_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
+                                &attr_index, 1, stream));
+#else
+  size_t fail_index = 0;
+  ZCB_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
+                                &attr_index, 1, &fail_index, stream));
+#endif
 }
 
 }  // namespace zcb
