@@ -71,6 +71,17 @@ bool reference_size(const std::string& text, uint64_t* out) {
   return true;
 }
 
+// Reference count parser: 1 to 7 decimal digits, value at most 1000000.
+bool reference_count(const std::string& text, uint64_t* out) {
+  if (text.empty() || text.size() > 7) return false;
+  for (char ch : text)
+    if (ch < '0' || ch > '9') return false;
+  const uint64_t v = std::stoull(text);
+  if (v > 1000000) return false;
+  *out = v;
+  return true;
+}
+
 bool chunk_ok(uint64_t v) { return v >= zc::kMinChunkBytes && v % zc::kChunkGranule == 0; }
 
 // Reads a variable's field as text, to compare an accepted value with what was stored.
@@ -86,6 +97,8 @@ std::string field_text(const zc::Config& c, const std::string& name) {
       {"ZEROCTA_ALLGATHER",
        [](const zc::Config& c) { return std::string(zc::to_string(c.allgather)); }},
       {"ZEROCTA_MIN_BYTES", [](const zc::Config& c) { return std::to_string(c.min_bytes); }},
+      {"ZEROCTA_AUTO_MAX_RANKS",
+       [](const zc::Config& c) { return std::to_string(c.auto_max_ranks); }},
       {"ZEROCTA_POOL_BYTES", [](const zc::Config& c) { return std::to_string(c.pool_bytes); }},
       {"ZEROCTA_CHUNK_BYTES", [](const zc::Config& c) { return std::to_string(c.chunk_bytes); }},
       {"ZEROCTA_STATS", [](const zc::Config& c) { return c.stats; }},
@@ -107,6 +120,11 @@ std::string expected_text(const zc::ConfigVar& v, const std::string& value) {
   if (type == "size") {
     uint64_t n = 0;
     reference_size(value, &n);
+    return std::to_string(n);
+  }
+  if (type == "count") {
+    uint64_t n = 0;
+    reference_count(value, &n);
     return std::to_string(n);
   }
   return value;
@@ -218,6 +236,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t n = 0;
     if (type == "bool" || type == "enum") good = is_word_of(value, v.values);
     if (type == "size") good = reference_size(value, &n);
+    if (type == "count") good = reference_count(value, &n);
     if (name == "ZEROCTA_CHUNK_BYTES") good = good && chunk_ok(n);
     if (good && name == "ZEROCTA_POOL_BYTES") pool = n;
     if (good && name == "ZEROCTA_CHUNK_BYTES") chunk = n;
