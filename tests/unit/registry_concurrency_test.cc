@@ -228,8 +228,11 @@ TEST(RegistryConcurrency, HeldStateOutlivesRemovalAndHandleReuse) {
 // table around them grows, shrinks and rehashes.
 TEST(RegistryConcurrency, StableHandlesSurviveChurnAround) {
   constexpr int kStable = 16, kChurners = 4, kReaders = 3, kChurn = 100, kBatch = 64;
-  constexpr long kMinLookups = 1000;
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  // Enough lookups to interleave with the churn many times (16 per pass). Not more: the lock
+  // prefers writers, so under TSan on 2 cores 4 churners leave the readers about 90 lookups
+  // a second (928 in 10 s in one CI run).
+  constexpr long kMinLookups = 256;
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
   std::vector<std::shared_ptr<zc::CommState>> stable;
   for (int i = 0; i < kStable; ++i) stable.push_back(zc::comm_add(handle(4, i)));
   std::atomic<int> churners_left{kChurners};
