@@ -1,30 +1,21 @@
 #include "nccl_rank.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "cuda_check.h"
+#include "gpu_hello.h"
 
 namespace zcb {
 
 namespace {
 
 void send_hello(Channel* ch, int rank, int device, int nccl_version, const ShimProbe& shim) {
-  HelloMsg h{};
-  h.rank = rank;
-  h.device = device;
-  h.pid = static_cast<int32_t>(getpid());
+  HelloMsg h = gpu_hello(rank, device);
   h.nccl_version = nccl_version;
   h.shim_loaded = shim.loaded;
   h.shim_version = shim.version;
-  cudaDeviceProp prop{};
-  ZCB_CUDA(cudaGetDeviceProperties(&prop, device));
-  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1),
-           prop.name);
-  ZCB_CUDA(cudaDeviceGetPCIBusId(h.bus_id, sizeof(h.bus_id), device));
   ch->send(kMsgHello, &h, sizeof(h));
 }
 

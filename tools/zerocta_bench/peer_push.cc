@@ -1,10 +1,7 @@
 #include "peer_push.h"
 
-#include <unistd.h>
-
-#include <cstdio>
-
 #include "cuda_check.h"
+#include "gpu_hello.h"
 
 namespace zcb {
 
@@ -21,15 +18,7 @@ void setup_peer_gpu(int g, int ngpus, Channel* ch) {
     else if (e != cudaSuccess)
       fatal("cudaDeviceEnablePeerAccess(%d) on GPU %d: %s", p, g, cudaGetErrorString(e));
   }
-  HelloMsg h{};
-  h.rank = g;
-  h.device = g;
-  h.pid = static_cast<int32_t>(getpid());
-  cudaDeviceProp prop{};
-  ZCB_CUDA(cudaGetDeviceProperties(&prop, g));
-  snprintf(h.gpu_name, sizeof(h.gpu_name), "%.*s", static_cast<int>(sizeof(h.gpu_name) - 1),
-           prop.name);
-  ZCB_CUDA(cudaDeviceGetPCIBusId(h.bus_id, sizeof(h.bus_id), g));
+  HelloMsg h = gpu_hello(g, g);
   ch->send(kMsgHello, &h, sizeof(h));
 }
 
