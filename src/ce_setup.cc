@@ -11,7 +11,9 @@
 
 #include "config.h"
 #include "log.h"
+#include "nonblocking_setup.h"
 #include "real_nccl.h"
+#include "staged_allgather.h"
 #include "stats.h"
 
 namespace zc {
@@ -77,7 +79,7 @@ ncclResult_t grouped(const RealNccl& nccl, const std::vector<std::shared_ptr<Com
   }
   if (group) {
     ncclResult_t r = nccl.ncclGroupEnd();
-    if (first == ncclSuccess) first = r;
+    if (first == ncclSuccess || first == ncclInProgress) first = r;
   }
   return first;
 }
@@ -123,7 +125,7 @@ void give_up(const std::vector<std::shared_ptr<CommState>>& comms, const char* w
 
 }  // namespace
 
-const char* facts_disagreement(const RankFacts* all, int nranks) {
+const char* facts_disagreement(const RankFacts* all, int nranks, bool staged) {
   for (int r = 0; r < nranks; ++r) {
     if (all[r].magic != kFactsMagic)
       return "a rank runs without zerocta (or another version): facts do not match";
@@ -138,6 +140,8 @@ const char* facts_disagreement(const RankFacts* all, int nranks) {
   }
   if (all[0].nccl_version < 22800 || all[0].nccl_version >= 22900)
     return "the copy-engine route is tested on NCCL 2.28 only";
+  if (staged && all[0].nccl_version < kStagedMinNcclVersion)
+    return "ZEROCTA_ALLGATHER=nccl-staged needs NCCL 2.28.9 or later (it hung on 2.28.3)";
   return nullptr;
 }
 
@@ -157,6 +161,9 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       return give_up(comms, "communicator size outside 2..64");
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Scratch> scratch(comms.size());
+  // Non-blocking comms answer ncclInProgress; each step waits until NCCL has taken it.
+  std::vector<ncclComm_t> handles;
+  for (auto& c : comms) handles.push_back(c->comm);
 
   // 1. Facts.
   for (size_t i = 0; i < comms.size(); ++i) {
@@ -194,12 +201,13 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       ncclResult_t r =
           nccl->ncclAllGather(reinterpret_cast<void*>(mine), reinterpret_cast<void*>(s.dev),
                               sizeof(RankFacts), ncclUint8, c.comm, s.stream);
-      if (r != ncclSuccess) nr = r;
+      if (r != ncclSuccess && nr == ncclSuccess) nr = r;
     }
     if (group) {
       ncclResult_t r = nccl->ncclGroupEnd();
-      if (nr == ncclSuccess) nr = r;
+      if (nr == ncclSuccess || nr == ncclInProgress) nr = r;
     }
+    nr = wait_in_progress(*nccl, handles, nr);
   }
   const char* verdict = nullptr;
   for (size_t i = 0; i < comms.size(); ++i) {
@@ -212,7 +220,9 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       verdict = "the facts exchange failed";
       continue;
     }
-    if (const char* why = facts_disagreement(all.data(), c.nranks)) verdict = why;
+    if (const char* why =
+            facts_disagreement(all.data(), c.nranks, cfg.allgather == AllGatherMode::kNcclStaged))
+      verdict = why;
     // 2. Local checks: direct P2P to every peer's device, then the arena itself.
     CUdevice me;
     cu->cuDeviceGet(&me, c.device);
@@ -263,12 +273,13 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       void* p = reinterpret_cast<void*>(scratch[i].dev);
       ncclResult_t e =
           nccl->ncclAllReduce(p, p, 1, ncclInt32, ncclMin, comms[i]->comm, scratch[i].stream);
-      if (e != ncclSuccess) r = e;
+      if (e != ncclSuccess && r == ncclSuccess) r = e;
     }
     if (group) {
       ncclResult_t e = nccl->ncclGroupEnd();
-      if (r == ncclSuccess) r = e;
+      if (r == ncclSuccess || r == ncclInProgress) r = e;
     }
+    r = wait_in_progress(*nccl, handles, r);
     bool all_ok = r == ncclSuccess;
     for (size_t i = 0; i < comms.size(); ++i) {
       ScopedDevice dev(comms[i]->device);
@@ -310,6 +321,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       return nccl->ncclCommWindowRegister(c.comm, c.ce->arena, c.ce->layout.arena_bytes(),
                                           &c.ce->window, NCCL_WIN_COLL_SYMMETRIC);
     });
+    r = wait_in_progress(*nccl, handles, r);
     registered = true;
     // 4. Peer pointers from the window, each verified by the marker its owner wrote.
     for (size_t i = 0; i < comms.size(); ++i) {
@@ -378,6 +390,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     }
   }
   if (!ok) return give_up(comms, verdict ? verdict : "pool setup failed");
+  if (cfg.allgather == AllGatherMode::kNcclStaged) staged_warmup(comms);
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (auto& c : comms) {
@@ -443,7 +456,8 @@ void ce_teardown(CommState& st, bool aborting) {
     if (ce->events[e]) cu->cuEventDestroy(ce->events[e]);
     if (ce->capture_events[e]) cu->cuEventDestroy(ce->capture_events[e]);
   }
-  if (ce->window && !aborting) nccl->ncclCommWindowDeregister(st.comm, ce->window);
+  if (ce->window && !aborting)
+    wait_in_progress(*nccl, {st.comm}, nccl->ncclCommWindowDeregister(st.comm, ce->window));
   // After an abort NCCL has released the window itself; the arena is ours to free.
   if (ce->arena) {
     nccl->ncclMemFree(ce->arena);

@@ -30,7 +30,14 @@ struct RankFacts {
 static_assert(sizeof(RankFacts) == 64, "RankFacts is exchanged as 64 raw bytes");
 
 // Pure: nullptr when every rank's facts allow the copy-engine route, else the reason.
-const char* facts_disagreement(const RankFacts* all, int nranks);
+// `staged`: the pool is for the nccl-staged route (the same on every rank whose fingerprint
+// matches), which needs NCCL 2.28.9 or later.
+const char* facts_disagreement(const RankFacts* all, int nranks, bool staged = false);
+
+// The oldest NCCL the nccl-staged route runs on: with 2.28.3, NCCL's own copy-engine
+// all-gather inside the pool of a split non-blocking communicator (ranks in reverse order)
+// hung in tests/gpu/gpu_nonblocking_test.cc; 2.28.9 passed the same test.
+constexpr int kStagedMinNcclVersion = 22809;
 
 // Sets up the pools of communicators created together by one thread (one comm, or every
 // comm of an ncclCommInitAll / a grouped init). Blocking; never call it inside a group or

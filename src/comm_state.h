@@ -33,6 +33,17 @@ struct CeComm {
   std::vector<PlanOp> plan;  // reused buffer for building plans
 };
 
+struct CommState;
+
+// Non-blocking communicators are set up when the application first sees them ready (see
+// nonblocking_setup.h). Communicators created together by one thread (one group) share one
+// of these, because their set-up collectives must be grouped too.
+struct PendingSetup {
+  std::mutex mu;      // held by the thread running the set-up
+  bool done = false;  // under mu
+  std::vector<std::weak_ptr<CommState>> comms;
+};
+
 struct AppWindow {
   uintptr_t base, size;
   ncclWindow_t win;
@@ -52,6 +63,11 @@ struct CommState {
   // First error after a route was fixed: the communicator is poisoned and every later call
   // returns it, as NCCL does with an asynchronous error.
   std::atomic<int> poisoned{ncclSuccess};
+  // Non-blocking comms whose pool is not set up yet: `setup_pending` is the cheap check,
+  // `pending` (under pending_mu) what to run.
+  std::atomic<bool> setup_pending{false};
+  std::mutex pending_mu;
+  std::shared_ptr<PendingSetup> pending;
   std::mutex windows_mu;
   std::vector<AppWindow> app_windows;
   std::atomic<bool> has_app_windows{false};

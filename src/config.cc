@@ -94,7 +94,8 @@ const std::vector<VarSpec>& specs() {
       {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|nccl-staged|off", "nccl",
         "Route of all-gathers: nccl = NCCL decides (its CE path on application windows); auto = "
         "zerocta's copy engines from ZEROCTA_MIN_BYTES up on up to ZEROCTA_AUTO_MAX_RANKS ranks; "
-        "zerocta = always; off = untouched."},
+        "zerocta = always; nccl-staged = NCCL's own CE all-gather through the pool (copy in, "
+        "copy out) from ZEROCTA_MIN_BYTES up; off = untouched."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},

@@ -34,11 +34,13 @@ RouteDecision choose_allgather_route(const RouteInputs& in) {
   if (in.app_windows) return {AgRoute::kNcclCe, "buffers are in application-registered windows"};
   if (in.mode == AllGatherMode::kNccl)
     return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER=nccl and the buffers are not in windows"};
-  if (in.mode == AllGatherMode::kNcclStaged)
-    return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER=nccl-staged is not available yet"};
   if (!in.ce_ready)
     return {AgRoute::kPassthrough,
             in.ce_missing && *in.ce_missing ? in.ce_missing : "copy-engine pool not ready"};
+  if (in.mode == AllGatherMode::kNcclStaged)
+    return in.total_bytes < in.min_bytes
+               ? RouteDecision{AgRoute::kPassthrough, "below ZEROCTA_MIN_BYTES"}
+               : RouteDecision{AgRoute::kNcclStaged, "ZEROCTA_ALLGATHER=nccl-staged"};
   if (in.mode == AllGatherMode::kZerocta) return {AgRoute::kCe, "ZEROCTA_ALLGATHER=zerocta"};
   if (in.auto_max_ranks != 0 && in.nranks > in.auto_max_ranks)
     return {AgRoute::kPassthrough, "more ranks than ZEROCTA_AUTO_MAX_RANKS"};

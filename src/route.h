@@ -11,7 +11,7 @@
 
 namespace zc {
 
-enum class AgRoute { kPassthrough, kCe, kNcclCe };
+enum class AgRoute { kPassthrough, kCe, kNcclCe, kNcclStaged };
 
 struct RouteInputs {
   AllGatherMode mode = AllGatherMode::kAuto;

@@ -26,10 +26,6 @@ void announce(const Config& c) {
       static_cast<unsigned long long>(c.pool_bytes), static_cast<unsigned long long>(c.chunk_bytes),
       to_string(c.ce_direction), c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
       static_cast<unsigned long long>(c.fingerprint));
-  if (c.enable && c.allgather == AllGatherMode::kNcclStaged)
-    ZC_WARN(
-        "ZEROCTA_ALLGATHER=nccl-staged is not implemented yet: all-gathers on plain buffers "
-        "pass through to NCCL");
   if (const char* env = getenv("NCCL_CTA_POLICY"))
     if (c.enable && c.cta_policy != CtaPolicyMode::kKeep)
       ZC_WARN(

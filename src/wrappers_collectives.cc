@@ -8,9 +8,11 @@
 #include "config.h"
 #include "group_state.h"
 #include "log.h"
+#include "nonblocking_setup.h"
 #include "nvtx_ranges.h"
 #include "route.h"
 #include "shim_entry.h"
+#include "staged_allgather.h"
 #include "stats.h"
 
 namespace zc {
@@ -72,6 +74,7 @@ using namespace zc;
     if (e.gate == Gate::kFail) return e.code;                               \
     if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args); \
     auto st = comm_lookup(comm);                                            \
+    settle_before_use(st.get());                                            \
     if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);     \
     uint64_t bytes = (BYTES);                                               \
     stats_count(OP, zerocta_route_passthrough, bytes);                      \
@@ -91,6 +94,7 @@ using namespace zc;
       return ncclInternalError;                                                              \
     }                                                                                        \
     auto st = comm_lookup(comm);                                                             \
+    settle_before_use(st.get());                                                             \
     if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);                      \
     uint64_t bytes = (BYTES);                                                                \
     bool nccl_ce =                                                                           \
@@ -169,6 +173,7 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
     return ncclInternalError;
   }
   auto st = comm_lookup(comm);
+  settle_before_use(st.get());  // a non-blocking comm's pool, before its first operation
   if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);
   const Config& cfg = config();
   const uint64_t ts = nccl_type_size(datatype);
@@ -186,17 +191,21 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
                    in_app_window(*st, sendbuff) && in_app_window(*st, recvbuff);
   RouteDecision d = choose_allgather_route(in);
   // Capture changes only which of our slots and streams the op uses, never the route.
-  const bool capturing =
-      d.route == AgRoute::kCe && stream_is_capturing(reinterpret_cast<CUstream>(stream));
+  const bool pooled = d.route == AgRoute::kCe || d.route == AgRoute::kNcclStaged;
+  const bool capturing = pooled && stream_is_capturing(reinterpret_cast<CUstream>(stream));
   ZC_DEBUG("ncclAllGather %llu B: route %d (%s)", static_cast<unsigned long long>(in.total_bytes),
            static_cast<int>(d.route), d.why);
-  if (d.route == AgRoute::kCe) {
+  if (pooled) {
     const uint64_t per_rank = sendcount * ts;
-    auto issue = [st, sendbuff, recvbuff, per_rank, stream, capturing, total = in.total_bytes]() {
-      stats_count(zerocta_op_allgather, zerocta_route_ce, total);
-      NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
-      return ce_allgather(*st, sendbuff, recvbuff, per_rank, reinterpret_cast<CUstream>(stream),
-                          capturing);
+    const bool staged = d.route == AgRoute::kNcclStaged;
+    auto issue = [st, sendbuff, recvbuff, per_rank, stream, capturing, staged,
+                  total = in.total_bytes]() {
+      const zerocta_route_t route = staged ? zerocta_route_nccl_staged : zerocta_route_ce;
+      stats_count(zerocta_op_allgather, route, total);
+      NvtxRange range(zerocta_op_allgather, route, total);
+      CUstream s = reinterpret_cast<CUstream>(stream);
+      return staged ? staged_allgather(*st, sendbuff, recvbuff, per_rank, s, capturing)
+                    : ce_allgather(*st, sendbuff, recvbuff, per_rank, s, capturing);
     };
     GroupState& g = group_state();
     if (g.depth > 0) {
@@ -236,6 +245,7 @@ ZC_EXPORT ncclResult_t ncclGroupEnd() {
   if (g.depth > 0) g.depth--;
   if (g.depth > 0) return r;
   // Outermost end: NCCL's part is launched; now ours, in program order.
+  g.nonblocking_batch.reset();
   auto setups = std::move(g.pending_setup);
   auto ops = std::move(g.pending_ops);
   g.pending_setup.clear();
@@ -258,6 +268,7 @@ ZC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
     if (g.depth == 0) {
       g.pending_ops.clear();
       g.pending_setup.clear();
+      g.nonblocking_batch.reset();
     }
   }
   ZC_CALL_REAL(ncclResult_t, e, ncclGroupSimulateEnd, (simInfo));

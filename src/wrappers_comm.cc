@@ -1,5 +1,6 @@
 // Communicator life cycle: every creation path gets the CTA policy (and, on NCCL 2.28, the
 // copy-engine pool); every teardown path frees our resources before NCCL tears down.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "cuda_driver.h"
 #include "group_state.h"
 #include "log.h"
+#include "nonblocking_setup.h"
 #include "shim_entry.h"
 #include "stats.h"
 
@@ -39,7 +41,7 @@ bool nonblocking_config(const ncclConfig_t* c, bool inherit_nonblocking) {
 bool wants_ce() {
   const Config& c = config();
   return c.allgather != AllGatherMode::kOff && c.allgather != AllGatherMode::kNccl &&
-         c.allgather != AllGatherMode::kNcclStaged && runtime_tier() == RuntimeTier::kFull;
+         runtime_tier() == RuntimeTier::kFull;
 }
 
 // Whether the CTA policy is to be applied: not with keep, not below NCCL 2.28.
@@ -71,7 +73,12 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
   st->nonblocking = nonblocking || r == ncclInProgress;
   stats_comm_created(st->zero_policy);
   if (st->nonblocking) {
-    st->ce_missing = "non-blocking communicator (copy-engine route not supported yet)";
+    // Not ready yet: rank, size and device are read, and the pool set up, once the
+    // application sees it ready (nonblocking_setup.h).
+    if (wants_ce())
+      defer_nonblocking_setup({st});
+    else
+      st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
     return st;
   }
   // Size and rank are needed to count all-gather bytes on every route (local queries).
@@ -91,6 +98,64 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
   return st;
 }
 
+// Children of ncclCommSplit/ncclCommShrink. NCCL writes a non-blocking child's handle into
+// the caller's *newcomm only when its initialisation job ends, so such a child is recorded
+// by that slot and adopted once the handle is there: when the parent is polled ready, or
+// when the application first presents the handle (it may do so only after NCCL wrote it).
+struct PendingChild {
+  ncclComm_t parent;
+  ncclComm_t* slot;
+  int policy;
+};
+std::mutex g_children_mu;
+std::vector<PendingChild> g_children;
+
+// `member`: false for a split with NCCL_SPLIT_NOCOLOR, which never gets a communicator.
+void created_child(const RealNccl& nccl, ncclComm_t parent, ncclComm_t* newcomm, ncclResult_t r,
+                   int policy, bool nonblocking, bool member = true) {
+  if (newcomm == nullptr || !member) return;
+  ncclComm_t child = __atomic_load_n(newcomm, __ATOMIC_ACQUIRE);
+  // NCCL 2.28's split answers ncclSuccess even when the child's job still runs (the result of
+  // its own group end is not returned), so only an error tells that no handle will come.
+  if (child != nullptr || !nonblocking || (r != ncclSuccess && r != ncclInProgress)) {
+    after_create(nccl, child, r, policy, nonblocking);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  g_children.push_back({parent, newcomm, policy});
+}
+
+// Adopts the pending children of `parent` whose handle has arrived (parent != nullptr), or
+// the one whose handle is `handle`.
+void adopt_children(const RealNccl& nccl, ncclComm_t parent, ncclComm_t handle) {
+  std::vector<std::pair<ncclComm_t, int>> adopt;
+  {
+    std::lock_guard<std::mutex> lock(g_children_mu);
+    if (g_children.empty()) return;
+    for (auto it = g_children.begin(); it != g_children.end();) {
+      const bool mine = parent != nullptr && it->parent == parent;
+      ncclComm_t child =
+          mine || handle != nullptr ? __atomic_load_n(it->slot, __ATOMIC_ACQUIRE) : nullptr;
+      if (child != nullptr && (mine || child == handle)) {
+        adopt.emplace_back(child, it->policy);
+        it = g_children.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [child, policy] : adopt)
+    if (!comm_lookup(child)) after_create(nccl, child, ncclInProgress, policy, true);
+}
+
+// A parent going away takes its unresolved children's records with it (their slots may die).
+void forget_children(ncclComm_t parent) {
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  g_children.erase(std::remove_if(g_children.begin(), g_children.end(),
+                                  [parent](const PendingChild& c) { return c.parent == parent; }),
+                   g_children.end());
+}
+
 // NCCL's own check of ncclCommInitAll's list: every device in range, none twice.
 bool device_list_ok(const CudaDriver& cu, int ndev, const int* devlist) {
   if (devlist == nullptr) return true;
@@ -107,6 +172,9 @@ bool device_list_ok(const CudaDriver& cu, int ndev, const int* devlist) {
 
 // Teardown shared by Finalize/Destroy: wait for our work, deregister, free.
 void release_pool(ncclComm_t comm, bool remove) {
+  if (remove) forget_children(comm);
+  // A peer that saw the comm ready has set up its pool and waits for ours: set up first.
+  settle_before_use(comm_lookup(comm).get());
   auto st = remove ? comm_remove(comm) : comm_lookup(comm);
   if (!st) return;
   std::lock_guard<std::mutex> lock(st->issue_mu);
@@ -228,12 +296,15 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
     }
     ncclResult_t end = e.real->ncclGroupEnd();
     if (r == ncclSuccess) r = end;
-    if (r == ncclSuccess)
+    std::vector<std::shared_ptr<CommState>> nonblocking;
+    if (r == ncclSuccess || r == ncclInProgress)
       for (int i = 0; i < ndev; ++i) {
         auto st = after_create(*e.real, comm[i], r, p.policy, nonblocking_config(p.config, false),
                                /*setup_now=*/false);
-        if (st && wants_ce() && !st->nonblocking) created.push_back(st);
+        if (st && wants_ce()) (st->nonblocking ? nonblocking : created).push_back(st);
       }
+    // NCCL_COMM_BLOCKING=0: one thread drives all of them, so they are set up as one batch.
+    defer_nonblocking_setup(nonblocking);
   }
   // Outside any group of the caller's, the pools of all devices are set up together.
   if (group_state().depth == 0)
@@ -254,13 +325,14 @@ ZC_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
     return ncclInternalError;
   }
   auto parent = comm_lookup(comm);
+  settle_before_use(parent.get());
   std::vector<unsigned char> storage;
   PolicyResult p = policy_for(config, NullConfig::kInherit, &storage, "ncclCommSplit");
   ncclResult_t r = e.real->ncclCommSplit(comm, color, key, newcomm, p.config);
   int policy = p.config ? p.policy : (parent && parent->zero_policy ? NCCL_CTA_POLICY_ZERO : -1);
-  if (newcomm)
-    after_create(*e.real, *newcomm, r, policy,
-                 nonblocking_config(p.config, parent && parent->nonblocking));
+  created_child(*e.real, comm, newcomm, r, policy,
+                nonblocking_config(p.config, parent && parent->nonblocking),
+                color != NCCL_SPLIT_NOCOLOR);
   return r;
 }
 
@@ -276,6 +348,7 @@ ZC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
     return ncclInternalError;
   }
   auto parent = comm_lookup(comm);
+  if (!(shrinkFlags & NCCL_SHRINK_ABORT)) settle_before_use(parent.get());
   if (parent && (shrinkFlags & NCCL_SHRINK_ABORT)) {
     // The parent's operations are being terminated: release ours first.
     parent->poisoned.store(ncclRemoteError);
@@ -286,9 +359,8 @@ ZC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
   ncclResult_t r = e.real->ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm,
                                           p.config, shrinkFlags);
   int policy = p.config ? p.policy : (parent && parent->zero_policy ? NCCL_CTA_POLICY_ZERO : -1);
-  if (newcomm)
-    after_create(*e.real, *newcomm, r, policy,
-                 nonblocking_config(p.config, parent && parent->nonblocking));
+  created_child(*e.real, comm, newcomm, r, policy,
+                nonblocking_config(p.config, parent && parent->nonblocking));
   return r;
 }
 
@@ -313,6 +385,7 @@ ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (e.gate == Gate::kFail) return e.code;
   if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, ncclCommAbort, (comm));
   auto st = comm_remove(comm);
+  forget_children(comm);
   if (st) {
     st->poisoned.store(ncclRemoteError);
     ce_release_waits(*st);
@@ -342,7 +415,9 @@ ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   ZC_CALL_REAL(ncclResult_t, e, ncclCommRevoke, (comm, revokeFlags));
 }
 
-// PyTorch's watchdog polls this from its own thread: no CUDA call, no lock NCCL could hold.
+// PyTorch's watchdog polls this from its own thread: no CUDA call, no lock NCCL could hold,
+// except once per non-blocking comm: the call that first sees it ready sets up its pool
+// (nonblocking_setup.h), and other threads see ncclInProgress meanwhile.
 ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   Entry e = enter(__builtin_return_address(0));
   if (e.gate == Gate::kFail) return e.code;
@@ -351,11 +426,16 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
     return ncclInternalError;
   }
   ncclResult_t r = e.real->ncclCommGetAsyncError(comm, asyncError);
-  if (e.gate == Gate::kActive && r == ncclSuccess && asyncError && *asyncError == ncclSuccess)
+  if (e.gate == Gate::kActive && r == ncclSuccess && asyncError && *asyncError == ncclSuccess) {
+    // A non-blocking split's child: adopted once its parent is ready or its handle shows up.
+    adopt_children(*e.real, comm, comm);
     if (auto st = comm_lookup(comm)) {
+      if (st->setup_pending.load(std::memory_order_acquire))
+        *asyncError = run_pending_setup(*st, /*wait=*/false);
       int p = st->poisoned.load(std::memory_order_relaxed);
       if (p != ncclSuccess) *asyncError = static_cast<ncclResult_t>(p);
     }
+  }
   return r;
 }
 

@@ -123,12 +123,15 @@ void check_run(const Params& p, const RunResult& r) {
   // 3. The fake saw one call per application call, each logged on a whole line.
   auto lines = lines_per_function(r);
   auto api = [&r](const char* fn) { return r.num(std::string("api.") + fn); };
-  for (const char* fn :
-       {"ncclAllGather", "ncclAllReduce", "ncclBcast", "ncclSend", "ncclRecv", "ncclGroupStart",
-        "ncclGroupEnd", "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommFinalize",
-        "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "ncclGetUniqueId",
-        "ncclCommWindowRegister", "ncclCommWindowDeregister"})
+  for (const char* fn : {"ncclAllGather", "ncclAllReduce", "ncclBcast", "ncclSend", "ncclRecv",
+                         "ncclGroupStart", "ncclGroupEnd", "ncclCommSplit", "ncclCommShrink",
+                         "ncclCommRevoke", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort",
+                         "ncclGetUniqueId", "ncclCommWindowRegister", "ncclCommWindowDeregister"})
     EXPECT_EQ(lines[fn], api(fn)) << fn;
+  // The shim itself asks a non-blocking comm whether it is ready before setting it up (at most
+  // once per comm here: the fake is ready at once).
+  EXPECT_GE(lines["ncclCommGetAsyncError"], api("ncclCommGetAsyncError"));
+  EXPECT_LE(lines["ncclCommGetAsyncError"], api("ncclCommGetAsyncError") + e.created);
   // ncclCommWindowRegister registers the buffer with an inner ncclCommRegister.
   EXPECT_EQ(lines["ncclCommRegister"], api("ncclCommWindowRegister"));
   // ncclBcast reaches ncclBroadcast inside NCCL: one extra line per ncclBcast.

@@ -24,6 +24,8 @@ const char* route_name(AgRoute r) {
       return "ce";
     case AgRoute::kNcclCe:
       return "nccl-ce";
+    case AgRoute::kNcclStaged:
+      return "nccl-staged";
   }
   return "?";
 }
@@ -32,14 +34,19 @@ const char* route_name(AgRoute r) {
 //  1. ZEROCTA_ALLGATHER=off: NCCL, always.
 //  2. an op whose size is unknown (bad datatype / overflow) or empty: NCCL decides.
 //  3. both buffers in windows the application registered: NCCL's own copy-engine path.
-//  4. nccl / nccl-staged without app windows: NCCL.
-//  5. auto / zerocta: the copy engines only with an agreed pool; auto only from min_bytes up
+//  4. nccl without app windows: NCCL.
+//  5. nccl-staged: through the pool (NCCL's CE all-gather inside it) with an agreed pool from
+//     min_bytes up, whatever the communicator's size; else NCCL.
+//  6. auto / zerocta: the copy engines only with an agreed pool; auto only from min_bytes up
 //     and on communicators of at most auto_max_ranks ranks (0 = any), zerocta always. Graph capture
 //     is not an input: it changes only which slots and streams the copy-engine route uses.
 AgRoute expected_route(const RouteInputs& in) {
   if (in.mode == AllGatherMode::kOff) return AgRoute::kPassthrough;
   if (!in.bytes_valid || in.total_bytes == 0) return AgRoute::kPassthrough;
   if (in.app_windows) return AgRoute::kNcclCe;
+  if (in.mode == AllGatherMode::kNcclStaged)
+    return in.ce_ready && in.total_bytes >= in.min_bytes ? AgRoute::kNcclStaged
+                                                         : AgRoute::kPassthrough;
   const bool ours = in.mode == AllGatherMode::kAuto || in.mode == AllGatherMode::kZerocta;
   if (!ours) return AgRoute::kPassthrough;
   const bool small_comm = in.auto_max_ranks == 0 || in.nranks <= in.auto_max_ranks;
@@ -86,7 +93,8 @@ TEST(Route, TruthTable) {
                 // When the only obstacle is the missing pool, the log says why it is missing.
                 RouteInputs ready = in;
                 ready.ce_ready = true;
-                if (!ce_ready && expected_route(ready) == AgRoute::kCe) {
+                const AgRoute with_pool = expected_route(ready);
+                if (!ce_ready && (with_pool == AgRoute::kCe || with_pool == AgRoute::kNcclStaged)) {
                   EXPECT_STREQ(d.why, kMissing);
                 }
                 ++cases;

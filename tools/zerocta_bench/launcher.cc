@@ -116,6 +116,8 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   if (path_uses_shim(path)) {
     set_var(&env, "LD_PRELOAD", rest.empty() ? shim_lib : shim_lib + ":" + rest);
     set_var(&env, "ZEROCTA_ALLGATHER", path_allgather_mode(path));
+    // Every size of the table through the pool, like the zerocta path (not just >= 64 MiB).
+    if (path == PathId::kZeroctaStaged) set_var(&env, "ZEROCTA_MIN_BYTES", "0");
   } else if (rest.empty()) {
     env.erase(std::remove_if(env.begin(), env.end(),
                              [](const std::string& e) { return e.rfind("LD_PRELOAD=", 0) == 0; }),

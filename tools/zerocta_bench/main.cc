@@ -134,6 +134,17 @@ int next_limit(const Options& o, double estimate, Clock::time_point start) {
 
 // zerocta-policy measures the shim's policy, so every rank must report that every
 // communicator it created got NCCL_CTA_POLICY_ZERO.
+// The route every timed all-gather of a path must take (the path forces it), or -1.
+int forced_route(PathId p) {
+  if (p == PathId::kZerocta) return zerocta_route_ce;
+  if (p == PathId::kZeroctaStaged) return zerocta_route_nccl_staged;
+  return -1;
+}
+
+const char* zerocta_route_name_of(int route) {
+  return route == zerocta_route_nccl_staged ? "nccl-staged" : "ce";
+}
+
 bool policy_applied(const PathResult& r, int nranks) {
   return r.shim_reports == nranks && r.comms_created >= static_cast<uint64_t>(nranks) &&
          r.comms_zero_policy == r.comms_created;
@@ -208,9 +219,11 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
                  std::to_string(r->shim_reports) + " of " + std::to_string(b->nranks) +
                  " ranks reporting) with NCCL_CTA_POLICY_ZERO; check ZEROCTA_CTA_POLICY and "
                  "ZEROCTA_ENABLE";
-    } else if (r->path == PathId::kZerocta && o.op == CollOp::kAllGather && r->non_ce_calls() > 0) {
-      const std::string msg = std::to_string(r->non_ce_calls()) +
-                              " all-gathers did not take zerocta's ce route (see the route column)";
+    } else if (const int want = forced_route(r->path);
+               want >= 0 && o.op == CollOp::kAllGather && r->off_route_calls(want) > 0) {
+      const std::string msg = std::to_string(r->off_route_calls(want)) +
+                              " all-gathers did not take zerocta's " + zerocta_route_name_of(want) +
+                              " route (see the route column)";
       if (o.allow_fallback)
         r->error = "WARNING: " + msg;
       else {

@@ -16,10 +16,15 @@ struct PathRow {
   const char* name;
 };
 constexpr PathRow kPaths[] = {
-    {PathId::kNcclKernel, "nccl-kernel"}, {PathId::kNcclCe, "nccl-ce"},
-    {PathId::kZerocta, "zerocta"},        {PathId::kZeroctaAuto, "zerocta-auto"},
-    {PathId::kCeiling, "ceiling"},        {PathId::kBareCe, "bare-ce"},
-    {PathId::kNcclPolicy, "nccl-policy"}, {PathId::kZeroctaPolicy, "zerocta-policy"},
+    {PathId::kNcclKernel, "nccl-kernel"},
+    {PathId::kNcclCe, "nccl-ce"},
+    {PathId::kZerocta, "zerocta"},
+    {PathId::kZeroctaAuto, "zerocta-auto"},
+    {PathId::kCeiling, "ceiling"},
+    {PathId::kBareCe, "bare-ce"},
+    {PathId::kNcclPolicy, "nccl-policy"},
+    {PathId::kZeroctaPolicy, "zerocta-policy"},
+    {PathId::kZeroctaStaged, "zerocta-staged"},
 };
 
 const DataType kTypes[] = {
@@ -88,8 +93,9 @@ bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
 }
 
 const std::vector<PathId>& contention_path_set() {
-  static const std::vector<PathId> v = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta,
-                                        PathId::kZeroctaAuto, PathId::kBareCe};
+  static const std::vector<PathId> v = {PathId::kNcclKernel,    PathId::kNcclCe,
+                                        PathId::kZerocta,       PathId::kZeroctaAuto,
+                                        PathId::kZeroctaStaged, PathId::kBareCe};
   return v;
 }
 
@@ -142,6 +148,7 @@ const char* path_allgather_mode(PathId p) {
   if (p == PathId::kZerocta) return "zerocta";
   if (p == PathId::kZeroctaAuto) return "auto";
   if (p == PathId::kZeroctaPolicy) return "nccl";  // the shim changes only the CTA policy
+  if (p == PathId::kZeroctaStaged) return "nccl-staged";
   return nullptr;
 }
 
@@ -153,10 +160,10 @@ const std::vector<PathId>& sweep_path_set(CollOp op) {
   // The policy paths right after their baseline, so the policy comparison runs first.
   static const std::vector<PathId> all_gather = {
       PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
-      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kCeiling};
-  static const std::vector<PathId> other = {PathId::kNcclKernel, PathId::kNcclPolicy,
+      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kZeroctaStaged, PathId::kCeiling};
+  static const std::vector<PathId> other = {PathId::kNcclKernel,    PathId::kNcclPolicy,
                                             PathId::kZeroctaPolicy, PathId::kZerocta,
-                                            PathId::kZeroctaAuto};
+                                            PathId::kZeroctaAuto,   PathId::kZeroctaStaged};
   return op == CollOp::kAllGather ? all_gather : other;
 }
 

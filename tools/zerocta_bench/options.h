@@ -15,7 +15,7 @@ namespace zcb {
 
 // Every way of running a collective the bench knows (the values index tables: append only).
 // The sweep runs the paths of sweep_path_set(op); the contention study (all-gathers) runs
-// kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto and kBareCe.
+// kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto, kZeroctaStaged and kBareCe.
 enum class PathId {
   kNcclKernel,
   kNcclCe,
@@ -25,6 +25,7 @@ enum class PathId {
   kBareCe,
   kNcclPolicy,     // the application sets CTAPolicy = NCCL_CTA_POLICY_ZERO itself
   kZeroctaPolicy,  // nccl-kernel's program under the shim with ZEROCTA_ALLGATHER=nccl
+  kZeroctaStaged,  // nccl-kernel's program under the shim with ZEROCTA_ALLGATHER=nccl-staged
 };
 
 const char* path_name(PathId p);

@@ -59,6 +59,10 @@ std::string path_description(PathId p, CollOp op) {
     case PathId::kZeroctaAuto:
       return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=auto" +
              forwards;
+    case PathId::kZeroctaStaged:
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, "
+             "ZEROCTA_ALLGATHER=nccl-staged, ZEROCTA_MIN_BYTES=0 (copy in, NCCL's CE "
+             "all-gather in the pool, copy out)";
     case PathId::kCeiling:
       return "bare peer writes, one cudaMemcpyBatchAsync per GPU, one process, no protocol "
              "(per-GPU time, max)";
@@ -183,12 +187,12 @@ double PathResult::avg_busbw() const {
   return n ? sum / n : 0;
 }
 
-uint64_t PathResult::non_ce_calls() const {
+uint64_t PathResult::off_route_calls(int route) const {
   uint64_t n = 0;
   for (const RowAgg& row : rows)
     for (const PlaceAgg* p : {&row.oop, &row.ip})
       for (int i = 0; i < zerocta_route_count; ++i)
-        if (i != zerocta_route_ce) n += p->routes[i];
+        if (i != route) n += p->routes[i];
   return n;
 }
 

@@ -59,8 +59,10 @@ struct PathResult {
   double first_op_ms() const;
   int64_t wrong_total() const;  // over complete rows, -1 when nothing was checked
   double avg_busbw() const;     // over complete rows and both placements, like nccl-tests
-  // zerocta path: timed all-gathers that did not take the ce route (summed over ranks).
-  uint64_t non_ce_calls() const;
+  // zerocta path: timed all-gathers that did not take the ce route (summed over ranks);
+  // off_route_calls: those that did not take `route`.
+  uint64_t non_ce_calls() const { return off_route_calls(zerocta_route_ce); }
+  uint64_t off_route_calls(int route) const;
 };
 
 struct ContentionResult {

@@ -101,7 +101,7 @@ void test_options() {
   EXPECT(q.quick && q.iters == 9 && q.max_bytes == (64ull << 20) && q.gemm_m == 4096);
 
   Options all;
-  EXPECT(parse({"--paths", "all"}, &all) && all.paths.size() == 7);
+  EXPECT(parse({"--paths", "all"}, &all) && all.paths.size() == 8);
   Options none;
   EXPECT(parse({"--paths", "none", "--contention"}, &none) && none.paths.empty());
   EXPECT(none.contention && none.contention_paths.size() == 4);
@@ -138,15 +138,15 @@ void test_op_options() {
 
   Options ag;
   EXPECT(parse({}, &ag) && ag.op == CollOp::kAllGather);
-  EXPECT(ag.paths.size() == 7 && ag.paths[0] == PathId::kNcclKernel &&
+  EXPECT(ag.paths.size() == 8 && ag.paths[0] == PathId::kNcclKernel &&
          ag.paths[1] == PathId::kNcclPolicy && ag.paths[2] == PathId::kZeroctaPolicy &&
-         ag.paths[6] == PathId::kCeiling);
+         ag.paths[6] == PathId::kZeroctaStaged && ag.paths[7] == PathId::kCeiling);
   Options ar;
   EXPECT(parse({"--op", "allreduce"}, &ar) && ar.op == CollOp::kAllReduce);
   EXPECT(ar.paths.size() == 3 && ar.paths[0] == PathId::kNcclKernel &&
          ar.paths[1] == PathId::kNcclPolicy && ar.paths[2] == PathId::kZeroctaPolicy);
   Options bc;  // --paths before --op: resolved once the op is known
-  EXPECT(parse({"--paths", "all", "--op=broadcast"}, &bc) && bc.paths.size() == 5);
+  EXPECT(parse({"--paths", "all", "--op=broadcast"}, &bc) && bc.paths.size() == 6);
   for (PathId p : bc.paths) EXPECT(p != PathId::kNcclCe && p != PathId::kCeiling);
   Options rs;
   EXPECT(parse({"--paths", "zerocta-policy,zerocta,nccl-kernel", "--op", "reducescatter"}, &rs));

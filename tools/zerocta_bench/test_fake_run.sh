@@ -38,7 +38,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 names = [p["name"] for p in d["paths"]]
 assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "nccl-ce", "zerocta",
-                 "zerocta-auto", "ceiling"], names
+                 "zerocta-auto", "zerocta-staged", "ceiling"], names
 assert all(p["status"] == "OK" and len(p["rows"]) == 3 for p in d["paths"])
 assert d["result"] == "OK" and d["machine"]["nranks"] == 2 and d["options"]["op"] == "allgather"
 paths = {p["name"]: p for p in d["paths"]}
@@ -58,7 +58,8 @@ assert paths["nccl-kernel"]["time_vs_nccl_kernel"]["median"] == 1.0
 r = paths["nccl-policy"]["rows"][0]["in_place"]
 k = paths["nccl-kernel"]["rows"][0]["in_place"]
 assert abs(r["time_vs_nccl_kernel"] / (r["time_us"] / k["time_us"]) - 1) < 1e-4, (r, k)  # 6 digits
-assert {c["path"] for c in d["contention"]} == {"nccl-kernel", "nccl-ce", "zerocta", "zerocta-auto", "bare-ce"}
+assert {c["path"] for c in d["contention"]} == {"nccl-kernel", "nccl-ce", "zerocta", "zerocta-auto",
+                                              "zerocta-staged", "bare-ce"}
 assert all(c["status"] == "OK" and len(c["per_rank"]) == 2 for c in d["contention"])
 PY
 
@@ -107,7 +108,8 @@ check "zerocta forwards all-reduces" python3 - "$TMP/arall.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 names = [p["name"] for p in d["paths"]]
-assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto"], names
+assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto",
+                 "zerocta-staged"], names
 for p in d["paths"][3:]:
     assert p["status"] == "OK", p
     assert all(r[pl]["routes"]["ce"] == 0 and r[pl]["routes"]["passthrough"] > 0
