@@ -17,6 +17,9 @@
 //   ZEROCTA_SOAK_ITERS (200)  ZEROCTA_SOAK_SEED (1)  ZEROCTA_SOAK_NRANKS (all GPUs, max 8)
 //   ZEROCTA_SOAK_MAX_BYTES (512 MiB)  ZEROCTA_SOAK_TIMEOUT_S  ZEROCTA_OP_TIMEOUT_S (60)
 //   ZEROCTA_SOAK_EXPECT_CE=1: fail unless the shim counted all-gathers on a copy-engine route
+//   ZEROCTA_SOAK_DELAY_RANK=R: rank R delays each of its all-gathers by 0..2 ms (a spinning
+//     one-thread kernel on the op's stream), so its peers wait on its flags and reuse slots
+//     while it lags
 //   ZEROCTA_SOAK_VERBOSE=1: print every iteration's plan
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -317,6 +320,8 @@ class Soak {
   void issue(const IterPlan& plan, bool ref, bool grouped, const std::string& what) {
     if (grouped) ZG_NCCL(ref ? pncclGroupStart() : ncclGroupStart());
     for (const auto& op : plan.ops) {
+      if (!ref && delay_rank_ == ctx_.rank)
+        launch_delay(static_cast<unsigned>(mix64(++delays_) % 2000), stream_of(op.stream));
       const ncclResult_t res = ref ? pncclAllGather(send_ptr(op, true), out_ptr(op, true), op.count,
                                                     op.dt, comm_, stream_of(op.stream))
                                    : ncclAllGather(send_ptr(op, false), out_ptr(op, false),
@@ -501,6 +506,8 @@ class Soak {
   Rng local_rng_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t nonblocking_ = nullptr;
+  const long delay_rank_ = env_long("ZEROCTA_SOAK_DELAY_RANK", -1);
+  uint64_t delays_ = 0;
   cudaStream_t blocking_ = nullptr;
   cudaStream_t verify_stream_ = nullptr;
   void* recv_ = nullptr;

@@ -66,7 +66,20 @@ __global__ void spin_kernel(unsigned long long until_ns) {
   } while (now < until_ns);
 }
 
+// One thread spins for `ns` nanoseconds from when it starts (a delay in stream order).
+__global__ void delay_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 }  // namespace
+
+void launch_delay(unsigned microseconds, cudaStream_t stream) {
+  delay_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(microseconds) * 1000ull);
+}
 
 void reset_verify_counts(VerifyCounts* device_counts, cudaStream_t stream) {
   // first_* = ~0 (no bad byte yet), counts = 0: 0xff in first_*, 0 in the others.

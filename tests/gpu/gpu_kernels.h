@@ -56,6 +56,10 @@ void verify_guard(const void* p, size_t len, uint8_t value, unsigned long long o
 // Launches an empty kernel (one thread).
 void launch_noop_kernel(cudaStream_t stream);
 
+// Delays `stream` by about `microseconds` with a one-thread spinning kernel (race hunting:
+// one rank's operations start late, so its peers wait on its flags).
+void launch_delay(unsigned microseconds, cudaStream_t stream);
+
 // Fills every SM with spinning blocks for about `ms` milliseconds (synchronises the device
 // first). Work that needs an SM cannot start until they end; copy engines can.
 void launch_all_sm_spin(double ms, cudaStream_t stream);
