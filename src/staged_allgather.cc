@@ -42,8 +42,8 @@ ncclResult_t issue_chunks(const CudaDriver& cu, const RealNccl& nccl, CommState&
                                         reinterpret_cast<void*>(stage), c.bytes, ncclUint8, st.comm,
                                         reinterpret_cast<cudaStream_t>(s));
     // The copy-out must follow NCCL's work on the stream: on a non-blocking comm NCCL may
-    // still be enqueueing it.
-    r = wait_in_progress(nccl, {st.comm}, r);
+    // still be enqueueing it (a blocking comm has enqueued it when the call returns).
+    if (st.nonblocking) r = wait_in_progress(nccl, {st.comm}, r);
     if (r != ncclSuccess) {
       *failed = "NCCL's all-gather";
       return r;
@@ -88,7 +88,7 @@ ncclResult_t staged_allgather(CommState& st, const void* sendbuff, void* recvbuf
   if (dev.ok() && !chunks.empty() && cu->cuEventRecord(events[0], stream) == CUDA_SUCCESS &&
       cu->cuStreamWaitEvent(s, events[0], 0) == CUDA_SUCCESS) {
     // A non-blocking comm may still be taking the application's previous call.
-    r = wait_in_progress(*nccl, {st.comm}, st.nonblocking ? ncclInProgress : ncclSuccess);
+    r = st.nonblocking ? wait_in_progress(*nccl, {st.comm}, ncclSuccess) : ncclSuccess;
     if (r == ncclSuccess)
       r = issue_chunks(*cu, *nccl, st, reinterpret_cast<CUdeviceptr>(ce->arena) + area.offset,
                        chunks, reinterpret_cast<CUdeviceptr>(sendbuff),

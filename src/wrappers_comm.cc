@@ -1,6 +1,7 @@
 // Communicator life cycle: every creation path gets the CTA policy (and, on NCCL 2.28, the
 // copy-engine pool); every teardown path frees our resources before NCCL tears down.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -74,11 +75,11 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
   stats_comm_created(st->zero_policy);
   if (st->nonblocking) {
     // Not ready yet: rank, size and device are read, and the pool set up, once the
-    // application sees it ready (nonblocking_setup.h).
-    if (wants_ce())
-      defer_nonblocking_setup({st});
-    else
+    // application sees it ready (nonblocking_setup.h); with !setup_now the caller batches.
+    if (!wants_ce())
       st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
+    else if (setup_now)
+      defer_nonblocking_setup({st});
     return st;
   }
   // Size and rank are needed to count all-gather bytes on every route (local queries).
@@ -109,6 +110,7 @@ struct PendingChild {
 };
 std::mutex g_children_mu;
 std::vector<PendingChild> g_children;
+std::atomic<bool> g_have_children{false};  // lets every other poll skip the lock
 
 // `member`: false for a split with NCCL_SPLIT_NOCOLOR, which never gets a communicator.
 void created_child(const RealNccl& nccl, ncclComm_t parent, ncclComm_t* newcomm, ncclResult_t r,
@@ -123,15 +125,16 @@ void created_child(const RealNccl& nccl, ncclComm_t parent, ncclComm_t* newcomm,
   }
   std::lock_guard<std::mutex> lock(g_children_mu);
   g_children.push_back({parent, newcomm, policy});
+  g_have_children.store(true, std::memory_order_release);
 }
 
 // Adopts the pending children of `parent` whose handle has arrived (parent != nullptr), or
 // the one whose handle is `handle`.
 void adopt_children(const RealNccl& nccl, ncclComm_t parent, ncclComm_t handle) {
+  if (!g_have_children.load(std::memory_order_acquire)) return;
   std::vector<std::pair<ncclComm_t, int>> adopt;
   {
     std::lock_guard<std::mutex> lock(g_children_mu);
-    if (g_children.empty()) return;
     for (auto it = g_children.begin(); it != g_children.end();) {
       const bool mine = parent != nullptr && it->parent == parent;
       ncclComm_t child =
@@ -143,6 +146,7 @@ void adopt_children(const RealNccl& nccl, ncclComm_t parent, ncclComm_t handle) 
         ++it;
       }
     }
+    g_have_children.store(!g_children.empty(), std::memory_order_release);
   }
   for (auto& [child, policy] : adopt)
     if (!comm_lookup(child)) after_create(nccl, child, ncclInProgress, policy, true);
@@ -154,6 +158,7 @@ void forget_children(ncclComm_t parent) {
   g_children.erase(std::remove_if(g_children.begin(), g_children.end(),
                                   [parent](const PendingChild& c) { return c.parent == parent; }),
                    g_children.end());
+  g_have_children.store(!g_children.empty(), std::memory_order_release);
 }
 
 // NCCL's own check of ncclCommInitAll's list: every device in range, none twice.
@@ -172,10 +177,13 @@ bool device_list_ok(const CudaDriver& cu, int ndev, const int* devlist) {
 
 // Teardown shared by Finalize/Destroy: wait for our work, deregister, free.
 void release_pool(ncclComm_t comm, bool remove) {
-  if (remove) forget_children(comm);
+  auto st = comm_lookup(comm);
   // A peer that saw the comm ready has set up its pool and waits for ours: set up first.
-  settle_before_use(comm_lookup(comm).get());
-  auto st = remove ? comm_remove(comm) : comm_lookup(comm);
+  settle_before_use(st.get());
+  if (remove) {
+    forget_children(comm);
+    comm_remove(comm);
+  }
   if (!st) return;
   std::lock_guard<std::mutex> lock(st->issue_mu);
   ce_teardown(*st, st->poisoned.load() == ncclRemoteError);
@@ -269,11 +277,16 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
     if (e.gate != Gate::kActive || !e.real->ncclCommInitAll)
       ZC_CALL_REAL(ncclResult_t, e, ncclCommInitAll, (comm, ndev, devlist));
     ncclResult_t r = e.real->ncclCommInitAll(comm, ndev, devlist);
-    std::vector<std::shared_ptr<CommState>> created;
-    for (int i = 0; r == ncclSuccess && comm && i < ndev; ++i)
-      if (auto st = after_create(*e.real, comm[i], r, -1, false, /*setup_now=*/false))
-        if (wants_ce() && !st->nonblocking) created.push_back(st);
-    if (group_state().depth == 0) ce_setup(created);
+    std::vector<std::shared_ptr<CommState>> created, nonblocking;
+    for (int i = 0; (r == ncclSuccess || r == ncclInProgress) && comm && i < ndev; ++i)
+      if (auto st = after_create(*e.real, comm[i], r, -1, nonblocking_config(nullptr, false),
+                                 /*setup_now=*/false))
+        if (wants_ce()) (st->nonblocking ? nonblocking : created).push_back(st);
+    if (group_state().depth == 0)
+      ce_setup(created);
+    else
+      for (auto& st : created) group_state().pending_setup.push_back(st);
+    defer_nonblocking_setup(nonblocking);
     return r;
   }
   ncclUniqueId id;

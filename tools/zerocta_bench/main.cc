@@ -141,8 +141,9 @@ int forced_route(PathId p) {
   return -1;
 }
 
-const char* zerocta_route_name_of(int route) {
-  return route == zerocta_route_nccl_staged ? "nccl-staged" : "ce";
+std::string off_route_message(uint64_t calls, int route) {
+  return std::to_string(calls) + " all-gathers did not take zerocta's " +
+         (route == zerocta_route_ce ? "ce" : "nccl-staged") + " route";
 }
 
 bool policy_applied(const PathResult& r, int nranks) {
@@ -221,9 +222,8 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
                  "ZEROCTA_ENABLE";
     } else if (const int want = forced_route(r->path);
                want >= 0 && o.op == CollOp::kAllGather && r->off_route_calls(want) > 0) {
-      const std::string msg = std::to_string(r->off_route_calls(want)) +
-                              " all-gathers did not take zerocta's " + zerocta_route_name_of(want) +
-                              " route (see the route column)";
+      const std::string msg =
+          off_route_message(r->off_route_calls(want), want) + " (see the route column)";
       if (o.allow_fallback)
         r->error = "WARNING: " + msg;
       else {
@@ -265,14 +265,14 @@ void run_contention_path(BenchReport* b, ContentionResult* r, const std::vector<
     r->status = "FAILED";
     r->error = "not every rank reported";
   }
-  if (out.ok && r->path == PathId::kZerocta) {
+  if (const int want = forced_route(r->path); out.ok && want >= 0) {
     uint64_t other = 0;
     for (const ContentionMsg& c : r->ranks)
       for (int i = 0; i < zerocta_route_count; ++i)
-        if (i != zerocta_route_ce) other += c.route_calls[i];
+        if (i != want) other += c.route_calls[i];
     if (other > 0 && !b->o->allow_fallback) {
       r->status = "FAILED";
-      r->error = std::to_string(other) + " all-gathers did not take zerocta's ce route";
+      r->error = off_route_message(other, want);
     }
   }
   printf("# Contention %s: %s (%.1f s)%s%s\n", path_name(r->path), r->status.c_str(), r->seconds,
