@@ -617,7 +617,9 @@ void run_workload() {
       live.each([&](ncclComm_t c) {
         ncclResult_t async = ncclInProgress;
         ok(ncclCommGetAsyncError(c, &async));
-        ok(async);
+        // ncclInProgress is no error: a non-blocking comm reports it while another thread
+        // runs the shim's pool set-up (PyTorch's watchdog tolerates it the same way).
+        if (async != ncclInProgress) ok(async);
         polls++;
       });
       zerocta_stats_t s;
