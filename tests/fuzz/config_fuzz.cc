@@ -71,13 +71,16 @@ bool reference_size(const std::string& text, uint64_t* out) {
   return true;
 }
 
-// Reference count parser: 1 to 7 decimal digits, value at most 1000000.
+// Reference count parser: decimal digits (leading zeros allowed, as for sizes), value at
+// most 1000000.
 bool reference_count(const std::string& text, uint64_t* out) {
-  if (text.empty() || text.size() > 7) return false;
-  for (char ch : text)
+  if (text.empty()) return false;
+  uint64_t v = 0;
+  for (char ch : text) {
     if (ch < '0' || ch > '9') return false;
-  const uint64_t v = std::stoull(text);
-  if (v > 1000000) return false;
+    v = v * 10 + static_cast<uint64_t>(ch - '0');
+    if (v > 1000000) return false;  // stays above once it is
+  }
   *out = v;
   return true;
 }
