@@ -1,16 +1,24 @@
 """GEMM overlapped with an all-gather on a side stream (after PyTorch PR #172714's benchmark).
 
     torchrun --standalone --nproc-per-node=2 overlap_172714.py [--m 8192 --n 8192 --k 8192]
-        [--ag-mib 64] [--dtype bf16] [--iters 50] [--warmup 10]
+        [--ag-mib 64] [--dtype bf16] [--iters 50] [--warmup 10] [--buffers plain|nccl-windows]
+        [--json FILE]
 
 Compute runs on the default stream and the all-gather (all_gather_into_tensor, total output
 --ag-mib) on a side stream, as FSDP does. Reported, as the slowest rank's mean per iteration:
 GEMM alone, all-gather alone, sequential (GEMM then all-gather), overlapped (both at once),
 T_ideal = max(GEMM alone, all-gather alone) - what perfect overlap would give - and how long
-each side took while overlapped. Run it once plain and once under zerocta-run to compare.
+each side took while overlapped. Run it once plain and once under zerocta-run to compare
+(run_overlap.sh does all variants in one go).
+
+--buffers nccl-windows is what an application gets from NCCL's own copy-engine path by changing
+its code (run it without zerocta): the process group is created with the zero-CTA policy and the
+all-gather's buffers come from symmetric memory with the NCCL backend (ncclMemAlloc, windows
+registered at rendezvous).
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -37,13 +45,26 @@ def main():
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--buffers", choices=["plain", "nccl-windows"], default="plain",
+                   help="plain tensors, or NCCL windows + zero-CTA policy (NCCL's own CE path)")
+    p.add_argument("--json", help="write the slowest rank's times here (rank 0)")
     args = p.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
 
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl", device_id=device)
+    if args.buffers == "nccl-windows":
+        # NCCL 2.28 takes its CE path only with CTA policy ZERO (2) and both buffers in
+        # symmetric windows. The policy via the process group's config where PyTorch has it.
+        opts = dist.ProcessGroupNCCL.Options()
+        try:
+            opts.config.cta_policy = 2
+        except AttributeError:
+            os.environ["NCCL_CTA_POLICY"] = "2"  # read by NCCL at its first init
+        dist.init_process_group(backend="nccl", device_id=device, pg_options=opts)
+    else:
+        dist.init_process_group(backend="nccl", device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     g = torch.Generator(device=device).manual_seed(1234 + rank)
@@ -51,8 +72,17 @@ def main():
     b = torch.randn(args.k, args.n, dtype=dtype, device=device, generator=g)
     c = torch.empty(args.m, args.n, dtype=dtype, device=device)
     per_rank = (args.ag_mib << 20) // (2 * world)  # 2-byte elements
-    ag_in = torch.full((per_rank,), float(rank), dtype=dtype, device=device)
-    ag_out = torch.empty(per_rank * world, dtype=dtype, device=device)
+    if args.buffers == "nccl-windows":
+        import torch.distributed._symmetric_memory as symm_mem
+        symm_mem.set_backend("NCCL")
+        ag_in = symm_mem.empty(per_rank, dtype=dtype, device=device)
+        ag_out = symm_mem.empty(per_rank * world, dtype=dtype, device=device)
+        symm_mem.rendezvous(ag_in, dist.group.WORLD)
+        symm_mem.rendezvous(ag_out, dist.group.WORLD)
+        ag_in.fill_(float(rank))
+    else:
+        ag_in = torch.full((per_rank,), float(rank), dtype=dtype, device=device)
+        ag_out = torch.empty(per_rank * world, dtype=dtype, device=device)
 
     main_stream = torch.cuda.current_stream()  # the default stream
     side = torch.cuda.Stream()
@@ -129,9 +159,9 @@ def main():
         ag_bytes = per_rank * world * 2
         busbw = ag_bytes * (world - 1) / world / (t["ag"] * 1e-3) / 1e9
         ideal = max(t["gemm"], t["ag"])
-        print("overlap_172714: %d ranks, GEMM %dx%dx%d %s, all-gather %d MiB total, zerocta %s, "
-              "all-gather route %s, output %s" %
-              (world, args.m, args.n, args.k, args.dtype, args.ag_mib,
+        print("overlap_172714: %d ranks, GEMM %dx%dx%d %s, all-gather %d MiB total, buffers %s, "
+              "zerocta %s, all-gather route %s, output %s" %
+              (world, args.m, args.n, args.k, args.dtype, args.ag_mib, args.buffers,
                zerocta_stats.version() or "not loaded", route,
                "correct" if ok.item() else "WRONG"))
         row("GEMM alone", t["gemm"], "(%.0f TFLOP/s)" % tflops)
@@ -146,6 +176,12 @@ def main():
             "(%+.1f %% vs alone)" % (100.0 * (t["ovl_ag"] / t["ag"] - 1)))
         print("  (slowest rank's mean over %d iterations after %d warm-up)" %
               (args.iters, args.warmup))
+        if args.json:
+            record = dict(t, ranks=world, buffers=args.buffers, route=str(route),
+                          correct=bool(ok.item()), zerocta=zerocta_stats.version(),
+                          ag_mib=args.ag_mib, gemm_mnk=[args.m, args.n, args.k])
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
     return 0 if ok.item() else 1
 
 

@@ -151,14 +151,19 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
   const RealNccl* nccl = real_nccl();
   const CudaDriver* cu = cuda_driver();
   if (!nccl) return;
+  // Ranks whose mode wants no pool still exchange facts, so that a rank configured
+  // differently learns it and every rank passes through (wrappers_comm.cc, joins_setup).
+  // Before the exchange they give up only for reasons that are the same on every rank.
+  const bool pool_wanted =
+      cfg.allgather != AllGatherMode::kOff && cfg.allgather != AllGatherMode::kNccl;
   if (!cu || !cu->ce_ok) return give_up(comms, "the CUDA driver offers no copy-engine API", true);
   if (runtime_tier() != RuntimeTier::kFull)
     return give_up(comms, "the copy-engine route needs NCCL 2.28.x");
   if (!nccl->ncclCommWindowRegister || !nccl->ncclMemAlloc)
-    return give_up(comms, "this NCCL has no window registration");
+    return give_up(comms, "this NCCL has no window registration", !pool_wanted);
   for (auto& c : comms)
     if (c->nranks < 2 || c->nranks > kMaxRanks)
-      return give_up(comms, "communicator size outside 2..64");
+      return give_up(comms, "communicator size outside 2..64", !pool_wanted);
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Scratch> scratch(comms.size());
   // Non-blocking comms answer ncclInProgress; each step waits until NCCL has taken it.
@@ -223,6 +228,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     if (const char* why =
             facts_disagreement(all.data(), c.nranks, cfg.allgather == AllGatherMode::kNcclStaged))
       verdict = why;
+    if (!pool_wanted) continue;  // the facts agree on that too (the mode is in the fingerprint)
     // 2. Local checks: direct P2P to every peer's device, then the arena itself.
     CUdevice me;
     cu->cuDeviceGet(&me, c.device);
@@ -248,7 +254,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       }
     }
   }
-  if (verdict) {
+  if (verdict || !pool_wanted) {
     for (size_t i = 0; i < comms.size(); ++i) {
       ScopedDevice dev(comms[i]->device);
       if (comms[i]->ce && comms[i]->ce->arena) nccl->ncclMemFree(comms[i]->ce->arena);
@@ -256,7 +262,8 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       if (scratch[i].dev) cu->cuMemFree(scratch[i].dev);
       if (scratch[i].stream) cu->cuStreamDestroy(scratch[i].stream);
     }
-    return give_up(comms, verdict);
+    if (verdict) return give_up(comms, verdict);
+    return give_up(comms, "not requested (ZEROCTA_ALLGATHER is nccl or off on every rank)", true);
   }
 
   // Agreement helper: MIN over ranks of each comm's local_ok, in place in the scratch buffer.
@@ -456,13 +463,18 @@ void ce_teardown(CommState& st, bool aborting) {
     if (ce->events[e]) cu->cuEventDestroy(ce->events[e]);
     if (ce->capture_events[e]) cu->cuEventDestroy(ce->capture_events[e]);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   if (ce->window && !aborting)
     wait_in_progress(*nccl, {st.comm}, nccl->ncclCommWindowDeregister(st.comm, ce->window));
+  const auto t1 = std::chrono::steady_clock::now();
   // After an abort NCCL has released the window itself; the arena is ours to free.
   if (ce->arena) {
     nccl->ncclMemFree(ce->arena);
     stats_pool_bytes_add(-static_cast<int64_t>(ce->layout.arena_bytes()));
   }
+  using ms = std::chrono::duration<double, std::milli>;
+  ZC_INFO("copy-engine pool released: rank %d, window deregistered in %.1f ms, freed in %.1f ms",
+          st.rank, ms(t1 - t0).count(), ms(std::chrono::steady_clock::now() - t1).count());
 }
 
 }  // namespace zc

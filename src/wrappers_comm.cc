@@ -38,12 +38,13 @@ bool nonblocking_config(const ncclConfig_t* c, bool inherit_nonblocking) {
   return blocking == 0;
 }
 
-// Mode first: a configuration that needs no copy engine never even asks NCCL its version.
-bool wants_ce() {
-  const Config& c = config();
-  return c.allgather != AllGatherMode::kOff && c.allgather != AllGatherMode::kNccl &&
-         runtime_tier() == RuntimeTier::kFull;
-}
+// Whether a new communicator goes through ce_setup. Every enabled rank on NCCL 2.28 does,
+// whatever its ZEROCTA_ALLGATHER: the set-up starts with a collective facts exchange, and a
+// rank that skipped it because it wants no pool would leave its peers waiting in that
+// all-gather (or matched with its next collective). ce_setup stops after the exchange when
+// the agreed configuration wants no pool.
+bool joins_setup() { return runtime_tier() == RuntimeTier::kFull; }
+constexpr const char* kNoSetup = "the copy-engine route needs NCCL 2.28.x";
 
 // Whether the CTA policy is to be applied: not with keep, not below NCCL 2.28.
 bool policy_applies() {
@@ -76,8 +77,8 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
   if (st->nonblocking) {
     // Not ready yet: rank, size and device are read, and the pool set up, once the
     // application sees it ready (nonblocking_setup.h); with !setup_now the caller batches.
-    if (!wants_ce())
-      st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
+    if (!joins_setup())
+      st->ce_missing = kNoSetup;
     else if (setup_now)
       defer_nonblocking_setup({st});
     return st;
@@ -85,8 +86,8 @@ std::shared_ptr<CommState> after_create(const RealNccl& nccl, ncclComm_t comm, n
   // Size and rank are needed to count all-gather bytes on every route (local queries).
   nccl.ncclCommUserRank(comm, &st->rank);
   nccl.ncclCommCount(comm, &st->nranks);
-  if (!wants_ce()) {
-    st->ce_missing = "copy-engine route disabled by ZEROCTA_ALLGATHER or the NCCL version";
+  if (!joins_setup()) {
+    st->ce_missing = kNoSetup;
     return st;
   }
   nccl.ncclCommCuDevice(comm, &st->device);
@@ -281,7 +282,7 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
     for (int i = 0; (r == ncclSuccess || r == ncclInProgress) && comm && i < ndev; ++i)
       if (auto st = after_create(*e.real, comm[i], r, -1, nonblocking_config(nullptr, false),
                                  /*setup_now=*/false))
-        if (wants_ce()) (st->nonblocking ? nonblocking : created).push_back(st);
+        if (joins_setup()) (st->nonblocking ? nonblocking : created).push_back(st);
     if (group_state().depth == 0)
       ce_setup(created);
     else
@@ -314,7 +315,7 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
       for (int i = 0; i < ndev; ++i) {
         auto st = after_create(*e.real, comm[i], r, p.policy, nonblocking_config(p.config, false),
                                /*setup_now=*/false);
-        if (st && wants_ce()) (st->nonblocking ? nonblocking : created).push_back(st);
+        if (st && joins_setup()) (st->nonblocking ? nonblocking : created).push_back(st);
       }
     // NCCL_COMM_BLOCKING=0: one thread drives all of them, so they are set up as one batch.
     defer_nonblocking_setup(nonblocking);

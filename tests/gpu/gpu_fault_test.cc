@@ -18,8 +18,8 @@
 //       everywhere) or on rank 1 only (the configurations differ): every rank passes through,
 //       results are bitwise right, and the reason is logged exactly once for two
 //       communicators.
-//   KnownIssueConfigMismatch.AllGatherModeDiffersAcrossRanks   KNOWN ISSUE 6 (see there):
-//       ZEROCTA_ALLGATHER=zerocta on rank 0 and =nccl on rank 1 must not hang; fails today.
+//   ConfigMismatch.*   ZEROCTA_ALLGATHER differing across ranks (zerocta vs nccl, off vs
+//       auto): no hang, every rank passes through, one WARN; nccl on every rank: no WARN.
 //
 // Every test prints one "RELIABILITY <test> ... verdict=PASS|FAIL" line for the summary of
 // run_reliability.sh. Knobs: ZEROCTA_FAULT_BYTES (64M total output per all-gather),
@@ -94,8 +94,8 @@ struct Report {
   uint64_t ce_calls, passthrough_calls;
   uint64_t bad_guard, bad_data;
   std::atomic<int32_t> peer_may_go;  // FaultAbort: rank 0 aborted (rank 1 may go); rank 1 done
-  int32_t off_lines;                 // PoolOom: "copy-engine all-gather off" lines this rank logged
-  int32_t reason_ok;                 // PoolOom: the line names the expected reason
+  int32_t off_lines;                 // agreement tests: "copy-engine all-gather off" WARN lines
+  int32_t reason_ok;                 // agreement tests: the line names the expected reason
   uint64_t comms_ce_ready;
 };
 static_assert(sizeof(Report) <= kRankSharedBlockBytes, "report must fit the shared block");
@@ -541,12 +541,16 @@ std::string release_stderr(int rank) {
   return text.str();
 }
 
-struct OomCase {
-  bool every_rank;     // the huge pool on every rank, or on rank 1 only
-  const char* reason;  // what the one WARN line must say
+// A configuration under which every rank must agree on pass-through: the environment each
+// rank sets for itself, and the reason its one WARN line must give (nullptr: no WARN at all,
+// the configuration simply asks for no pool).
+struct AgreementCase {
+  const char* name;  // for the RELIABILITY line
+  void (*set_env)(int rank);
+  const char* reason;
 };
 
-int oom_rank(const RankContext& ctx, const OomCase& c) {
+int agreement_rank(const RankContext& ctx, const AgreementCase& c) {
   Report* r = report_of(ctx.rank);
   constexpr size_t kPerRank = 8 << 20;
   constexpr int kComms = 2, kOps = 3;
@@ -566,7 +570,7 @@ int oom_rank(const RankContext& ctx, const OomCase& c) {
       bad += g.verify(&guard);
       bad_guard += guard;
     }
-    check_comm_async(comm, "pool OOM");
+    check_comm_async(comm, c.name);
     ZG_NCCL(ncclCommDestroy(comm));
   }
   note_stats(r);
@@ -577,29 +581,22 @@ int oom_rank(const RankContext& ctx, const OomCase& c) {
   for (std::string line; std::getline(lines, line);) {
     if (line.find("zerocta WARN copy-engine all-gather off") == std::string::npos) continue;
     ++r->off_lines;
-    if (line.find(c.reason) != std::string::npos) r->reason_ok = 1;
+    if (c.reason && line.find(c.reason) != std::string::npos) r->reason_ok = 1;
   }
   return bad == 0 && bad_guard == 0 ? 0 : 1;
 }
 
-void run_oom(const OomCase& c) {
+void run_agreement(const AgreementCase& c) {
   ZG_REQUIRE_GPUS(kRanks);
-  const char* huge = getenv("ZEROCTA_FAULT_OOM_POOL") ? getenv("ZEROCTA_FAULT_OOM_POOL") : "1T";
-  RunOptions o = default_run_options(240);
+  RunOptions o = default_run_options(240);  // a rank that waits for a mismatched peer is a FAIL
   o.num_ids = 2;
-  o.before_cuda = [c, huge](int rank) {
+  o.before_cuda = [c](int rank) {
     capture_stderr(rank);
-    setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
     setenv("ZEROCTA_LOG", "warn", 1);
-    if (c.every_rank || rank == 1) {
-      setenv("ZEROCTA_POOL_BYTES", huge, 1);
-      // Pieces large enough that the pool's at most 64 slots fill all of it: the arena is
-      // then the whole ZEROCTA_POOL_BYTES, which no GPU can allocate.
-      setenv("ZEROCTA_CHUNK_BYTES", "256G", 1);
-    }
+    c.set_env(rank);
   };
   RunResult result = run_ranks(
-      kRanks, [&c](const RankContext& ctx) { return oom_rank(ctx, c); }, o);
+      kRanks, [&c](const RankContext& ctx) { return agreement_rank(ctx, c); }, o);
   for (int rank = 0; rank < kRanks; ++rank) {  // a rank that failed left its stderr behind
     const std::string left = stderr_file(getpid(), rank);
     std::ifstream in(left);
@@ -619,82 +616,77 @@ void run_oom(const OomCase& c) {
     bad += r.bad_data + r.bad_guard;
   }
   const bool shim = report_of(0)->shim;
+  const int want_lines = c.reason ? 1 : 0;
   const bool pass = result.ok() && bad == 0 &&
-                    (!shim || (off_lines == 1 && report_of(0)->reason_ok && ce == 0 && ready == 0));
+                    (!shim || (off_lines == want_lines && (!c.reason || report_of(0)->reason_ok) &&
+                               ce == 0 && ready == 0));
   printf(
-      "RELIABILITY pool-oom-%s ZEROCTA_POOL_BYTES=%s shim=%d bad_bytes=%llu ce_calls=%llu "
-      "passthrough_calls=%llu comms_ce_ready=%llu warn_lines=%d verdict=%s\n",
-      c.every_rank ? "all-ranks" : "one-rank", huge, shim ? 1 : 0,
-      static_cast<unsigned long long>(bad), static_cast<unsigned long long>(ce),
-      static_cast<unsigned long long>(pass_calls), static_cast<unsigned long long>(ready),
-      off_lines, pass ? "PASS" : "FAIL");
+      "RELIABILITY %s shim=%d bad_bytes=%llu ce_calls=%llu passthrough_calls=%llu "
+      "comms_ce_ready=%llu warn_lines=%d verdict=%s\n",
+      c.name, shim ? 1 : 0, static_cast<unsigned long long>(bad),
+      static_cast<unsigned long long>(ce), static_cast<unsigned long long>(pass_calls),
+      static_cast<unsigned long long>(ready), off_lines, pass ? "PASS" : "FAIL");
   fflush(stdout);
   EXPECT_TRUE(result.ok()) << result.summary();
   EXPECT_EQ(bad, 0u) << "results differ from the inputs, or bytes outside the output changed";
   if (!shim) return;  // NCCL alone: only the results mean something
-  EXPECT_EQ(ce, 0u) << "an all-gather took the copy-engine route without a pool";
-  EXPECT_EQ(ready, 0u) << "a pool was set up (does this GPU have more than " << huge << "?)";
+  EXPECT_EQ(ce, 0u) << "an all-gather took the copy-engine route without an agreed pool";
+  EXPECT_EQ(ready, 0u) << "a pool was set up";
   EXPECT_EQ(pass_calls, 2u * 2u * 3u) << "every all-gather passes through";
-  EXPECT_EQ(off_lines, 1) << "the reason is logged exactly once (rank 0, one line for 2 comms)";
-  EXPECT_TRUE(report_of(0)->reason_ok) << "the line should say: " << c.reason;
+  EXPECT_EQ(off_lines, want_lines) << "the reason is logged exactly once (rank 0, one line for "
+                                      "2 comms), and nothing when no rank asked for a pool";
+  if (c.reason) {
+    EXPECT_TRUE(report_of(0)->reason_ok) << "the line should say: " << c.reason;
+  }
 }
 
-// ------------------------------------------------------------------------ known issue 6
-
-// KNOWN ISSUE 6 (src/wrappers_comm.cc after_create/wants_ce, src/ce_setup.cc): only ranks
-// whose own ZEROCTA_ALLGATHER is auto|zerocta (and ZEROCTA_ENABLE=1) run the pool agreement,
-// whose first step is an ncclAllGather of 64-byte facts on the new communicator. A rank with
-// ZEROCTA_ALLGATHER=nccl|off never issues it, so the others wait in it (or it gets matched
-// with the application's first collective): a hang or a mismatched collective at
-// communicator creation. Expected (and tested): one WARN, every rank passes through. Fix:
-// every rank with an enabled shim on NCCL 2.28 takes part in the facts exchange whatever its
-// ZEROCTA_ALLGATHER (a rank that does not want the route votes "no" and says so), or document
-// that ZEROCTA_ALLGATHER and ZEROCTA_ENABLE must be identical on every rank.
-TEST(KnownIssueConfigMismatch, AllGatherModeDiffersAcrossRanks) {
-  ZG_REQUIRE_GPUS(kRanks);
-  RunOptions o = default_run_options(static_cast<int>(env_long("ZEROCTA_FAULT_MISMATCH_S", 45)));
-  o.idle_timeout_s = 0;
-  o.kill_grace_s = 5;
-  o.before_cuda = [](int rank) { setenv("ZEROCTA_ALLGATHER", rank == 0 ? "zerocta" : "nccl", 1); };
-  RunResult result = run_ranks(
-      kRanks,
-      [](const RankContext& ctx) {
-        Report* r = report_of(ctx.rank);
-        ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig);
-        Gathers g(comm, ctx, 16 << 20);
-        for (int op = 0; op < 3; ++op) {
-          ncclResult_t res = ncclSuccess;
-          if (!g.issue(&res))
-            fail(std::string("ncclAllGather returned ") + ncclGetErrorString(res));
-          const int64_t deadline = now_ns() + 20 * 1000000000LL;
-          while (g.query() == cudaErrorNotReady) {
-            if (now_ns() > deadline) fail("all-gather did not complete (hang)");
-            sleep_ms(1);
-          }
-          uint64_t guard = 0;
-          r->bad_data += g.verify(&guard);
-          r->bad_guard += guard;
-        }
-        note_stats(r);
-        ZG_NCCL(ncclCommDestroy(comm));
-        return r->bad_data == 0 && r->bad_guard == 0 ? 0 : 1;
-      },
-      o);
-  const bool pass = result.ok();
-  printf(
-      "RELIABILITY mismatch (KNOWN ISSUE 6) ZEROCTA_ALLGATHER rank0=zerocta rank1=nccl "
-      "ce_calls=%llu/%llu verdict=%s\n",
-      static_cast<unsigned long long>(report_of(0)->ce_calls),
-      static_cast<unsigned long long>(report_of(1)->ce_calls), pass ? "PASS" : "FAIL");
-  fflush(stdout);
-  EXPECT_TRUE(pass) << "KNOWN ISSUE 6: ranks with different ZEROCTA_ALLGATHER hang or mismatch "
-                       "collectives at communicator creation\n"
-                    << result.summary();
+// ZEROCTA_POOL_BYTES larger than any GPU: ncclMemAlloc fails on that rank, the MIN agreement
+// (every rank) or the fingerprint (one rank) turns every rank to pass-through.
+void huge_pool(int rank, bool every_rank) {
+  const char* huge = getenv("ZEROCTA_FAULT_OOM_POOL") ? getenv("ZEROCTA_FAULT_OOM_POOL") : "1T";
+  setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
+  if (every_rank || rank == 1) {
+    setenv("ZEROCTA_POOL_BYTES", huge, 1);
+    // Pieces large enough that the pool's at most 64 slots fill all of it: the arena is
+    // then the whole ZEROCTA_POOL_BYTES, which no GPU can allocate.
+    setenv("ZEROCTA_CHUNK_BYTES", "256G", 1);
+  }
 }
 
-TEST(PoolOom, HugePoolOnEveryRank) { run_oom({true, "ncclMemAlloc of the pool failed"}); }
+TEST(PoolOom, HugePoolOnEveryRank) {
+  run_agreement({"pool-oom-all-ranks", [](int rank) { huge_pool(rank, true); },
+                 "ncclMemAlloc of the pool failed"});
+}
 
-TEST(PoolOom, HugePoolOnOneRank) { run_oom({false, "different ZEROCTA_* configurations"}); }
+TEST(PoolOom, HugePoolOnOneRank) {
+  run_agreement({"pool-oom-one-rank", [](int rank) { huge_pool(rank, false); },
+                 "different ZEROCTA_* configurations"});
+}
+
+// ZEROCTA_ALLGATHER differing across ranks (once known issue 6: only ranks that wanted the
+// route ran the facts exchange, so the others never matched it and creation hung). Every
+// enabled rank now joins the exchange whatever its mode; the fingerprints differ, so every
+// rank passes through with one WARN.
+TEST(ConfigMismatch, RouteOnOneRankNcclOnTheOther) {
+  run_agreement({"mismatch-zerocta-vs-nccl",
+                 [](int rank) { setenv("ZEROCTA_ALLGATHER", rank == 0 ? "zerocta" : "nccl", 1); },
+                 "different ZEROCTA_* configurations"});
+}
+
+TEST(ConfigMismatch, AutoOnOneRankOffOnTheOther) {
+  run_agreement({"mismatch-off-vs-auto",
+                 [](int rank) {
+                   setenv("ZEROCTA_ALLGATHER", rank == 0 ? "off" : "auto", 1);
+                   setenv("ZEROCTA_MIN_BYTES", "0", 1);
+                 },
+                 "different ZEROCTA_* configurations"});
+}
+
+// The default mode everywhere: the exchange runs, agrees, and ends quietly (no pool, no WARN).
+TEST(ConfigMismatch, NcclModeOnEveryRankIsQuiet) {
+  run_agreement(
+      {"agree-nccl-everywhere", [](int) { setenv("ZEROCTA_ALLGATHER", "nccl", 1); }, nullptr});
+}
 
 }  // namespace
 }  // namespace zgpu

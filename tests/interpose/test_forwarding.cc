@@ -17,9 +17,17 @@ RunResult run_every_call(bool preload, std::vector<std::pair<std::string, std::s
 }
 
 // The shim's own queries of a communicator it just saw created: its size and its rank (needed
-// to count all-gather bytes), nothing else. Purely local NCCL queries, no CUDA.
+// to count all-gather bytes) and its device, and the NCCL version and CUDA driver entry points
+// (for the set-up exchange that every enabled rank on NCCL 2.28 joins whatever its
+// ZEROCTA_ALLGATHER, so that ranks configured differently agree instead of hanging; the fake
+// driver has no copy-engine API, so the exchange itself stops there). Nothing else: local
+// queries that change no state.
 bool is_shim_comm_query(const std::string& line) {
-  return line.rfind("ncclCommCount ", 0) == 0 || line.rfind("ncclCommUserRank ", 0) == 0;
+  for (const char* query :
+       {"ncclCommCount ", "ncclCommUserRank ", "ncclCommCuDevice ", "ncclGetVersion ",
+        "cuda cuGetProcAddress ", "cuda cuDriverGetVersion ", "cuda cuInit "})
+    if (line.rfind(query, 0) == 0) return true;
+  return false;
 }
 
 // Reports the first differing line, which says far more than two whole logs. With
