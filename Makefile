@@ -1,7 +1,9 @@
 # Front door to the CMake build (CMakeLists.txt is the real one).
 #   make            build libzerocta.so, the tools and the tests into ./build
 #   make test       run the CPU test suite (GPU tests skip without a GPU)
-#   make demo       side-by-side all-gather on the local GPUs, NCCL vs zerocta
+#   make deps       install missing build tools (apt), check CUDA and NCCL headers
+#   make demo       side-by-side all-gather on the local GPUs, NCCL vs zerocta (builds only
+#                   the library and the demo)
 #   make install PREFIX=/opt/zerocta
 #   make sanitize   CPU tests under ASan+UBSan (./build-asan)
 #   make tsan       CPU tests under ThreadSanitizer (./build-tsan)
@@ -12,7 +14,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all configure test demo install sanitize tsan fuzz format clean
+.PHONY: all configure deps test demo install sanitize tsan fuzz format clean
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -23,9 +25,16 @@ configure:
 test: all
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-demo: all
+deps:
+	tools/zerocta-deps
+
+# ZEROCTA_ALLGATHER=zerocta: the demo shows the copy-engine route at every size, where it wins
+# and where it does not (the library's default, nccl, would leave plain buffers to NCCL).
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target zerocta zerocta-demo
 	./$(BUILD)/tools/zerocta-demo
-	LD_PRELOAD=$(CURDIR)/$(BUILD)/libzerocta.so ZEROCTA_STATS=1 ./$(BUILD)/tools/zerocta-demo
+	LD_PRELOAD=$(CURDIR)/$(BUILD)/libzerocta.so ZEROCTA_ALLGATHER=zerocta ZEROCTA_STATS=1 \
+	  ./$(BUILD)/tools/zerocta-demo
 
 install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -5,7 +5,7 @@
 #   run_collectives.sh [NPROC]          NPROC GPUs of this host, default 2
 #
 # Environment: ZEROCTA_RUN (default ../build/tools/zerocta-run), ZEROCTA_RUN_ARGS (default
-# "--allgather auto", the copy-engine route), TORCHRUN (default torchrun), TIMEOUT_S (per run,
+# "--allgather auto", the copy-engine route), TORCHRUN (default /opt/torch/.venv/bin/torchrun if present, else torchrun), TIMEOUT_S (per run,
 # default 600). Exit status: 0 MATCH, 1 MISMATCH or a failed run, 2 a usage problem.
 set -euo pipefail
 
@@ -13,9 +13,12 @@ here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 nproc=${1:-2}
 zerocta_run=${ZEROCTA_RUN:-$here/../build/tools/zerocta-run}
 read -r -a zr_args <<<"${ZEROCTA_RUN_ARGS:---allgather auto}"
-read -r -a torchrun <<<"${TORCHRUN:-torchrun}"
 
 [[ $nproc =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [NPROC]" >&2 && exit 2; }
+torchrun=()  # set by preflight
+# shellcheck disable=SC1091  # preflight.sh sits beside this script
+. "$here/preflight.sh"
+preflight "$nproc"
 [[ -x $zerocta_run ]] || { echo "$0: $zerocta_run not found; build first or set ZEROCTA_RUN" >&2 && exit 2; }
 # The first run is the reference: it must not have zerocta preloaded already.
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }

@@ -21,6 +21,10 @@ configs=("$@")
 for c in "${configs[@]}"; do
   [[ $c == compute || $c == comm || $c == tiny ]] || { echo "$0: unknown config '$c'" >&2 && exit 2; }
 done
+[[ $ngpu =~ ^[1-9][0-9]*$ ]] || { echo "$0: NGPU must be a number" >&2 && exit 2; }
+# shellcheck disable=SC1091  # preflight.sh sits beside this script
+. "$here/preflight.sh"
+preflight "$ngpu"  # once here, not once per configuration
 read -r -a fsdp_args <<<"${FSDP_ARGS:-}"
 mkdir -p "$outdir"
 

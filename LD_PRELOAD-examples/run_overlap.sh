@@ -28,10 +28,10 @@ build=${ZEROCTA_BUILD:-$repo/build}
 lib=$build/libzerocta.so
 [[ -f $lib ]] || { echo "$0: $lib not found; build first or set ZEROCTA_BUILD" >&2 && exit 2; }
 zerocta_run=$repo/tools/zerocta-run
-if [[ -z ${TORCHRUN:-} && -x /opt/torch/.venv/bin/torchrun ]]; then
-  TORCHRUN=/opt/torch/.venv/bin/torchrun
-fi
-read -r -a torchrun <<<"${TORCHRUN:-torchrun}"
+torchrun=()  # set by preflight
+# shellcheck disable=SC1091  # preflight.sh sits beside this script
+. "$here/preflight.sh"
+preflight "$ngpu"
 read -r -a variants <<<"${OVERLAP_VARIANTS:-kernel nccl-ce zerocta zerocta-staged}"
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -43,10 +43,10 @@ lib=$build/libzerocta.so
 zerocta_run=${ZEROCTA_RUN:-$build/tools/zerocta-run}
 [[ -x $zerocta_run ]] || zerocta_run=$repo/tools/zerocta-run
 [[ -x $zerocta_run ]] || { echo "$0: zerocta-run not found; set ZEROCTA_RUN" >&2 && exit 2; }
-if [[ -z ${TORCHRUN:-} && -x /opt/torch/.venv/bin/torchrun ]]; then
-  TORCHRUN=/opt/torch/.venv/bin/torchrun
-fi
-read -r -a torchrun <<<"${TORCHRUN:-torchrun}"
+torchrun=()  # set by preflight
+# shellcheck disable=SC1091  # preflight.sh sits beside this script
+. "$here/preflight.sh"
+preflight "$ngpu"
 read -r -a pair_args <<<"${ZEROCTA_PAIR_ARGS:-}"
 python=${PYTHON:-python3}
 timeout_s=${PAIR_TIMEOUT_S:-600}

@@ -124,7 +124,8 @@ const std::vector<VarSpec>& specs() {
         "slowdown of overlapped compute on 4 or more GPUs, lower bandwidth)."},
        [](const char* t, Config* c) { return parse_enum(t, kCeDirections, &c->ce_direction); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
-        "Prints the counters at exit to stderr (1) or writes them as JSON to the given path."},
+        "Prints the counters at exit to stderr (1; shown whatever ZEROCTA_LOG says) or writes "
+        "them as JSON to the given path."},
        // Any text is acceptable; an empty value is the same as unset.
        [](const char* t, Config* c) {
          c->stats = t;

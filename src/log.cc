@@ -43,8 +43,9 @@ bool log_enabled(LogLevel level) {
 
 void log_set_thread_device(int device) { t_device = device; }
 
-void log_print(LogLevel level, const char* fmt, ...) {
-  if (!log_enabled(level)) return;
+namespace {
+
+void vprint(LogLevel level, const char* fmt, va_list ap) {
   char host[64] = "?";
   gethostname(host, sizeof(host) - 1);
   if (char* dot = strchr(host, '.')) *dot = '\0';
@@ -53,16 +54,30 @@ void log_print(LogLevel level, const char* fmt, ...) {
       snprintf(line, sizeof(line), "%s:%d:%ld [%d] zerocta %s ", host, static_cast<int>(getpid()),
                static_cast<long>(syscall(SYS_gettid)), t_device, level_name(level));
   if (n < 0) return;
-  va_list ap;
-  va_start(ap, fmt);
   int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
-  va_end(ap);
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
   if (len > sizeof(line) - 2) len = sizeof(line) - 2;
   line[len++] = '\n';
   // One write(2) per line so lines from several threads or ranks never interleave.
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;
+}
+
+}  // namespace
+
+void log_print(LogLevel level, const char* fmt, ...) {
+  if (!log_enabled(level)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vprint(level, fmt, ap);
+  va_end(ap);
+}
+
+void log_report(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprint(LogLevel::kInfo, fmt, ap);
+  va_end(ap);
 }
 
 }  // namespace zc

@@ -19,6 +19,10 @@ void log_set_thread_device(int device);
 // printf-style; appends a newline. Thread-safe: one write(2) per line.
 void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
+// An INFO line printed whatever ZEROCTA_LOG says: output the user asked for by name
+// (ZEROCTA_STATS=1), which ZEROCTA_LOG=none must not swallow.
+void log_report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
 }  // namespace zc
 
 #define ZC_WARN(...) ::zc::log_print(::zc::LogLevel::kWarn, __VA_ARGS__)

@@ -89,16 +89,16 @@ void print_table(const zerocta_stats_t& s) {
       const zerocta_counter_t& c = s.counters[op][route];
       if (c.calls == 0 && c.bytes == 0) continue;
       human_bytes(c.bytes, human, sizeof(human));
-      ZC_WARN("stats %s %s calls=%" PRIu64 " bytes=%" PRIu64 " (%s)",
-              zerocta_op_name(static_cast<zerocta_op_t>(op)),
-              zerocta_route_name(static_cast<zerocta_route_t>(route)), c.calls, c.bytes, human);
+      log_report("stats %s %s calls=%" PRIu64 " bytes=%" PRIu64 " (%s)",
+                 zerocta_op_name(static_cast<zerocta_op_t>(op)),
+                 zerocta_route_name(static_cast<zerocta_route_t>(route)), c.calls, c.bytes, human);
     }
   }
   human_bytes(s.pool_bytes, human, sizeof(human));
-  ZC_WARN("stats comms created=%" PRIu64 " zero_policy=%" PRIu64 " ce_ready=%" PRIu64
-          " pool_bytes=%" PRIu64 " (%s) inner_calls=%" PRIu64,
-          s.comms_created, s.comms_zero_policy, s.comms_ce_ready, s.pool_bytes, human,
-          s.inner_calls);
+  log_report("stats comms created=%" PRIu64 " zero_policy=%" PRIu64 " ce_ready=%" PRIu64
+             " pool_bytes=%" PRIu64 " (%s) inner_calls=%" PRIu64,
+             s.comms_created, s.comms_zero_policy, s.comms_ce_ready, s.pool_bytes, human,
+             s.inner_calls);
 }
 
 void report_at_exit() {

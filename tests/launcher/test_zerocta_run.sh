@@ -336,7 +336,7 @@ case_shellcheck() {
   fi
   local -a examples
   shopt -s nullglob
-  examples=("$(dirname -- "$LAUNCHER")"/../LD_PRELOAD-examples/*.sh)
+  examples=("$(dirname -- "$LAUNCHER")"/../LD_PRELOAD-examples/*.sh "$(dirname -- "$LAUNCHER")"/zerocta-deps)
   shopt -u nullglob
   run shellcheck -- "$LAUNCHER" "$(readlink -f -- "$0")" ${examples[@]+"${examples[@]}"}
   expect_rc 0

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "log.h"
 #include "stats_snapshot.h"
 #include "zerocta.h"
 
@@ -296,6 +297,7 @@ TEST_F(StatsFileTest, RefusesFileOwnedByAnotherUser) {
 }
 
 TEST(StatsFork, ChildStartsFromZero) {
+  if (getenv("ZEROCTA_STATS_TEST_LOG_NONE") != nullptr) zc::log_set_level(zc::LogLevel::kNone);
   zc::stats_install_reporter();
   zerocta_reset_stats();
   zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
@@ -358,13 +360,14 @@ class StatsExitReport : public StatsFileTest {
  protected:
   // Re-runs this binary's StatsExitReportChild.Run with ZEROCTA_STATS=stats; its stderr goes to
   // the file stderr_path(). Returns the child's pid after it exited with status 0, or -1.
-  pid_t run_child(const std::string& stats) {
+  pid_t run_child(const std::string& stats, bool log_none = false) {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       if (strncmp(*e, "ZEROCTA_", 8) != 0) env.emplace_back(*e);
     }
     env.push_back("ZEROCTA_STATS=" + stats);
     env.push_back("ZEROCTA_STATS_TEST_CHILD=1");
+    if (log_none) env.push_back("ZEROCTA_STATS_TEST_LOG_NONE=1");
     std::vector<char*> envp;
     for (std::string& var : env) envp.push_back(var.data());
     envp.push_back(nullptr);
@@ -429,6 +432,15 @@ TEST_F(StatsExitReport, PrintsTableToStderrWithOne) {
   EXPECT_EQ(err.find(ag, at + 1), std::string::npos) << "reported twice (grandchild?)\n" << err;
   EXPECT_NE(err.find("stats send passthrough calls=1 bytes=7"), std::string::npos) << err;
   EXPECT_EQ(err.find("stats allreduce"), std::string::npos) << err;  // zero rows left out
+  EXPECT_NE(err.find("stats comms created=1 zero_policy=1"), std::string::npos) << err;
+}
+
+// ZEROCTA_STATS=1 is asked for by name: ZEROCTA_LOG=none must not swallow it.
+TEST_F(StatsExitReport, PrintsTableEvenWithLogNone) {
+  ASSERT_GT(run_child("1", /*log_none=*/true), 0) << read_file(stderr_path());
+  const std::string err = read_file(stderr_path());
+  EXPECT_NE(err.find("zerocta INFO stats allgather ce calls=3 bytes=3000"), std::string::npos)
+      << err;
   EXPECT_NE(err.find("stats comms created=1 zero_policy=1"), std::string::npos) << err;
 }
 

@@ -134,11 +134,13 @@ int main(int argc, char** argv) {
         "usage: zerocta-demo [nranks] [iters]\n  Run under LD_PRELOAD=libzerocta.so to compare.\n");
     return 0;
   }
+  // Said first, so that even a machine without GPUs shows whether the preload took.
+  const bool preloaded = dlsym(RTLD_DEFAULT, "zerocta_version") != nullptr;
   if (ngpu < 2) {
     printf(
-        "zerocta-demo: %d GPU(s) found; an all-gather comparison needs at least 2. Nothing to "
-        "do.\n",
-        ngpu);
+        "zerocta-demo: zerocta %s; %d GPU(s) found; an all-gather comparison needs at least 2. "
+        "Nothing to do.\n",
+        preloaded ? "preloaded" : "not preloaded", ngpu);
     return 0;
   }
   int nranks = argc > 1 ? atoi(argv[1]) : ngpu;
@@ -148,7 +150,7 @@ int main(int argc, char** argv) {
   for (size_t s = 1 << 20; s <= (size_t(1) << 30); s *= 4) sizes.push_back(s);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   printf("zerocta-demo: %d ranks, one per GPU; zerocta %s\n", nranks,
-         dlsym(RTLD_DEFAULT, "zerocta_version") ? "preloaded" : "NOT preloaded (NCCL only)");
+         preloaded ? "preloaded" : "NOT preloaded (NCCL only)");
   fflush(stdout);
   // Every pipe exists before the first fork: rank 0 writes to all of them.
   int pipes[64][2];

@@ -1,0 +1,28 @@
+# shellcheck shell=bash
+# Sourced by the run_*.sh examples. `preflight NGPU` sets the array `torchrun` (TORCHRUN, else
+# /opt/torch/.venv/bin/torchrun where it exists, else torchrun) and stops the script with
+# status 2 and one clear line when torchrun cannot be found or fewer than NGPU GPUs are
+# visible, before anything is launched.
+preflight() {
+  local ngpu=$1 have=0
+  if [[ -z ${TORCHRUN:-} && -x /opt/torch/.venv/bin/torchrun ]]; then
+    TORCHRUN=/opt/torch/.venv/bin/torchrun
+  fi
+  read -r -a torchrun <<<"${TORCHRUN:-torchrun}"
+  if ! command -v "${torchrun[0]}" >/dev/null; then
+    echo "$0: '${torchrun[0]}' not found: install PyTorch (with torchrun) or set TORCHRUN" >&2
+    exit 2
+  fi
+  if command -v nvidia-smi >/dev/null; then
+    have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  fi
+  if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then  # an empty list hides every GPU
+    local visible
+    IFS=, read -r -a visible <<<"$CUDA_VISIBLE_DEVICES"
+    ((${#visible[@]} < have)) && have=${#visible[@]}
+  fi
+  if ((have < ngpu)); then
+    echo "$0: $ngpu GPUs asked for, $have visible here: nothing to run" >&2
+    exit 2
+  fi
+}
