@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -59,6 +60,21 @@ uint64_t host_hash() {
   std::string b;
   if (boot >> b) id += b;
   return fnv1a(id.data(), id.size());
+}
+
+// NCCL's window registration is its own collective, and these settings decide on each rank
+// whether NCCL takes part in it at all: one rank with NCCL_WIN_ENABLE=0 leaves the others
+// waiting inside ncclCommWindowRegister (seen on NCCL 2.28.3, where zerocta cannot step in).
+// So they are compared with the facts, before anyone registers.
+uint64_t nccl_env_hash() {
+  std::string text;
+  for (const char* name : {"NCCL_WIN_ENABLE", "NCCL_CUMEM_ENABLE"}) {
+    const char* v = getenv(name);
+    text += name;
+    text += v ? std::string("=") + v : std::string(" unset");
+    text += '\n';
+  }
+  return fnv1a(text.data(), text.size());
 }
 
 uint32_t marker_for(int rank, uint64_t fingerprint) {
@@ -137,6 +153,9 @@ const char* facts_disagreement(const RankFacts* all, int nranks, bool staged) {
       return "ranks run with different ZEROCTA_* configurations (fingerprint differs)";
     if (all[r].nccl_version != all[0].nccl_version) return "ranks run different NCCL versions";
     if (all[r].pool_bytes != all[0].pool_bytes) return "ranks disagree on the pool size";
+    if (all[r].nccl_env_hash != all[0].nccl_env_hash)
+      return "ranks run with different NCCL_WIN_ENABLE or NCCL_CUMEM_ENABLE (NCCL's window "
+             "registration, which the pool needs, would hang)";
   }
   if (all[0].nccl_version < 22800 || all[0].nccl_version >= 22900)
     return "the copy-engine route is tested on NCCL 2.28 only";
@@ -182,6 +201,7 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
     f.pool_bytes = layout_for(cfg, c.nranks).arena_bytes();
     f.nccl_version = real_nccl_version();
     f.rank = c.rank;
+    f.nccl_env_hash = nccl_env_hash();
     CUdevice d;
     CUuuid u{};
     if (cu->cuDeviceGet(&d, c.device) == CUDA_SUCCESS) cu->cuDeviceGetUuid(&u, d);

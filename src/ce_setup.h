@@ -1,7 +1,8 @@
 // Setting up (and tearing down) a communicator's copy-engine pool. Everything that could turn
 // out differently per rank is agreed before anyone relies on it:
-//   1. facts all-gather: host, NCCL version, config fingerprint, device UUID. Every rank sees
-//      the same array and so reaches the same verdict;
+//   1. facts all-gather: host, NCCL version, config fingerprint, device UUID, the NCCL settings
+//      window registration depends on. Every rank sees the same array and so reaches the same
+//      verdict;
 //   2. local checks (P2P to every peer's device, ncclMemAlloc of the arena), agreed by a MIN
 //      all-reduce;
 //   3. collective window registration, then peer pointers resolved and verified by reading a
@@ -25,7 +26,7 @@ struct RankFacts {
   int32_t nccl_version;
   int32_t rank;
   unsigned char uuid[16];
-  uint64_t reserved;
+  uint64_t nccl_env_hash;  // the NCCL_* settings the pool's window depends on (ce_setup.cc)
 };
 static_assert(sizeof(RankFacts) == 64, "RankFacts is exchanged as 64 raw bytes");
 

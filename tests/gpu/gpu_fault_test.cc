@@ -18,6 +18,8 @@
 //       everywhere) or on rank 1 only (the configurations differ): every rank passes through,
 //       results are bitwise right, and the reason is logged exactly once for two
 //       communicators.
+//   PoolWindow.*   NCCL_WIN_ENABLE=0 on every rank (NCCL gives no usable window) or on rank 1
+//       only (the facts differ): every rank passes through, bitwise right, one WARN.
 //   ConfigMismatch.*   ZEROCTA_ALLGATHER differing across ranks (zerocta vs nccl, off vs
 //       auto): no hang, every rank passes through, one WARN; nccl on every rank: no WARN.
 //
@@ -588,7 +590,8 @@ int agreement_rank(const RankContext& ctx, const AgreementCase& c) {
 
 void run_agreement(const AgreementCase& c) {
   ZG_REQUIRE_GPUS(kRanks);
-  RunOptions o = default_run_options(240);  // a rank that waits for a mismatched peer is a FAIL
+  // A rank that waits for a mismatched peer is a FAIL (ZEROCTA_FAULT_AGREE_S, default 240 s).
+  RunOptions o = default_run_options(static_cast<int>(env_long("ZEROCTA_FAULT_AGREE_S", 240)));
   o.num_ids = 2;
   o.before_cuda = [c](int rank) {
     capture_stderr(rank);
@@ -661,6 +664,30 @@ TEST(PoolOom, HugePoolOnEveryRank) {
 TEST(PoolOom, HugePoolOnOneRank) {
   run_agreement({"pool-oom-one-rank", [](int rank) { huge_pool(rank, false); },
                  "different ZEROCTA_* configurations"});
+}
+
+// NCCL refuses the pool's window registration (NCCL_WIN_ENABLE=0) on every rank. NCCL 2.28.3
+// then returns success with a handle that is no window descriptor; either way the second
+// agreement turns every rank to pass-through, the arena is freed, one WARN about the window.
+TEST(PoolWindow, RegistrationRefusedOnEveryRank) {
+  run_agreement({"window-refused-all-ranks",
+                 [](int) {
+                   setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
+                   setenv("NCCL_WIN_ENABLE", "0", 1);
+                 },
+                 "window"});
+}
+
+// The same on rank 1 only. NCCL's registration is its own collective: a rank on which NCCL
+// skips it leaves the others waiting inside it (a hang zerocta cannot end). So the setting
+// travels with the facts and the ranks agree on pass-through before anyone registers.
+TEST(PoolWindow, RegistrationRefusedOnOneRank) {
+  run_agreement({"window-refused-one-rank",
+                 [](int rank) {
+                   setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
+                   if (rank == 1) setenv("NCCL_WIN_ENABLE", "0", 1);
+                 },
+                 "NCCL_WIN_ENABLE"});
 }
 
 // ZEROCTA_ALLGATHER differing across ranks (once known issue 6: only ranks that wanted the

@@ -9,6 +9,7 @@
 #   abort-shim     FaultAbort: ncclCommAbort with zerocta's ops queued, on both ranks
 #   oom-shim       PoolOom: ZEROCTA_POOL_BYTES larger than the GPU, on every rank / on one
 #   cycles-shim    CommCycles: init / all-gather / destroy cycles, RSS and GPU memory growth
+#   window-shim    PoolWindow: NCCL_WIN_ENABLE=0 on every rank / on one: agreed pass-through
 #   mismatch-shim  ConfigMismatch: ZEROCTA_ALLGATHER differing across ranks agrees on
 #                  pass-through (no hang, one WARN); nccl everywhere stays quiet
 #   kill-noshim    baseline: the kill test with NCCL alone (its abort times), if time is left
@@ -110,6 +111,7 @@ run_step() {
 run_step kill-shim 75 45 1 zerocta_gpu_fault_test 'FaultKill.*'
 run_step abort-shim 60 30 1 zerocta_gpu_fault_test 'FaultAbort.*'
 run_step oom-shim 75 30 1 zerocta_gpu_fault_test 'PoolOom.*'
+run_step window-shim 60 30 1 zerocta_gpu_fault_test 'PoolWindow.*'
 run_step mismatch-shim 90 45 1 zerocta_gpu_fault_test 'ConfigMismatch.*'
 run_step cycles-shim 150 60 1 zerocta_gpu_cycles_test 'CommCycles.*' \
   "ZEROCTA_CYCLES_BUDGET_S=${ZEROCTA_CYCLES_BUDGET_S:-80}"

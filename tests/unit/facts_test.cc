@@ -44,6 +44,10 @@ TEST(Facts, EachDisagreementIsNamed) {
   EXPECT_NE(std::string(zc::facts_disagreement(all.data(), 3)).find("NCCL versions"),
             std::string::npos);
   all = agreeing(3, 22809);
+  all[2].nccl_env_hash = 5;
+  EXPECT_NE(std::string(zc::facts_disagreement(all.data(), 3)).find("NCCL_WIN_ENABLE"),
+            std::string::npos);
+  all = agreeing(3, 22809);
   all[0].magic = 0;
   EXPECT_NE(zc::facts_disagreement(all.data(), 3), nullptr);
   all = agreeing(2, 22700);

@@ -169,7 +169,9 @@ int main(int argc, char** argv) {
       } else {
         if (read(pipes[r][0], &id, sizeof id) != sizeof id) _exit(3);
       }
-      _exit(run_rank(r, nranks, id, sizes, iters));
+      // exit, not _exit: atexit handlers run, so ZEROCTA_STATS=1 reports each rank's routes
+      // (stdout was flushed before the fork, so nothing of the parent's is written twice).
+      exit(run_rank(r, nranks, id, sizes, iters));
     }
     pids.push_back(pid);
   }
