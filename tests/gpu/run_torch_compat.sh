@@ -14,7 +14,8 @@
 # Environment: ZEROCTA_BUILD (default <repo>/build), TORCHRUN (default
 # /opt/torch/.venv/bin/torchrun if present, else torchrun), PYTHON (default
 # /opt/torch/.venv/bin/python3 if present, else python3), COMPAT_TIMEOUT_S (one limit, in
-# seconds, for every run instead of the cells' own).
+# seconds, for every run instead of the cells' own), COMPAT_ALLGATHER (the shim run's
+# ZEROCTA_ALLGATHER, default auto; nccl checks the library's default mode).
 # Exit status: 0 if every cell behaves the same with the shim as without (and bitwise equal),
 # 1 otherwise, 2 a usage problem.
 set -uo pipefail
@@ -75,7 +76,7 @@ run_one() {
   # Only what an earlier run of this script left here.
   rm -f "$dir"/result.rank*.json "$dir"/stats-*.json "$dir/run.json" "$dir/log"
   if [[ $mode == shim ]]; then
-    env_args=(LD_PRELOAD="$lib" ZEROCTA_ALLGATHER=auto ZEROCTA_MIN_BYTES=1M
+    env_args=(LD_PRELOAD="$lib" ZEROCTA_ALLGATHER="${COMPAT_ALLGATHER:-auto}" ZEROCTA_MIN_BYTES=1M
       ZEROCTA_STATS="$dir/stats-%p.json")
   fi
   t0=$(date +%s.%N)
