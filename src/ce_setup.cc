@@ -81,25 +81,6 @@ uint32_t marker_for(int rank, uint64_t fingerprint) {
   return 0x5a000000u ^ static_cast<uint32_t>(rank) ^ static_cast<uint32_t>(fingerprint << 8);
 }
 
-// Runs fn for every comm, inside one NCCL group when there are several: collectives of
-// several communicators driven by one thread must be grouped or they deadlock.
-template <typename Fn>
-ncclResult_t grouped(const RealNccl& nccl, const std::vector<std::shared_ptr<CommState>>& comms,
-                     Fn fn) {
-  bool group = comms.size() > 1;
-  if (group) nccl.ncclGroupStart();
-  ncclResult_t first = ncclSuccess;
-  for (auto& c : comms) {
-    ncclResult_t r = fn(*c);
-    if (r != ncclSuccess && first == ncclSuccess) first = r;
-  }
-  if (group) {
-    ncclResult_t r = nccl.ncclGroupEnd();
-    if (first == ncclSuccess || first == ncclInProgress) first = r;
-  }
-  return first;
-}
-
 struct Scratch {
   CUdeviceptr dev = 0;  // nranks facts, then one int for the agreement all-reduce
   CUstream stream = nullptr;
@@ -185,9 +166,6 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       return give_up(comms, "communicator size outside 2..64", !pool_wanted);
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Scratch> scratch(comms.size());
-  // Non-blocking comms answer ncclInProgress; each step waits until NCCL has taken it.
-  std::vector<ncclComm_t> handles;
-  for (auto& c : comms) handles.push_back(c->comm);
 
   // 1. Facts.
   for (size_t i = 0; i < comms.size(); ++i) {
@@ -214,26 +192,15 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       s.local_ok = false;
     }
   }
-  ncclResult_t nr = ncclSuccess;
-  {
-    bool group = comms.size() > 1;
-    if (group) nccl->ncclGroupStart();
-    for (size_t i = 0; i < comms.size(); ++i) {
-      CommState& c = *comms[i];
-      Scratch& s = scratch[i];
-      if (s.dev == 0) continue;  // see local_ok above; the peers will time out in NCCL
-      CUdeviceptr mine = s.dev + sizeof(RankFacts) * c.rank;
-      ncclResult_t r =
-          nccl->ncclAllGather(reinterpret_cast<void*>(mine), reinterpret_cast<void*>(s.dev),
-                              sizeof(RankFacts), ncclUint8, c.comm, s.stream);
-      if (r != ncclSuccess && nr == ncclSuccess) nr = r;
-    }
-    if (group) {
-      ncclResult_t r = nccl->ncclGroupEnd();
-      if (nr == ncclSuccess || nr == ncclInProgress) nr = r;
-    }
-    nr = wait_in_progress(*nccl, handles, nr);
-  }
+  // Non-blocking comms answer ncclInProgress; each step waits until NCCL has taken it.
+  const ncclResult_t nr = grouped_calls(*nccl, comms, [&](size_t i) {
+    const CommState& c = *comms[i];
+    const Scratch& s = scratch[i];
+    if (s.dev == 0) return ncclSuccess;  // see local_ok above; the peers will time out in NCCL
+    CUdeviceptr mine = s.dev + sizeof(RankFacts) * c.rank;
+    return nccl->ncclAllGather(reinterpret_cast<void*>(mine), reinterpret_cast<void*>(s.dev),
+                               sizeof(RankFacts), ncclUint8, c.comm, s.stream);
+  });
   const char* verdict = nullptr;
   for (size_t i = 0; i < comms.size(); ++i) {
     CommState& c = *comms[i];
@@ -288,25 +255,15 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
 
   // Agreement helper: MIN over ranks of each comm's local_ok, in place in the scratch buffer.
   auto agree = [&](const char* what) -> bool {
-    bool group = comms.size() > 1;
-    ncclResult_t r = ncclSuccess;
     for (size_t i = 0; i < comms.size(); ++i) {
       ScopedDevice dev(comms[i]->device);
       int v = scratch[i].local_ok ? 1 : 0;
       cu->cuMemcpyHtoD(scratch[i].dev, &v, sizeof v);
     }
-    if (group) nccl->ncclGroupStart();
-    for (size_t i = 0; i < comms.size(); ++i) {
+    const ncclResult_t r = grouped_calls(*nccl, comms, [&](size_t i) {
       void* p = reinterpret_cast<void*>(scratch[i].dev);
-      ncclResult_t e =
-          nccl->ncclAllReduce(p, p, 1, ncclInt32, ncclMin, comms[i]->comm, scratch[i].stream);
-      if (e != ncclSuccess && r == ncclSuccess) r = e;
-    }
-    if (group) {
-      ncclResult_t e = nccl->ncclGroupEnd();
-      if (r == ncclSuccess || r == ncclInProgress) r = e;
-    }
-    r = wait_in_progress(*nccl, handles, r);
+      return nccl->ncclAllReduce(p, p, 1, ncclInt32, ncclMin, comms[i]->comm, scratch[i].stream);
+    });
     bool all_ok = r == ncclSuccess;
     for (size_t i = 0; i < comms.size(); ++i) {
       ScopedDevice dev(comms[i]->device);
@@ -342,13 +299,13 @@ void ce_setup(const std::vector<std::shared_ptr<CommState>>& comms) {
       ok = ok && cu->cuStreamSynchronize(st) == CUDA_SUCCESS;
       if (!ok) scratch[i].local_ok = false;
     }
-    ncclResult_t r = grouped(*nccl, comms, [&](CommState& c) {
+    const ncclResult_t r = grouped_calls(*nccl, comms, [&](size_t i) {
+      CommState& c = *comms[i];
       ScopedDevice dev(c.device);
       c.ce->window = nullptr;
       return nccl->ncclCommWindowRegister(c.comm, c.ce->arena, c.ce->layout.arena_bytes(),
                                           &c.ce->window, NCCL_WIN_COLL_SYMMETRIC);
     });
-    r = wait_in_progress(*nccl, handles, r);
     registered = true;
     // 4. Peer pointers from the window, each verified by the marker its owner wrote.
     for (size_t i = 0; i < comms.size(); ++i) {

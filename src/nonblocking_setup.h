@@ -39,4 +39,27 @@ void settle_before_use(CommState* st);
 ncclResult_t wait_in_progress(const RealNccl& nccl, const std::vector<ncclComm_t>& comms,
                               ncclResult_t r);
 
+// zerocta's own NCCL calls on comms created together: fn(i) makes the call on comms[i], all of
+// them inside one NCCL group when there are several (one thread driving several comms must
+// group their collectives or deadlock), then waits until NCCL has taken them
+// (wait_in_progress). Returns the first error, or ncclSuccess.
+template <typename Fn>
+ncclResult_t grouped_calls(const RealNccl& nccl,
+                           const std::vector<std::shared_ptr<CommState>>& comms, Fn fn) {
+  const bool group = comms.size() > 1;
+  if (group) nccl.ncclGroupStart();
+  ncclResult_t first = ncclSuccess;
+  for (size_t i = 0; i < comms.size(); ++i) {
+    ncclResult_t r = fn(i);
+    if (r != ncclSuccess && first == ncclSuccess) first = r;
+  }
+  if (group) {
+    ncclResult_t r = nccl.ncclGroupEnd();
+    if (first == ncclSuccess || first == ncclInProgress) first = r;
+  }
+  std::vector<ncclComm_t> handles;
+  for (auto& c : comms) handles.push_back(c->comm);
+  return wait_in_progress(nccl, handles, first);
+}
+
 }  // namespace zc

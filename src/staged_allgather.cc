@@ -113,26 +113,16 @@ void staged_warmup(const std::vector<std::shared_ptr<CommState>>& comms) {
   const RealNccl* nccl = real_nccl();
   if (!cu || !nccl || comms.empty()) return;
   constexpr uint64_t kBytes = 4;
-  std::vector<ncclComm_t> handles;
-  for (auto& c : comms) handles.push_back(c->comm);
-  const bool group = comms.size() > 1;
-  ncclResult_t r = ncclSuccess;
-  if (group) nccl->ncclGroupStart();
-  for (auto& c : comms) {
-    ScopedDevice dev(c->device);
+  const ncclResult_t r = grouped_calls(*nccl, comms, [&](size_t i) {
+    const CommState& c = *comms[i];
+    ScopedDevice dev(c.device);
     CUdeviceptr stage =
-        reinterpret_cast<CUdeviceptr>(c->ce->arena) + staging_area(c->ce->layout, false).offset;
-    ncclResult_t e = nccl->ncclAllGather(
-        reinterpret_cast<void*>(stage + static_cast<uint64_t>(c->rank) * kBytes),
-        reinterpret_cast<void*>(stage), kBytes, ncclUint8, c->comm,
-        reinterpret_cast<cudaStream_t>(c->ce->streams[static_cast<int>(PlanStream::kCopyIn)]));
-    if (e != ncclSuccess && r == ncclSuccess) r = e;
-  }
-  if (group) {
-    ncclResult_t e = nccl->ncclGroupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = e;
-  }
-  r = wait_in_progress(*nccl, handles, r);
+        reinterpret_cast<CUdeviceptr>(c.ce->arena) + staging_area(c.ce->layout, false).offset;
+    return nccl->ncclAllGather(
+        reinterpret_cast<void*>(stage + static_cast<uint64_t>(c.rank) * kBytes),
+        reinterpret_cast<void*>(stage), kBytes, ncclUint8, c.comm,
+        reinterpret_cast<cudaStream_t>(c.ce->streams[static_cast<int>(PlanStream::kCopyIn)]));
+  });
   for (auto& c : comms) {
     ScopedDevice dev(c->device);
     if (r != ncclSuccess ||

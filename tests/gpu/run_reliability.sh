@@ -16,8 +16,8 @@
 #   cycles-noshim  baseline: 100 cycles with NCCL alone (a leak there is NCCL's), if time left
 #
 # Logs go to OUTDIR/<step>.log. The tests' "RELIABILITY ..." lines (times, memory numbers) and
-# a PASS/FAIL/SKIP/KNOWN table end the output and OUTDIR/summary.txt. Exit status 1 if a step
-# failed (a reproduced known issue does not count).
+# a PASS/FAIL/SKIP table end the output and OUTDIR/summary.txt. Exit status 1 if a step
+# failed.
 #
 # Optional environment: ZEROCTA_NCCL_DIR (directory of the libnccl.so.2 to use, default the
 # system's /usr/lib/x86_64-linux-gnu), ZEROCTA_CUDA_LIB (/usr/local/cuda/lib64),
@@ -94,9 +94,7 @@ run_step() {
     "--gtest_output=xml:$OUT/$name.xml" >>"$log" 2>&1
   local rc=$? took=$((SECONDS - start))
   grep -h '^RELIABILITY' "$log" | sed "s/^/    /"
-  if [[ $name == *-known ]] && [ $rc -ne 0 ]; then
-    record "$name" KNOWN "known issue reproduced (exit $rc after ${took}s; docs/RELIABILITY.md)"
-  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     record "$name" FAIL "timed out after ${secs}s: a hang (log $log)"
   elif [ $rc -ne 0 ]; then
     record "$name" FAIL "exit $rc after ${took}s (log $log)"
