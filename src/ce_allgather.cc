@@ -23,7 +23,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, u
   std::lock_guard<std::mutex> lock(st.issue_mu);
   if (int p = st.poisoned.load(); p != ncclSuccess) return static_cast<ncclResult_t>(p);
   CeComm* ce = st.ce.get();
-  if (!ce || !cu) {
+  if (!ce || !ce->prepared || !cu) {
     st.poisoned.store(ncclInternalError);
     return ncclInternalError;
   }
@@ -37,8 +37,12 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, u
   ce->plan.clear();
   const CeDirection dir =
       config().ce_direction == CeDirectionMode::kPush ? CeDirection::kPush : CeDirection::kPull;
-  build_allgather_plan(L, ce->view, args, capturing ? graph : eager,
-                       capturing ? &ce->capture_cursor : &ce->slot_cursor, &ce->plan, dir);
+  // Every op starts at the first slot of its range: nothing carries over from op to op, so a
+  // capture that one rank discards or retries shifts no later op (each replay, like each eager
+  // op, leaves the flags as it found them).
+  uint64_t cursor = 0;
+  ce->captured = ce->captured || capturing;
+  build_allgather_plan(L, ce->view, args, capturing ? graph : eager, &cursor, &ce->plan, dir);
   CUresult r = CUDA_ERROR_INVALID_CONTEXT;
   if (dev.ok())
     r = capturing

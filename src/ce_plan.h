@@ -112,9 +112,8 @@ struct SlotRange {
   int first = 0, count = 0;
 };
 
-// Appends the plan for one all-gather. `slot_cursor` is the comm's running slot counter for
-// that range (identical on every rank because every rank issues the same ops in the same
-// order, as NCCL requires of every op on a communicator, graph launches included).
+// Appends the plan for one all-gather. `slot_cursor` counts the slots taken (modulo the range);
+// the caller decides where it starts (ce_allgather: at 0 for every op).
 void build_allgather_plan(const ArenaLayout& layout, const RankView& view,
                           const AllGatherArgs& args, SlotRange slots, uint64_t* slot_cursor,
                           std::vector<PlanOp>* plan, CeDirection direction = CeDirection::kPull);

@@ -52,11 +52,15 @@ std::shared_ptr<CommState> comm_lookup(ncclComm_t comm) {
 
 std::shared_ptr<CommState> comm_add(ncclComm_t comm) {
   auto s = std::make_shared<CommState>();
-  s->comm = comm;
+  comm_insert(comm, s);
+  return s;
+}
+
+void comm_insert(ncclComm_t comm, std::shared_ptr<CommState> st) {
+  st->comm = comm;
   Registry& r = registry();
   std::unique_lock<RwLock> lock(r.mu);
-  r.map[comm] = s;
-  return s;
+  r.map[comm] = std::move(st);
 }
 
 std::shared_ptr<CommState> comm_remove(ncclComm_t comm) {

@@ -10,38 +10,42 @@
 #include <vector>
 
 #include "ce_plan.h"
+#include "channel.h"
+#include "comm_key.h"
 #include "cuda_driver.h"
+#include "membership.h"
+#include "route_memory.h"
 
 namespace zc {
 
-// The copy-engine resources of one communicator: its arena (an NCCL symmetric window) and
-// the internal streams and events the plan runs on. Exists only once every rank agreed.
+// Where a communicator stands with the copy-engine route (route_setup.h).
+enum class RouteState : int {
+  kNone,         // never joined: the default mode, or a communicator that cannot route
+  kJoined,       // published in its channel; membership not frozen yet
+  kCommitted,    // every rank joined with equal settings: all-gathers may take the route
+  kPassthrough,  // frozen without agreement: everything goes to NCCL
+};
+
+// The route's resources on this rank: its own exportable arena (from the join on), and once
+// the first routed op prepared them, the peers' arenas and the internal streams and events the
+// plan runs on.
 struct CeComm {
-  ArenaLayout layout;
-  RankView view;
-  void* arena = nullptr;  // ncclMemAlloc'ed, registered as `window`
-  ncclWindow_t window = nullptr;
+  ArenaMapping own;
+  uint64_t own_token = 0;   // the arena's fd in this process's fd service
+  uint32_t join_index = 0;  // this rank's slot in the channel
+  ArenaLayout layout;       // from the agreed communicator size (at commit)
+  RankView view;            // every rank's arena base in this address space (at prepare)
+  ArenaMapping peers[kMaxRanks];
+  bool prepared = false;
+  bool captured = false;  // an op was captured into a CUDA graph (its replays use this memory)
   // Index 0 unused (the user's stream), then copy-in, pull, local (PlanStream order).
   CUstream streams[kPlanStreams] = {};
   CUevent events[kPlanEvents] = {};
-  uint64_t slot_cursor = 0;  // running slot counter, identical on every rank
   // Captured ops: their own streams, events and slot range (a graph replay must never share
   // a flag with an eager op in flight).
   CUstream capture_streams[kPlanStreams] = {};
   CUevent capture_events[kPlanEvents] = {};
-  uint64_t capture_cursor = 0;
   std::vector<PlanOp> plan;  // reused buffer for building plans
-};
-
-struct CommState;
-
-// Non-blocking communicators are set up when the application first sees them ready (see
-// nonblocking_setup.h). Communicators created together by one thread (one group) share one
-// of these, because their set-up collectives must be grouped too.
-struct PendingSetup {
-  std::mutex mu;      // held by the thread running the set-up
-  bool done = false;  // under mu
-  std::vector<std::weak_ptr<CommState>> comms;
 };
 
 struct AppWindow {
@@ -51,34 +55,47 @@ struct AppWindow {
 
 struct CommState {
   ncclComm_t comm = nullptr;
+  // From the init call's arguments; for children of Split/Shrink/InitAll, from NCCL once the
+  // child exists (until then nranks is 0).
   int rank = -1, nranks = 0, device = -1;
   bool zero_policy = false;  // NCCL_CTA_POLICY_ZERO was requested for it
   bool nonblocking = false;
-  std::atomic<bool> ce_ready{false};
-  const char* ce_missing = "copy-engine pool not set up";
+  bool child = false;  // made by Split/Shrink: rank and size are asked of NCCL
+
+  // Identity, for the channels of its children (comm_key.h); invalid for Grow children.
+  CommKey key;
+  // Split and Shrink calls made on it so far, counted apart: a rank a shrink excludes never
+  // calls it, and its later splits must still be named like the kept ranks' (comm_key.h).
+  std::atomic<uint64_t> split_ordinal{0}, shrink_ordinal{0};
+
+  // The route (route_setup.h). `route_mu` guards every change of the fields below it and is
+  // taken by abort too; `route` may be read without it.
+  std::atomic<RouteState> route{RouteState::kNone};
+  const char* route_why = "the copy-engine route was not requested";
+  std::mutex route_mu;
+  std::unique_ptr<Channel> channel;  // from the join; after commit only for its poison word
+  std::vector<MemberFacts> members;  // at commit: every rank's facts, in rank order
+  int local_gpus = 0;                // GPUs this process saw at the join (for the verdict's log)
   std::unique_ptr<CeComm> ce;
+
   // Serialises issuing on this comm (NCCL forbids concurrent use of one comm anyway; this
   // only protects our own state against misuse) and the teardown.
   std::mutex issue_mu;
   // First error after a route was fixed: the communicator is poisoned and every later call
   // returns it, as NCCL does with an asynchronous error.
   std::atomic<int> poisoned{ncclSuccess};
-  // Non-blocking comms whose pool is not set up yet: `setup_pending` is the cheap check,
-  // `pending` (under pending_mu) what to run.
-  std::atomic<bool> setup_pending{false};
-  std::mutex pending_mu;
-  std::shared_ptr<PendingSetup> pending;
   std::mutex windows_mu;
   std::vector<AppWindow> app_windows;
   std::atomic<bool> has_app_windows{false};
-  // NCCL 2.28's CE path fails on the legacy default stream; ops that may take it are moved
-  // to this stream, ordered with the caller's by events (created on first need).
+  // NCCL 2.28.0-2.29.6 fail CE ops on the legacy default stream; ops that may take NCCL's CE
+  // path are moved to this stream, ordered with the caller's by events (created on first need).
   CUstream side_stream = nullptr;
   CUevent side_events[2] = {};
 };
 
 std::shared_ptr<CommState> comm_lookup(ncclComm_t comm);
-std::shared_ptr<CommState> comm_add(ncclComm_t comm);
+std::shared_ptr<CommState> comm_add(ncclComm_t comm);  // a fresh state, registered
+void comm_insert(ncclComm_t comm, std::shared_ptr<CommState> st);
 std::shared_ptr<CommState> comm_remove(ncclComm_t comm);
 
 }  // namespace zc

@@ -66,6 +66,17 @@ CudaDriver* load() {
   ce &= get(gpa, "cuMemsetD32Async", &d.cuMemsetD32Async);
   ce &= get(gpa, "cuStreamWaitValue32", &d.cuStreamWaitValue32);
   ce &= get(gpa, "cuStreamWriteValue32", &d.cuStreamWriteValue32);
+  ce &= get(gpa, "cuMemCreate", &d.cuMemCreate);
+  ce &= get(gpa, "cuMemRelease", &d.cuMemRelease);
+  ce &= get(gpa, "cuMemAddressReserve", &d.cuMemAddressReserve);
+  ce &= get(gpa, "cuMemAddressFree", &d.cuMemAddressFree);
+  ce &= get(gpa, "cuMemMap", &d.cuMemMap);
+  ce &= get(gpa, "cuMemUnmap", &d.cuMemUnmap);
+  ce &= get(gpa, "cuMemSetAccess", &d.cuMemSetAccess);
+  ce &= get(gpa, "cuMemGetAllocationGranularity", &d.cuMemGetAllocationGranularity);
+  ce &= get(gpa, "cuMemExportToShareableHandle", &d.cuMemExportToShareableHandle);
+  ce &= get(gpa, "cuMemImportFromShareableHandle", &d.cuMemImportFromShareableHandle);
+  ce &= get(gpa, "cuThreadExchangeStreamCaptureMode", &d.cuThreadExchangeStreamCaptureMode);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   int driver = 0;
   if (d.cuDriverGetVersion && d.cuDriverGetVersion(&driver) == CUDA_SUCCESS && driver >= 13000)
@@ -83,6 +94,13 @@ const CudaDriver* cuda_driver() {
   static CudaDriver* d = nullptr;
   std::call_once(once, [] { d = load(); });
   return d;
+}
+
+int current_device() {
+  const CudaDriver* d = cuda_driver();
+  CUdevice dev = -1;
+  if (!d || d->cuCtxGetDevice(&dev) != CUDA_SUCCESS) return -1;
+  return static_cast<int>(dev);
 }
 
 const char* cuda_error_string(CUresult r) {

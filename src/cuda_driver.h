@@ -44,6 +44,23 @@ struct CudaDriver {
   // the copy engines; a plain same-device cuMemcpyAsync may be run by the driver on SMs.
   CUresult (*cuMemcpyBatchAsync)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*,
                                  size_t*, size_t, CUstream);
+  // Exportable memory for the route's arenas (route_memory.cc); also part of `ce_ok`.
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                          unsigned long long);
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long);
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+  CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
+                                            CUmemAllocationGranularity_flags);
+  CUresult (*cuMemExportToShareableHandle)(void*, CUmemGenericAllocationHandle,
+                                           CUmemAllocationHandleType, unsigned long long);
+  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,
+                                             CUmemAllocationHandleType);
+  CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode*);
 
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
@@ -51,6 +68,9 @@ struct CudaDriver {
 
 // nullptr when no CUDA driver can be loaded. Loads libcuda.so.1 on first use only.
 const CudaDriver* cuda_driver();
+
+// The ordinal of the calling thread's current device, -1 when there is none (or no driver).
+int current_device();
 
 // Text for a CUresult ("CUDA_ERROR_..."), never NULL.
 const char* cuda_error_string(CUresult r);

@@ -28,22 +28,14 @@ uint64_t nccl_type_size(int datatype) {
 }
 
 RouteDecision choose_allgather_route(const RouteInputs& in) {
-  if (in.mode == AllGatherMode::kOff) return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER=off"};
+  if (in.mode != AllGatherMode::kAuto && in.mode != AllGatherMode::kZerocta)
+    return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER does not ask for the copy-engine route"};
   if (!in.bytes_valid) return {AgRoute::kPassthrough, "invalid datatype or size: NCCL decides"};
   if (in.total_bytes == 0) return {AgRoute::kPassthrough, "empty all-gather"};
-  if (in.app_windows) return {AgRoute::kNcclCe, "buffers are in application-registered windows"};
-  if (in.mode == AllGatherMode::kNccl)
-    return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER=nccl and the buffers are not in windows"};
-  if (!in.ce_ready)
+  if (!in.committed)
     return {AgRoute::kPassthrough,
-            in.ce_missing && *in.ce_missing ? in.ce_missing : "copy-engine pool not ready"};
-  if (in.mode == AllGatherMode::kNcclStaged)
-    return in.total_bytes < in.min_bytes
-               ? RouteDecision{AgRoute::kPassthrough, "below ZEROCTA_MIN_BYTES"}
-               : RouteDecision{AgRoute::kNcclStaged, "ZEROCTA_ALLGATHER=nccl-staged"};
+            in.why_not && *in.why_not ? in.why_not : "the route was not agreed"};
   if (in.mode == AllGatherMode::kZerocta) return {AgRoute::kCe, "ZEROCTA_ALLGATHER=zerocta"};
-  if (in.auto_max_ranks != 0 && in.nranks > in.auto_max_ranks)
-    return {AgRoute::kPassthrough, "more ranks than ZEROCTA_AUTO_MAX_RANKS"};
   if (in.total_bytes < in.min_bytes) return {AgRoute::kPassthrough, "below ZEROCTA_MIN_BYTES"};
   return {AgRoute::kCe, "at or above ZEROCTA_MIN_BYTES"};
 }

@@ -1,8 +1,8 @@
-// The one routing predicate for all-gathers. Pure: its inputs are either agreed by every rank
-// (the copy-engine pool, the config fingerprint) or properties of the op that NCCL requires
-// to be identical on every rank (count, datatype). The only local input, `app_windows`,
-// mirrors a collective fact: window registration is collective, so an SPMD application
-// that registered its buffers did so on every rank.
+// The one routing predicate for all-gathers. Pure, and every input is alike on every rank:
+// whether the communicator's route was committed (agreed by every rank, route_setup.h), the
+// settings (in the agreed fingerprint), and the op's count and datatype, which NCCL requires
+// to be equal on every rank. Nothing local — addresses, in-place-ness, memory type, capture
+// state — may enter here: a rank-divergent route is a hang.
 #pragma once
 
 #include <cstdint>
@@ -11,18 +11,15 @@
 
 namespace zc {
 
-enum class AgRoute { kPassthrough, kCe, kNcclCe, kNcclStaged };
+enum class AgRoute { kPassthrough, kCe };
 
 struct RouteInputs {
   AllGatherMode mode = AllGatherMode::kAuto;
-  bool ce_ready = false;        // the comm's pool was agreed by every rank
-  const char* ce_missing = "";  // why not, when !ce_ready
-  uint64_t total_bytes = 0;     // sendcount * typesize * nranks
-  bool bytes_valid = true;      // datatype known and no overflow
+  bool committed = false;    // every rank agreed on the route for this communicator
+  const char* why_not = "";  // why not, when !committed
+  uint64_t total_bytes = 0;  // sendcount * typesize * nranks
+  bool bytes_valid = true;   // datatype known and no overflow
   uint64_t min_bytes = 0;
-  uint64_t nranks = 0;          // the communicator's size
-  uint64_t auto_max_ranks = 0;  // auto routes only communicators up to this size (0 = any)
-  bool app_windows = false;     // both buffers lie in windows the application registered
 };
 
 struct RouteDecision {

@@ -16,13 +16,19 @@ void announce(const Config& c) {
     ZC_WARN(
         "ZEROCTA_STRICT=1: NCCL calls fail with ncclInvalidUsage until the values above are "
         "fixed");
+  // Read now, at the first NCCL call, not at load: a process that never calls NCCL (a
+  // compiler, nvidia-smi, a worker the preload reached) must stay silent.
+  for (const UnknownVar& u : find_unknown_vars_in_environment())
+    ZC_WARN("%s", unknown_var_line(u).c_str());
   ZC_INFO(
-      "config: ZEROCTA_ENABLE=%d ZEROCTA_CTA_POLICY=%s%s ZEROCTA_ALLGATHER=%s "
-      "ZEROCTA_MIN_BYTES=%llu ZEROCTA_POOL_BYTES=%llu ZEROCTA_CHUNK_BYTES=%llu "
-      "ZEROCTA_CE_DIRECTION=%s "
+      "config: zerocta %s ZEROCTA_ENABLE=%d ZEROCTA_STRICT=%d ZEROCTA_CTA_POLICY=%s%s "
+      "ZEROCTA_ALLGATHER=%s ZEROCTA_MIN_BYTES=%llu ZEROCTA_AUTO_MAX_RANKS=%llu "
+      "ZEROCTA_POOL_BYTES=%llu ZEROCTA_CHUNK_BYTES=%llu ZEROCTA_CE_DIRECTION=%s "
       "ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
-      c.enable ? 1 : 0, to_string(c.cta_policy), c.cta_policy_force ? " (forced)" : "",
-      to_string(c.allgather), static_cast<unsigned long long>(c.min_bytes),
+      ZEROCTA_VERSION_STRING, c.enable ? 1 : 0, c.strict ? 1 : 0, to_string(c.cta_policy),
+      c.cta_policy_force ? " (forced)" : "", to_string(c.allgather),
+      static_cast<unsigned long long>(c.min_bytes),
+      static_cast<unsigned long long>(c.auto_max_ranks),
       static_cast<unsigned long long>(c.pool_bytes), static_cast<unsigned long long>(c.chunk_bytes),
       to_string(c.ce_direction), c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
       static_cast<unsigned long long>(c.fingerprint));
@@ -36,6 +42,18 @@ void announce(const Config& c) {
 
 }  // namespace
 
+namespace {
+thread_local int t_wrapper_depth = 0;
+}  // namespace
+
+WrapperScope::WrapperScope(bool enter) : entered_(enter) {
+  if (entered_) ++t_wrapper_depth;
+}
+
+WrapperScope::~WrapperScope() {
+  if (entered_) --t_wrapper_depth;
+}
+
 Entry enter(const void* return_address) {
   static std::once_flag once;
   const Config& c = config();
@@ -45,14 +63,14 @@ Entry enter(const void* return_address) {
     if (c.enable) stats_install_reporter();
   });
   const RealNccl* real = real_nccl();
-  if (real == nullptr) return {Gate::kFail, nullptr, ncclSystemError};
-  if (address_in_real_nccl(return_address)) {
+  if (real == nullptr) return {Gate::kFail, nullptr, ncclSystemError, {}};
+  if (t_wrapper_depth > 0 || address_in_real_nccl(return_address)) {
     if (c.enable) stats_inner_call();
-    return {Gate::kInner, real, ncclSuccess};
+    return {Gate::kInner, real, ncclSuccess, {}};
   }
-  if (c.strict && !c.errors.empty()) return {Gate::kFail, real, ncclInvalidUsage};
-  if (!c.enable) return {Gate::kForward, real, ncclSuccess};
-  return {Gate::kActive, real, ncclSuccess};
+  if (c.strict && !c.errors.empty()) return {Gate::kFail, real, ncclInvalidUsage, {}};
+  if (!c.enable) return {Gate::kForward, real, ncclSuccess, WrapperScope(true)};
+  return {Gate::kActive, real, ncclSuccess, WrapperScope(true)};
 }
 
 }  // namespace zc

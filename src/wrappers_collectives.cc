@@ -1,25 +1,40 @@
 // Collectives: counted and NVTX-annotated; all-gathers routed by choose_allgather_route();
-// NCCL-CE-capable ops on app windows moved off the legacy default stream (NCCL 2.28 bug).
+// NCCL-CE-capable ops on app windows moved off the legacy default stream on the NCCL versions
+// that fail them there; group ends run what zerocta deferred to them (group_state.h).
 #include <cuda.h>
 
 #include "ce_allgather.h"
-#include "ce_setup.h"
+#include "comm_create.h"
 #include "comm_state.h"
 #include "config.h"
+#include "group_calls.h"
 #include "group_state.h"
 #include "log.h"
-#include "nonblocking_setup.h"
 #include "nvtx_ranges.h"
+#include "real_nccl.h"
 #include "route.h"
+#include "route_setup.h"
 #include "shim_entry.h"
-#include "staged_allgather.h"
 #include "stats.h"
 
 namespace zc {
 namespace {
 
+// NCCL 2.28.0 to 2.29.6 fail a CE op on the legacy default stream (fixed in 2.29.7).
+bool legacy_stream_bug() {
+  const int v = real_nccl_version();
+  return v >= 22800 && v < 22907;
+}
+
 bool is_legacy_stream(cudaStream_t s) {
   return s == nullptr || reinterpret_cast<CUstream>(s) == CU_STREAM_LEGACY;
+}
+
+// The communicator's device, asked of NCCL the first time the detour needs it.
+int comm_device(CommState& st) {
+  if (st.device < 0)
+    if (const RealNccl* nccl = real_nccl()) nccl->ncclCommCuDevice(st.comm, &st.device);
+  return st.device;
 }
 
 // Runs fn on a side stream ordered after and before the caller's legacy stream.
@@ -28,7 +43,7 @@ ncclResult_t on_side_stream(CommState& st, cudaStream_t user, Fn fn) {
   const CudaDriver* cu = cuda_driver();
   if (!cu || !cu->ce_ok) return fn(user);
   std::lock_guard<std::mutex> lock(st.issue_mu);
-  ScopedDevice dev(st.device);
+  ScopedDevice dev(comm_device(st));
   if (!st.side_stream) {
     if (cu->cuStreamCreate(&st.side_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
         cu->cuEventCreate(&st.side_events[0], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
@@ -58,8 +73,69 @@ bool in_app_window(CommState& st, const void* p) {
   return false;
 }
 
+// Whether NCCL may run this op on its CE path (buffers in the application's windows).
+bool nccl_ce_capable(const std::shared_ptr<CommState>& st, const void* buff) {
+  return st && st->zero_policy && st->has_app_windows.load() && in_app_window(*st, buff);
+}
+
+// Whether the detour applies: NCCL's CE path, the legacy stream, an NCCL with the bug, and
+// no group (inside one, NCCL launches the op later on streams zerocta cannot see).
+bool needs_detour(bool nccl_ce, cudaStream_t stream) {
+  return nccl_ce && is_legacy_stream(stream) && group_state().depth == 0 && legacy_stream_bug();
+}
+
 int poisoned_code(const std::shared_ptr<CommState>& st) {
   return st ? st->poisoned.load(std::memory_order_relaxed) : ncclSuccess;
+}
+
+// The communicator's size, for counting bytes: from the init's arguments; a child's is asked of
+// NCCL (a local query) at its first collective, when it exists for sure.
+uint64_t nranks_of(const std::shared_ptr<CommState>& st) {
+  if (st && st->nranks <= 0 && st->child)
+    if (const RealNccl* nccl = real_nccl()) nccl->ncclCommCount(st->comm, &st->nranks);
+  return st && st->nranks > 0 ? static_cast<uint64_t>(st->nranks) : 1;
+}
+
+// The route of an all-gather, from agreed facts and the op's count and datatype only.
+RouteDecision allgather_route(const std::shared_ptr<CommState>& st, size_t sendcount,
+                              ncclDataType_t datatype, uint64_t* total_bytes) {
+  const Config& cfg = config();
+  const uint64_t ts = nccl_type_size(datatype);
+  const uint64_t n = nranks_of(st);
+  RouteInputs in;
+  in.mode = cfg.allgather;
+  in.committed = st && st->route.load(std::memory_order_acquire) == RouteState::kCommitted;
+  in.why_not = st ? st->route_why : "communicator not created through zerocta";
+  in.bytes_valid = ts != 0 && sendcount <= UINT64_MAX / ts / n;
+  in.total_bytes = in.bytes_valid ? sendcount * ts * n : 0;
+  in.min_bytes = cfg.min_bytes;
+  *total_bytes = in.total_bytes;
+  return choose_allgather_route(in);
+}
+
+// The copy-engine all-gather: prepared on first use (route_setup.h), then issued.
+ncclResult_t issue_ce_allgather(const std::shared_ptr<CommState>& st, const void* sendbuff,
+                                void* recvbuff, uint64_t per_rank, uint64_t total,
+                                cudaStream_t stream) {
+  stats_count(zerocta_op_allgather, zerocta_route_ce, total);
+  NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
+  if (ncclResult_t r = route_prepare(*st); r != ncclSuccess) return r;
+  CUstream s = reinterpret_cast<CUstream>(stream);
+  return ce_allgather(*st, sendbuff, recvbuff, per_rank, s, stream_is_capturing(s));
+}
+
+ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommState>& st,
+                               const void* sendbuff, void* recvbuff, size_t sendcount,
+                               ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                               bool nccl_ce, uint64_t total) {
+  const zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;
+  stats_count(zerocta_op_allgather, route, total);
+  NvtxRange range(zerocta_op_allgather, route, total);
+  if (needs_detour(nccl_ce, stream))
+    return on_side_stream(*st, stream, [&](cudaStream_t side) {
+      return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
+    });
+  return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
 }
 
 }  // namespace
@@ -68,49 +144,36 @@ int poisoned_code(const std::shared_ptr<CommState>& st) {
 using namespace zc;
 
 // A forwarded collective: poisoned comms answer with their error, the rest is counted.
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)                \
-  ZC_EXPORT ncclResult_t name params {                                      \
-    Entry e = enter(__builtin_return_address(0));                           \
-    if (e.gate == Gate::kFail) return e.code;                               \
-    if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args); \
-    auto st = comm_lookup(comm);                                            \
-    settle_before_use(st.get());                                            \
-    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);     \
-    uint64_t bytes = (BYTES);                                               \
-    stats_count(OP, zerocta_route_passthrough, bytes);                      \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);                  \
-    ZC_CALL_REAL(ncclResult_t, e, name, args);                              \
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)            \
+  ZC_EXPORT ncclResult_t name params {                                  \
+    ZC_PROLOGUE(e, name, args);                                         \
+    auto st = comm_lookup(comm);                                        \
+    settle_before_use(st.get());                                        \
+    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p); \
+    uint64_t bytes = (BYTES);                                           \
+    stats_count(OP, zerocta_route_passthrough, bytes);                  \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);              \
+    return e.real->name args;                                           \
   }
 
-// Ops NCCL 2.28 may run on copy engines (buffers in symmetric windows, zero policy): moved
-// off the legacy default stream, where NCCL 2.28.x fails them.
-#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)    \
-  ZC_EXPORT ncclResult_t name params {                                                       \
-    Entry e = enter(__builtin_return_address(0));                                            \
-    if (e.gate == Gate::kFail) return e.code;                                                \
-    if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, name, args);                  \
-    if (!e.real->name) {                                                                     \
-      warn_missing_function(#name);                                                          \
-      return ncclInternalError;                                                              \
-    }                                                                                        \
-    auto st = comm_lookup(comm);                                                             \
-    settle_before_use(st.get());                                                             \
-    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);                      \
-    uint64_t bytes = (BYTES);                                                                \
-    bool nccl_ce =                                                                           \
-        st && st->zero_policy && st->has_app_windows.load() && in_app_window(*st, recvbuff); \
-    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;     \
-    stats_count(OP, route, bytes);                                                           \
-    NvtxRange range(OP, route, bytes);                                                       \
-    if (nccl_ce && is_legacy_stream(stream_arg) && group_state().depth == 0)                 \
-      return on_side_stream(*st, stream_arg,                                                 \
-                            [&](cudaStream_t side) { return e.real->name args_on_side; });   \
-    return e.real->name args;                                                                \
+// Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
+// legacy default stream where NCCL fails them there.
+#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)  \
+  ZC_EXPORT ncclResult_t name params {                                                     \
+    ZC_PROLOGUE(e, name, args);                                                            \
+    auto st = comm_lookup(comm);                                                           \
+    settle_before_use(st.get());                                                           \
+    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);                    \
+    uint64_t bytes = (BYTES);                                                              \
+    const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                    \
+    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;   \
+    stats_count(OP, route, bytes);                                                         \
+    NvtxRange range(OP, route, bytes);                                                     \
+    if (needs_detour(nccl_ce, stream_arg))                                                 \
+      return on_side_stream(*st, stream_arg,                                               \
+                            [&](cudaStream_t side) { return e.real->name args_on_side; }); \
+    return e.real->name args;                                                              \
   }
-
-static uint64_t nranks_of(const std::shared_ptr<CommState>& st) {
-  return st && st->nranks > 0 ? static_cast<uint64_t>(st->nranks) : 1;
-}
 
 ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count* nccl_type_size(datatype), ncclAllReduce,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
@@ -163,113 +226,65 @@ ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_scatter, count* nccl_type_size(datatype), nc
 ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                      ncclDataType_t datatype, ncclComm_t comm,
                                      cudaStream_t stream) {
-  Entry e = enter(__builtin_return_address(0));
-  if (e.gate == Gate::kFail) return e.code;
-  if (e.gate != Gate::kActive)
-    ZC_CALL_REAL(ncclResult_t, e, ncclAllGather,
-                 (sendbuff, recvbuff, sendcount, datatype, comm, stream));
-  if (!e.real->ncclAllGather) {
-    warn_missing_function("ncclAllGather");
-    return ncclInternalError;
-  }
+  ZC_PROLOGUE(e, ncclAllGather, (sendbuff, recvbuff, sendcount, datatype, comm, stream));
   auto st = comm_lookup(comm);
-  settle_before_use(st.get());  // a non-blocking comm's pool, before its first operation
+  settle_before_use(st.get());
+  if (st && route_peer_poison(*st) != ncclSuccess) route_poison(*st, ncclRemoteError);
   if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);
-  const Config& cfg = config();
-  const uint64_t ts = nccl_type_size(datatype);
-  const uint64_t n = nranks_of(st);
-  RouteInputs in;
-  in.mode = cfg.allgather;
-  in.ce_ready = st && st->ce_ready.load(std::memory_order_acquire);
-  in.ce_missing = st ? st->ce_missing : "communicator not created through zerocta";
-  in.bytes_valid = ts != 0 && sendcount <= UINT64_MAX / ts / n;
-  in.total_bytes = in.bytes_valid ? sendcount * ts * n : 0;
-  in.min_bytes = cfg.min_bytes;
-  in.nranks = n;
-  in.auto_max_ranks = cfg.auto_max_ranks;
-  in.app_windows = st && st->zero_policy && st->has_app_windows.load() &&
-                   in_app_window(*st, sendbuff) && in_app_window(*st, recvbuff);
-  RouteDecision d = choose_allgather_route(in);
-  // Capture changes only which of our slots and streams the op uses, never the route.
-  const bool pooled = d.route == AgRoute::kCe || d.route == AgRoute::kNcclStaged;
-  const bool capturing = pooled && stream_is_capturing(reinterpret_cast<CUstream>(stream));
-  ZC_DEBUG("ncclAllGather %llu B: route %d (%s)", static_cast<unsigned long long>(in.total_bytes),
-           static_cast<int>(d.route), d.why);
-  if (pooled) {
-    const uint64_t per_rank = sendcount * ts;
-    const bool staged = d.route == AgRoute::kNcclStaged;
-    auto issue = [st, sendbuff, recvbuff, per_rank, stream, capturing, staged,
-                  total = in.total_bytes]() {
-      const zerocta_route_t route = staged ? zerocta_route_nccl_staged : zerocta_route_ce;
-      stats_count(zerocta_op_allgather, route, total);
-      NvtxRange range(zerocta_op_allgather, route, total);
-      CUstream s = reinterpret_cast<CUstream>(stream);
-      return staged ? staged_allgather(*st, sendbuff, recvbuff, per_rank, s, capturing)
-                    : ce_allgather(*st, sendbuff, recvbuff, per_rank, s, capturing);
-    };
-    GroupState& g = group_state();
-    if (g.depth > 0) {
-      g.pending_ops.push_back(issue);
-      return ncclSuccess;
-    }
-    return issue();
-  }
-  zerocta_route_t route =
-      d.route == AgRoute::kNcclCe ? zerocta_route_nccl_ce : zerocta_route_passthrough;
-  stats_count(zerocta_op_allgather, route, in.total_bytes);
-  NvtxRange range(zerocta_op_allgather, route, in.total_bytes);
-  if (d.route == AgRoute::kNcclCe && is_legacy_stream(stream) && group_state().depth == 0)
-    return on_side_stream(*st, stream, [&](cudaStream_t side) {
-      return e.real->ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
+  // Whether NCCL may take its own CE path (the application's windows) only matters for the
+  // legacy-stream detour of a forwarded op; it never enters the route (placement is local).
+  const bool nccl_ce = nccl_ce_capable(st, sendbuff) && nccl_ce_capable(st, recvbuff);
+  const uint64_t per_rank = sendcount * nccl_type_size(datatype);
+  const RealNccl& real = *e.real;
+  GroupState& g = group_state();
+  if (g.depth > 0 && st && st->route.load() == RouteState::kJoined) {
+    // Created in this same group: its membership freezes at the group's end, and so the route
+    // is chosen there, the same way on every rank.
+    g.pending_ops.push_back([=, &real]() {
+      settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
+      uint64_t total = 0;
+      if (allgather_route(st, sendcount, datatype, &total).route == AgRoute::kCe)
+        return issue_ce_allgather(st, sendbuff, recvbuff, per_rank, total, stream);
+      return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                               nccl_ce, total);
     });
-  return e.real->ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+    return ncclSuccess;
+  }
+  uint64_t total = 0;
+  const RouteDecision d = allgather_route(st, sendcount, datatype, &total);
+  ZC_DEBUG("ncclAllGather %llu B: %s (%s)", static_cast<unsigned long long>(total),
+           d.route == AgRoute::kCe ? "copy-engine route" : "NCCL", d.why);
+  if (d.route != AgRoute::kCe)
+    return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                             nccl_ce, total);
+  if (g.depth > 0) {  // issued after NCCL's part of the group, in program order
+    g.pending_ops.push_back(
+        [=]() { return issue_ce_allgather(st, sendbuff, recvbuff, per_rank, total, stream); });
+    return ncclSuccess;
+  }
+  return issue_ce_allgather(st, sendbuff, recvbuff, per_rank, total, stream);
 }
 
 ZC_EXPORT ncclResult_t ncclGroupStart() {
-  Entry e = enter(__builtin_return_address(0));
-  if (e.gate == Gate::kFail) return e.code;
-  if (e.gate == Gate::kActive) group_state().depth++;
-  ZC_CALL_REAL(ncclResult_t, e, ncclGroupStart, ());
+  ZC_PROLOGUE(e, ncclGroupStart, ());
+  return group_start(*e.real);
 }
 
 ZC_EXPORT ncclResult_t ncclGroupEnd() {
-  Entry e = enter(__builtin_return_address(0));
-  if (e.gate == Gate::kFail) return e.code;
-  if (e.gate != Gate::kActive) ZC_CALL_REAL(ncclResult_t, e, ncclGroupEnd, ());
-  if (!e.real->ncclGroupEnd) {
-    warn_missing_function("ncclGroupEnd");
-    return ncclInternalError;
-  }
-  GroupState& g = group_state();
-  ncclResult_t r = e.real->ncclGroupEnd();
-  if (g.depth > 0) g.depth--;
-  if (g.depth > 0) return r;
-  // Outermost end: NCCL's part is launched; now ours, in program order.
-  g.nonblocking_batch.reset();
-  auto setups = std::move(g.pending_setup);
-  auto ops = std::move(g.pending_ops);
-  g.pending_setup.clear();
-  g.pending_ops.clear();
-  if (r == ncclSuccess && !setups.empty()) ce_setup(setups);
-  for (auto& op : ops) {
-    ncclResult_t o = op();
-    if (r == ncclSuccess) r = o;
-  }
-  return r;
+  ZC_PROLOGUE(e, ncclGroupEnd, ());
+  return group_end(*e.real);
 }
 
 // Simulation ends the group without launching anything: nothing of ours is issued either.
+// The comms created in it stay joined until their first use or teardown.
 ZC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  Entry e = enter(__builtin_return_address(0));
-  if (e.gate == Gate::kFail) return e.code;
-  if (e.gate == Gate::kActive) {
-    GroupState& g = group_state();
-    if (g.depth > 0) g.depth--;
-    if (g.depth == 0) {
-      g.pending_ops.clear();
-      g.pending_setup.clear();
-      g.nonblocking_batch.reset();
-    }
+  ZC_PROLOGUE(e, ncclGroupSimulateEnd, (simInfo));
+  GroupState& g = group_state();
+  if (g.depth > 0) g.depth--;
+  if (g.depth == 0) {
+    g.pending_ops.clear();
+    g.pending_joins.clear();
+    g.pending_freezes.clear();
   }
-  ZC_CALL_REAL(ncclResult_t, e, ncclGroupSimulateEnd, (simInfo));
+  return e.real->ncclGroupSimulateEnd(simInfo);
 }

@@ -9,9 +9,6 @@
 // (ZEROCTA_CE_TRACE_BYTES per rank, default 256 MiB) as CSV lines, FILE.rank<N>: the timeline
 // that shows where an op's time goes (copy-in, pulls, flags, gaps).
 //
-// ZEROCTA_CE_ROUTE_MODE=nccl-staged checks the nccl-staged route the same way: NCCL's own CE
-// all-gather inside the pool plus local copies in and out, still without a kernel.
-//
 // Without the shim the test skips: there is no zerocta route to check.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -33,18 +30,11 @@
 namespace zgpu {
 namespace {
 
-bool staged_mode() {
-  const char* m = getenv("ZEROCTA_CE_ROUTE_MODE");
-  return m != nullptr && strcmp(m, "nccl-staged") == 0;
-}
-
 uint64_t ce_route_calls() {
   GetStatsFn get = shim_get_stats();
   zerocta_stats_t s{};
   if (get == nullptr || get(&s) != 0) return 0;
-  return s
-      .counters[zerocta_op_allgather][staged_mode() ? zerocta_route_nccl_staged : zerocta_route_ce]
-      .calls;
+  return s.counters[zerocta_op_allgather][zerocta_route_ce].calls;
 }
 
 struct Buffers {
@@ -298,8 +288,7 @@ TEST(CeRoute, LaunchesNoKernels) {
   if (getenv("LD_PRELOAD") == nullptr || strstr(getenv("LD_PRELOAD"), "libzerocta") == nullptr)
     GTEST_SKIP() << "libzerocta.so is not in LD_PRELOAD: no copy-engine route to check";
   // Set before any rank calls NCCL; the library reads its configuration once.
-  setenv("ZEROCTA_ALLGATHER", staged_mode() ? "nccl-staged" : "zerocta", 1);
-  if (staged_mode()) setenv("ZEROCTA_MIN_BYTES", "0", 1);
+  setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
   RunOptions options = default_run_options(300);
   options.before_cuda = [](int) { cupti_start(); };
   const int nranks = static_cast<int>(env_long("ZEROCTA_CE_ROUTE_RANKS", 2));

@@ -1,15 +1,15 @@
 // Communicator churn: cycles of ncclCommInitRankConfig / one all-gather / ncclCommDestroy on
-// two ranks must not leak. zerocta sets a communicator's copy-engine pool up at creation
-// (src/ce_setup.cc: facts all-gather, agreement, ncclMemAlloc, window registration, streams and
-// events) and tears it down in ncclCommDestroy, so with the shim and ZEROCTA_ALLGATHER=zerocta
-// (set by the test; ZEROCTA_CYCLES_ALLGATHER overrides) every cycle creates and frees a whole
-// pool, and its all-gather runs on it. Without the shim the same test measures NCCL alone.
+// two ranks must not leak. With the shim and ZEROCTA_ALLGATHER=zerocta (set by the test;
+// ZEROCTA_CYCLES_ALLGATHER overrides) every cycle joins a channel in /dev/shm, allocates and
+// exports an arena, maps the peer's at its all-gather and frees all of it in ncclCommDestroy
+// (src/route_setup.h). Without the shim the same test measures NCCL alone.
 //
-// Host RSS (/proc/self/statm) and GPU memory in use (cudaMemGetInfo: total - free) are
-// sampled on every rank after cycle 10 (warm-up: first-use caches) and after the last one;
-// the test fails if either grew by more than ZEROCTA_CYCLES_MAX_GROWTH_MIB (64) on any rank,
-// if any all-gather was wrong, or (with the shim) if a cycle went without its pool or the
-// pool gauge does not return to 0.
+// Host RSS (/proc/self/statm), GPU memory in use (cudaMemGetInfo: total - free), open file
+// descriptors, threads and zerocta entries in /dev/shm are sampled on every rank after cycle 10
+// (warm-up: first-use caches, the fd service's thread) and after the last one; the test fails
+// if memory grew by more than ZEROCTA_CYCLES_MAX_GROWTH_MIB (64) on any rank, if descriptors,
+// threads or /dev/shm entries grew at all, if any all-gather was wrong, or (with the shim) if a
+// cycle went without its route or the route memory gauge does not return to 0.
 //
 //   ZEROCTA_CYCLES            cycles (default 1000; unset, the count is lowered to what fits
 //                             ZEROCTA_CYCLES_BUDGET_S (150), but not below 100, once the
@@ -21,6 +21,7 @@
 //                             process groups down in the background churns; NCCL's destroy is
 //                             most of a cycle). Memory is sampled with nothing pending.
 #include <cuda_runtime.h>
+#include <dirent.h>
 #include <nccl.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <mutex>
@@ -73,8 +75,9 @@ struct CycleReport {
   int64_t target;        // rank 0 only: cycles to run (agreed after the warm-up)
   int64_t cycles_done;
   int64_t rss_warm, rss_end, gpu_warm, gpu_end;  // bytes
-  int64_t init_ns, allgather_ns, destroy_ns;     // sums over the cycles
-  int64_t wall_ns;                               // the whole loop
+  int64_t fds_warm, fds_end, threads_warm, threads_end, shm_warm, shm_end;
+  int64_t init_ns, allgather_ns, destroy_ns;  // sums over the cycles
+  int64_t wall_ns;                            // the whole loop
   uint64_t bad_bytes;
   int32_t shim;
   uint64_t ce_calls, passthrough_calls, comms_ce_ready, pool_bytes_end;
@@ -87,6 +90,17 @@ int64_t rss_bytes() {
   long long size = 0, resident = 0;
   if (!(statm >> size >> resident)) fail("cannot read /proc/self/statm");
   return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Entries of a /proc directory (fds, tasks) or zerocta entries of /dev/shm.
+int64_t count_entries(const char* dir, const char* prefix = "") {
+  int64_t n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.' && strncmp(e->d_name, prefix, strlen(prefix)) == 0) ++n;
+    closedir(d);
+  }
+  return n;
 }
 
 int64_t gpu_used_bytes() {
@@ -216,6 +230,9 @@ int cycles_rank(const RankContext& ctx, const Knobs& k) {
       destroyer.drain();
       me->rss_warm = rss_bytes();
       me->gpu_warm = gpu_used_bytes();
+      me->fds_warm = count_entries("/proc/self/fd");
+      me->threads_warm = count_entries("/proc/self/task");
+      me->shm_warm = count_entries("/dev/shm", "zerocta-");
       if (ctx.rank == 0 && k.cycles <= 0) r0->target = adapted_target(k, now_ns() - start);
     }
   }
@@ -224,6 +241,9 @@ int cycles_rank(const RankContext& ctx, const Knobs& k) {
   me->wall_ns = now_ns() - start;
   me->rss_end = rss_bytes();
   me->gpu_end = gpu_used_bytes();
+  me->fds_end = count_entries("/proc/self/fd");
+  me->threads_end = count_entries("/proc/self/task");
+  me->shm_end = count_entries("/dev/shm", "zerocta-");
   GetStatsFn get = shim_get_stats();
   zerocta_stats_t s{};
   me->shim = get != nullptr;
@@ -260,18 +280,20 @@ TEST(CommCycles, InitAllGatherDestroyDoesNotLeak) {
     const long measured = n - kWarmupCycles;
     const double per_cycle_kib =
         measured > 0 ? static_cast<double>(std::max(rss_growth, gpu_growth)) / 1024 / measured : 0;
-    const bool route_ok = !r.shim || k.allgather != "zerocta" ||
+    const bool route_ok = !r.shim || (k.allgather != "zerocta" && k.allgather != "auto") ||
                           (r.comms_ce_ready == static_cast<uint64_t>(n) &&
                            r.ce_calls == static_cast<uint64_t>(n) && r.pool_bytes_end == 0);
+    const bool handles_flat =
+        r.fds_end <= r.fds_warm && r.threads_end <= r.threads_warm && r.shm_end <= r.shm_warm;
     const bool ok = n > kWarmupCycles && rss_growth <= limit && gpu_growth <= limit &&
-                    r.bad_bytes == 0 && route_ok;
+                    r.bad_bytes == 0 && route_ok && handles_flat;
     pass = pass && ok;
     printf(
         "RELIABILITY cycles rank=%d cycles=%ld route=%s destroy_lag=%ld ms_per_cycle=%.1f "
         "(init %.1f, all-gather %.1f, destroy %.1f) rss_MiB at_cycle_%ld=%.1f end=%.1f growth=%.1f "
         "gpu_used_MiB at_cycle_%ld=%.1f end=%.1f growth=%.1f (limit %ld) "
         "largest_growth_per_cycle=%.1fKiB comms_with_pool=%llu pool_bytes_at_end=%llu "
-        "bad_bytes=%llu\n",
+        "bad_bytes=%llu fds=%lld->%lld threads=%lld->%lld shm_entries=%lld->%lld\n",
         rank, n,
         !r.shim          ? "nccl(no shim)"
         : r.ce_calls > 0 ? "zerocta-ce"
@@ -284,7 +306,12 @@ TEST(CommCycles, InitAllGatherDestroyDoesNotLeak) {
         mib(gpu_growth), k.max_growth_mib, per_cycle_kib,
         static_cast<unsigned long long>(r.comms_ce_ready),
         static_cast<unsigned long long>(r.pool_bytes_end),
-        static_cast<unsigned long long>(r.bad_bytes));
+        static_cast<unsigned long long>(r.bad_bytes), static_cast<long long>(r.fds_warm),
+        static_cast<long long>(r.fds_end), static_cast<long long>(r.threads_warm),
+        static_cast<long long>(r.threads_end), static_cast<long long>(r.shm_warm),
+        static_cast<long long>(r.shm_end));
+    EXPECT_TRUE(handles_flat) << "rank " << rank
+                              << ": descriptors, threads or /dev/shm entries grew";
     EXPECT_GT(n, kWarmupCycles) << "rank " << rank << " did not get past the warm-up";
     EXPECT_LE(rss_growth, limit) << "rank " << rank << ": host memory grew";
     EXPECT_LE(gpu_growth, limit) << "rank " << rank << ": GPU memory grew";

@@ -13,15 +13,20 @@
 //       it; a second thread on rank 0 calls ncclCommAbort. Rank 0's stream must drain within
 //       ZEROCTA_FAULT_ABORT_BOUND_S; then rank 1 issues its side, aborts too, and drains. Guard
 //       bytes around every output must keep their poison (no stray copy), and both exit 0.
+//   FaultAbort.AbortReleasesWaitingGraphReplays   the same with the all-gathers queued as
+//       replays of a graph captured in global mode.
 //   PoolOom.HugePoolOnEveryRank / PoolOom.HugePoolOnOneRank   ZEROCTA_POOL_BYTES larger
-//       than any GPU (ZEROCTA_FAULT_OOM_POOL, default 1T) on every rank (ncclMemAlloc fails
-//       everywhere) or on rank 1 only (the configurations differ): every rank passes through,
-//       results are bitwise right, and the reason is logged exactly once for two
-//       communicators.
-//   PoolWindow.*   NCCL_WIN_ENABLE=0 on every rank (NCCL gives no usable window) or on rank 1
-//       only (the facts differ): every rank passes through, bitwise right, one WARN.
+//       than any GPU (ZEROCTA_FAULT_OOM_POOL, default 1T) on every rank (the arena's cuMemCreate
+//       fails everywhere) or on rank 1 only (the settings differ): every rank passes through,
+//       results are bitwise right, and each rank that asked for the route logs the reason
+//       once for two communicators.
+//   Capture.DiscardedAndRetriedOnOneRank   rank 0 discards a capture and captures again, rank 1
+//       captures once; replays and later eager all-gathers complete, bitwise right.
+//   Channel.*   ranks that cannot meet: rank 1 without the shim's work (ZEROCTA_ENABLE=0), or
+//       in another channel directory (as if on another host): pass-through, no hang.
 //   ConfigMismatch.*   ZEROCTA_ALLGATHER differing across ranks (zerocta vs nccl, off vs
-//       auto): no hang, every rank passes through, one WARN; nccl on every rank: no WARN.
+//       auto): no hang, every rank passes through, a WARN from the rank that asked for the
+//       route; nccl on every rank: no WARN.
 //
 // Every test prints one "RELIABILITY <test> ... verdict=PASS|FAIL" line for the summary of
 // run_reliability.sh. Knobs: ZEROCTA_FAULT_BYTES (64M total output per all-gather),
@@ -31,6 +36,7 @@
 #include <fcntl.h>
 #include <nccl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -153,6 +159,31 @@ class Gathers {
     }
     return done_;
   }
+  // Issues the same all-gather as a CUDA graph replay: captured once (global capture mode, as
+  // PyTorch captures), then launched.
+  bool issue_replay(ncclResult_t* res) {
+    if (exec_ == nullptr) {
+      cudaGraph_t graph = nullptr;
+      ZG_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+      *res = ncclAllGather(send_, out(), per_rank_, ncclUint8, comm_, stream_);
+      ZG_CUDA(cudaStreamEndCapture(stream_, &graph));
+      if (*res != ncclSuccess) return false;
+      ZG_CUDA(cudaGraphInstantiate(&exec_, graph, 0));
+    }
+    ZG_CUDA(cudaGraphLaunch(exec_, stream_));
+    ZG_CUDA(cudaEventRecord(events_[issued_ % kWindow], stream_));
+    ++issued_;
+    return true;
+  }
+  // Captures one all-gather into a graph and throws the graph away, launching nothing.
+  void capture_and_discard() {
+    cudaGraph_t graph = nullptr;
+    ZG_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    const ncclResult_t res = ncclAllGather(send_, out(), per_rank_, ncclUint8, comm_, stream_);
+    ZG_CUDA(cudaStreamEndCapture(stream_, &graph));
+    if (res != ncclSuccess) fail(std::string("captured ncclAllGather: ") + ncclGetErrorString(res));
+    ZG_CUDA(cudaGraphDestroy(graph));
+  }
   long issued() const { return issued_; }
   bool window_open() { return completed() > issued_ - kWindow; }
   cudaError_t event_error() const { return error_; }
@@ -200,6 +231,7 @@ class Gathers {
   cudaEvent_t events_[kWindow] = {};
   long issued_ = 0, done_ = 0;
   cudaError_t error_ = cudaSuccess;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 // One all-gather, waited for and checked: the route works before any fault is injected.
@@ -421,7 +453,8 @@ bool abort_from_thread(ncclComm_t comm, Report* r, int64_t deadline_ns) {
   return true;
 }
 
-int abort_rank(const RankContext& ctx, const Knobs& k) {
+// `graph`: the queued all-gathers are replays of a captured graph rather than eager ops.
+int abort_rank(const RankContext& ctx, const Knobs& k, bool graph) {
   ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig);
   Gathers g(comm, ctx, k.op_bytes);
   warm_up(g, "FaultAbort");
@@ -438,7 +471,7 @@ int abort_rank(const RankContext& ctx, const Knobs& k) {
   }
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < kWindow; ++i) {
-    if (g.issue(&res)) continue;
+    if (graph ? g.issue_replay(&res) : g.issue(&res)) continue;
     // Rank 1 issues after its peer aborted: NCCL may already refuse (asynchronous error).
     if (ctx.rank == 0) fail(std::string("ncclAllGather returned ") + ncclGetErrorString(res));
     break;
@@ -478,11 +511,11 @@ int abort_rank(const RankContext& ctx, const Knobs& k) {
   return r->bad_guard == 0 ? 0 : 1;
 }
 
-TEST(FaultAbort, AbortReleasesQueuedOps) {
+void run_abort(bool graph) {
   ZG_REQUIRE_GPUS(kRanks);
   const Knobs k;
   RunResult result = run_ranks(
-      kRanks, [&k](const RankContext& ctx) { return abort_rank(ctx, k); },
+      kRanks, [&k, graph](const RankContext& ctx) { return abort_rank(ctx, k, graph); },
       fault_options(k, static_cast<int>(2 * k.abort_bound_s + 150)));
   bool pass = result.ok();
   for (int rank = 0; rank < kRanks; ++rank) {
@@ -501,11 +534,71 @@ TEST(FaultAbort, AbortReleasesQueuedOps) {
     EXPECT_LE(drain, static_cast<double>(k.abort_bound_s)) << "rank " << rank;
     EXPECT_EQ(r.bad_guard, 0u) << "rank " << rank << ": bytes outside the output were written";
   }
-  printf("RELIABILITY abort verdict=%s\n", pass ? "PASS" : "FAIL");
+  printf("RELIABILITY abort%s verdict=%s\n", graph ? "-graph" : "", pass ? "PASS" : "FAIL");
   fflush(stdout);
   EXPECT_TRUE(result.ok()) << result.summary();
   if (report_of(0)->shim && k.allgather == "zerocta") {
     EXPECT_GT(report_of(0)->ce_calls, 0u) << "the copy-engine route was not taken";
+  }
+}
+
+TEST(FaultAbort, AbortReleasesQueuedOps) { run_abort(false); }
+
+// The same with the all-gathers queued as replays of a captured graph: the replay's waits are
+// released too, and the memory it uses stays mapped (no fault after the abort).
+TEST(FaultAbort, AbortReleasesWaitingGraphReplays) { run_abort(true); }
+
+// ------------------------------------------------------------------------ Capture
+
+// Waits for every issued all-gather and checks the output.
+void finish_and_verify(Gathers& g, const std::string& what) {
+  const int64_t deadline = now_ns() + static_cast<int64_t>(op_timeout_s() * 1e9);
+  while (g.completed() < g.issued()) {
+    if (g.event_error() != cudaSuccess) fail(what + ": failed on the device");
+    if (now_ns() > deadline) fail(what + ": did not complete (hang)");
+    heartbeat();
+    sleep_ms(1);
+  }
+  uint64_t bad_guard = 0;
+  if (uint64_t bad = g.verify(&bad_guard); bad != 0 || bad_guard != 0)
+    fail(what + ": " + std::to_string(bad) + " bad bytes, " + std::to_string(bad_guard) +
+         " guard bytes changed");
+}
+
+// Rank 0 captures an all-gather, discards the graph and captures it again; rank 1 captures
+// once. Both replay their graph twice, then run eager all-gathers: nothing shifted, every
+// result right (a per-communicator slot cursor advanced at capture time would have shifted
+// rank 0's later ops by the discarded capture and hung both ranks).
+int capture_retry_rank(const RankContext& ctx) {
+  ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig);
+  Gathers g(comm, ctx, Knobs().op_bytes);
+  warm_up(g, "Capture");
+  if (ctx.rank == 0) g.capture_and_discard();
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < 2; ++i)
+    if (!g.issue_replay(&res)) fail(std::string("captured all-gather: ") + ncclGetErrorString(res));
+  finish_and_verify(g, "graph replays");
+  for (int i = 0; i < 3; ++i)
+    if (!g.issue(&res)) fail(std::string("eager all-gather: ") + ncclGetErrorString(res));
+  finish_and_verify(g, "eager all-gathers after the replays");
+  Report* r = report_of(ctx.rank);
+  note_stats(r);
+  check_comm_async(comm, "Capture");
+  ZG_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST(Capture, DiscardedAndRetriedOnOneRank) {
+  ZG_REQUIRE_GPUS(kRanks);
+  const Knobs k;
+  RunResult result = run_ranks(kRanks, capture_retry_rank, fault_options(k, 180));
+  const Report& r0 = *report_of(0);
+  printf("RELIABILITY capture-retry route=%s ce_calls=%llu verdict=%s\n", route_name(r0).c_str(),
+         static_cast<unsigned long long>(r0.ce_calls), result.ok() ? "PASS" : "FAIL");
+  fflush(stdout);
+  EXPECT_TRUE(result.ok()) << result.summary();
+  if (r0.shim && k.allgather == "zerocta") {
+    EXPECT_GE(r0.ce_calls, 6u) << "the copy-engine route was not taken for every all-gather";
   }
 }
 
@@ -544,12 +637,15 @@ std::string release_stderr(int rank) {
 }
 
 // A configuration under which every rank must agree on pass-through: the environment each
-// rank sets for itself, and the reason its one WARN line must give (nullptr: no WARN at all,
-// the configuration simply asks for no pool).
+// rank sets for itself, the reason the WARN lines must give (nullptr: no WARN at all, the
+// configuration simply asks for no route), and how many ranks say it (each rank that asked
+// for the route, once per process for both communicators).
 struct AgreementCase {
   const char* name;  // for the RELIABILITY line
   void (*set_env)(int rank);
   const char* reason;
+  int warn_lines;
+  int counting_ranks = kRanks;  // ranks whose shim counts their calls (not ZEROCTA_ENABLE=0)
 };
 
 int agreement_rank(const RankContext& ctx, const AgreementCase& c) {
@@ -609,20 +705,22 @@ void run_agreement(const AgreementCase& c) {
     unlink(left.c_str());
   }
   int off_lines = 0;
+  bool reason_ok = false;
   uint64_t ce = 0, pass_calls = 0, ready = 0, bad = 0;
   for (int rank = 0; rank < kRanks; ++rank) {
     const Report& r = *report_of(rank);
     off_lines += r.off_lines;
+    reason_ok = reason_ok || r.reason_ok;
     ce += r.ce_calls;
     pass_calls += r.passthrough_calls;
     ready += r.comms_ce_ready;
     bad += r.bad_data + r.bad_guard;
   }
   const bool shim = report_of(0)->shim;
-  const int want_lines = c.reason ? 1 : 0;
-  const bool pass = result.ok() && bad == 0 &&
-                    (!shim || (off_lines == want_lines && (!c.reason || report_of(0)->reason_ok) &&
-                               ce == 0 && ready == 0));
+  const int want_lines = c.reason ? c.warn_lines : 0;
+  const bool pass =
+      result.ok() && bad == 0 &&
+      (!shim || (off_lines == want_lines && (!c.reason || reason_ok) && ce == 0 && ready == 0));
   printf(
       "RELIABILITY %s shim=%d bad_bytes=%llu ce_calls=%llu passthrough_calls=%llu "
       "comms_ce_ready=%llu warn_lines=%d verdict=%s\n",
@@ -634,17 +732,18 @@ void run_agreement(const AgreementCase& c) {
   EXPECT_EQ(bad, 0u) << "results differ from the inputs, or bytes outside the output changed";
   if (!shim) return;  // NCCL alone: only the results mean something
   EXPECT_EQ(ce, 0u) << "an all-gather took the copy-engine route without an agreed pool";
-  EXPECT_EQ(ready, 0u) << "a pool was set up";
-  EXPECT_EQ(pass_calls, 2u * 2u * 3u) << "every all-gather passes through";
-  EXPECT_EQ(off_lines, want_lines) << "the reason is logged exactly once (rank 0, one line for "
-                                      "2 comms), and nothing when no rank asked for a pool";
+  EXPECT_EQ(ready, 0u) << "a route was committed";
+  EXPECT_EQ(pass_calls, static_cast<uint64_t>(c.counting_ranks) * 2u * 3u)
+      << "every all-gather passes through";
+  EXPECT_EQ(off_lines, want_lines) << "the reason is logged once per rank that asked for the "
+                                      "route (one line for 2 comms), nothing when none did";
   if (c.reason) {
-    EXPECT_TRUE(report_of(0)->reason_ok) << "the line should say: " << c.reason;
+    EXPECT_TRUE(reason_ok) << "the line should say: " << c.reason;
   }
 }
 
-// ZEROCTA_POOL_BYTES larger than any GPU: ncclMemAlloc fails on that rank, the MIN agreement
-// (every rank) or the fingerprint (one rank) turns every rank to pass-through.
+// ZEROCTA_POOL_BYTES larger than any GPU: the arena's cuMemCreate fails on that rank (a
+// problem every rank reads in the channel), or the settings differ (the fingerprint).
 void huge_pool(int rank, bool every_rank) {
   const char* huge = getenv("ZEROCTA_FAULT_OOM_POOL") ? getenv("ZEROCTA_FAULT_OOM_POOL") : "1T";
   setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
@@ -658,46 +757,45 @@ void huge_pool(int rank, bool every_rank) {
 
 TEST(PoolOom, HugePoolOnEveryRank) {
   run_agreement({"pool-oom-all-ranks", [](int rank) { huge_pool(rank, true); },
-                 "ncclMemAlloc of the pool failed"});
+                 "could not allocate or export its route memory", 2});
 }
 
 TEST(PoolOom, HugePoolOnOneRank) {
   run_agreement({"pool-oom-one-rank", [](int rank) { huge_pool(rank, false); },
-                 "different ZEROCTA_* configurations"});
+                 "different ZEROCTA_* settings", 2});
 }
 
-// NCCL refuses the pool's window registration (NCCL_WIN_ENABLE=0) on every rank. NCCL 2.28.3
-// then returns success with a handle that is no window descriptor; either way the second
-// agreement turns every rank to pass-through, the arena is freed, one WARN about the window.
-TEST(PoolWindow, RegistrationRefusedOnEveryRank) {
-  run_agreement({"window-refused-all-ranks",
-                 [](int) {
-                   setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
-                   setenv("NCCL_WIN_ENABLE", "0", 1);
-                 },
-                 "window"});
-}
-
-// The same on rank 1 only. NCCL's registration is its own collective: a rank on which NCCL
-// skips it leaves the others waiting inside it (a hang zerocta cannot end). So the setting
-// travels with the facts and the ranks agree on pass-through before anyone registers.
-TEST(PoolWindow, RegistrationRefusedOnOneRank) {
-  run_agreement({"window-refused-one-rank",
+// Rank 1 runs the library disabled (as good as without it): rank 0 finds a GPU here that did
+// not join, passes through and says so; rank 1 says nothing.
+TEST(Channel, RouteOnOneRankOnly) {
+  run_agreement({"route-on-one-rank",
                  [](int rank) {
                    setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
-                   if (rank == 1) setenv("NCCL_WIN_ENABLE", "0", 1);
+                   if (rank == 1) setenv("ZEROCTA_ENABLE", "0", 1);
                  },
-                 "NCCL_WIN_ENABLE"});
+                 "did not join", 1, /*counting_ranks=*/1});
 }
 
-// ZEROCTA_ALLGATHER differing across ranks (once known issue 6: only ranks that wanted the
-// route ran the facts exchange, so the others never matched it and creation hung). Every
-// enabled rank now joins the exchange whatever its mode; the fingerprints differ, so every
-// rank passes through with one WARN.
+// Rank 1 meets in another directory, as a rank on another host would: neither sees the other.
+TEST(Channel, RanksThatCannotMeet) {
+  run_agreement({"channel-apart",
+                 [](int rank) {
+                   setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
+                   if (rank == 1) {
+                     const std::string dir = "/tmp/zerocta-apart-" + std::to_string(getppid());
+                     mkdir(dir.c_str(), 0700);
+                     setenv("ZEROCTA_CHANNEL_DIR", dir.c_str(), 1);
+                   }
+                 },
+                 "did not join", 2});
+}
+
+// ZEROCTA_ALLGATHER differing across ranks (once known issue 6: creation hung). A rank whose
+// mode asks for no route never joins the channel; the one that asked finds it missing.
 TEST(ConfigMismatch, RouteOnOneRankNcclOnTheOther) {
   run_agreement({"mismatch-zerocta-vs-nccl",
                  [](int rank) { setenv("ZEROCTA_ALLGATHER", rank == 0 ? "zerocta" : "nccl", 1); },
-                 "different ZEROCTA_* configurations"});
+                 "did not join", 1});
 }
 
 TEST(ConfigMismatch, AutoOnOneRankOffOnTheOther) {
@@ -706,13 +804,23 @@ TEST(ConfigMismatch, AutoOnOneRankOffOnTheOther) {
                    setenv("ZEROCTA_ALLGATHER", rank == 0 ? "off" : "auto", 1);
                    setenv("ZEROCTA_MIN_BYTES", "0", 1);
                  },
-                 "different ZEROCTA_* configurations"});
+                 "did not join", 1});
 }
 
-// The default mode everywhere: the exchange runs, agrees, and ends quietly (no pool, no WARN).
+// Different settings on ranks that both asked for the route: the fingerprints differ.
+TEST(ConfigMismatch, DifferentMinBytes) {
+  run_agreement({"mismatch-min-bytes",
+                 [](int rank) {
+                   setenv("ZEROCTA_ALLGATHER", "auto", 1);
+                   setenv("ZEROCTA_MIN_BYTES", rank == 0 ? "0" : "1M", 1);
+                 },
+                 "different ZEROCTA_* settings", 2});
+}
+
+// The default mode everywhere: nothing joins, nothing is said.
 TEST(ConfigMismatch, NcclModeOnEveryRankIsQuiet) {
   run_agreement(
-      {"agree-nccl-everywhere", [](int) { setenv("ZEROCTA_ALLGATHER", "nccl", 1); }, nullptr});
+      {"agree-nccl-everywhere", [](int) { setenv("ZEROCTA_ALLGATHER", "nccl", 1); }, nullptr, 0});
 }
 
 }  // namespace

@@ -26,3 +26,19 @@ record() {
 
 # Whether step NAME matches the ONLY regex (all steps when ONLY is empty).
 selected() { [ -z "${ONLY:-}" ] || echo "$1" | grep -Eq -- "$ONLY"; }
+
+result_of() {  # the recorded result of step $1
+  local i
+  for i in "${!NAMES[@]}"; do
+    [ "${NAMES[$i]}" = "$1" ] && echo "${RESULTS[$i]}" && return
+  done
+  echo NONE
+}
+
+# expect_in_log NAME LOG PATTERN WHAT: turns a PASS of NAME into FAIL unless LOG has PATTERN.
+expect_in_log() {
+  local name=$1 log=$2 pattern=$3 what=$4
+  if [ "$(result_of "$name")" = PASS ] && ! grep -q -- "$pattern" "$log"; then
+    record "$name" FAIL "$what"
+  fi
+}

@@ -9,9 +9,9 @@
 // result is compared bitwise with the known inputs and with pncclAllGather (NCCL's own path,
 // which the shim does not export) into a second buffer; outputs are poisoned first.
 //
-// Under LD_PRELOAD with ZEROCTA_ALLGATHER=zerocta (or nccl-staged, with ZEROCTA_MIN_BYTES=0)
-// every all-gather must be counted on that route: the pool was set up although creation
-// returned ncclInProgress. Without the shim the test checks NCCL alone.
+// Under LD_PRELOAD with ZEROCTA_ALLGATHER=zerocta every all-gather must be counted on the
+// copy-engine route: the pool was set up although creation returned ncclInProgress. Without
+// the shim the test checks NCCL alone.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -51,9 +51,6 @@ int expected_route() {
   const char* mode = getenv("ZEROCTA_ALLGATHER");
   if (shim_get_stats() == nullptr || mode == nullptr) return -1;
   if (strcmp(mode, "zerocta") == 0) return zerocta_route_ce;
-  // The shim refuses nccl-staged below NCCL 2.28.9 (this test hung it on 2.28.3).
-  if (strcmp(mode, "nccl-staged") == 0)
-    return real_nccl_version() >= 22809 ? zerocta_route_nccl_staged : zerocta_route_passthrough;
   return -1;
 }
 

@@ -87,14 +87,6 @@ run_step() {
   return $rc
 }
 
-result_of() {  # the recorded result of step $1
-  local i
-  for i in "${!NAMES[@]}"; do
-    [ "${NAMES[$i]}" = "$1" ] && echo "${RESULTS[$i]}" && return
-  done
-  echo NONE
-}
-
 # diff_step NAME A B: identical non-empty files -> PASS.
 diff_step() {
   local name=$1 a=$2 b=$3
@@ -104,14 +96,6 @@ diff_step() {
     record "$name" PASS "$(wc -l <"$a") digests identical"
   else
     record "$name" FAIL "digests differ: $OUT/$name.diff ($(grep -c '^-[^-]' "$OUT/$name.diff") lines)"
-  fi
-}
-
-# expect_in_log NAME LOG PATTERN WHAT: turns a PASS of NAME into FAIL unless LOG has PATTERN.
-expect_in_log() {
-  local name=$1 log=$2 pattern=$3 what=$4
-  if [ "$(result_of "$name")" = PASS ] && ! grep -q -- "$pattern" "$log"; then
-    record "$name" FAIL "$what"
   fi
 }
 

@@ -109,7 +109,7 @@ run_step() {
 run_step kill-shim 75 45 1 zerocta_gpu_fault_test 'FaultKill.*'
 run_step abort-shim 60 30 1 zerocta_gpu_fault_test 'FaultAbort.*'
 run_step oom-shim 75 30 1 zerocta_gpu_fault_test 'PoolOom.*'
-run_step window-shim 60 30 1 zerocta_gpu_fault_test 'PoolWindow.*'
+run_step channel-shim 60 30 1 zerocta_gpu_fault_test 'Channel.*'
 run_step mismatch-shim 90 45 1 zerocta_gpu_fault_test 'ConfigMismatch.*'
 run_step cycles-shim 150 60 1 zerocta_gpu_cycles_test 'CommCycles.*' \
   "ZEROCTA_CYCLES_BUDGET_S=${ZEROCTA_CYCLES_BUDGET_S:-80}"

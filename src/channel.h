@@ -1,0 +1,67 @@
+// A communicator's out-of-band channel: a small POSIX shared-memory segment in which the
+// ranks that run zerocta on this host meet (membership.h says why that is enough to agree).
+//
+// The segment lives in a directory (ZEROCTA_CHANNEL_DIR, default /dev/shm) under "zerocta-<key
+// hex>"; the key is a keyed hash of the communicator's identity (comm_key.h), never its raw bytes.
+// It is created complete under a private name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) and linked
+// into place, so nobody ever sees it half made; an opener checks with fstat that it is a regular
+// file of this user, mode 0600, of the expected size, and every word read from it is checked.
+// The name is unlinked once membership is frozen; the mapping stays for the poison word.
+//
+// Layout: a header (magic, version, capacity, key, the `broken` and `poison` words), then
+// `capacity` slots of {state word, MemberFacts}. A slot is claimed by a compare-and-swap of its
+// state (empty -> writing), filled, then published (-> joined, release order); a joined slot
+// never changes again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm_key.h"
+#include "membership.h"
+
+namespace zc {
+
+class Channel {
+ public:
+  // Opens (creating it if this rank is first) the channel of `key`, with `capacity` slots: the
+  // communicator's size, or the parent's for a child. nullptr with *why when this rank cannot
+  // take part; its peers then see a missing member. A segment left by a dead process is marked
+  // broken for every member (all of them pass through).
+  static std::unique_ptr<Channel> open(const std::string& dir, const CommKey& key,
+                                       uint32_t capacity, const char** why);
+  // Claims slot `mine.join_index` and publishes `mine` there. A slot claimed already marks the
+  // channel broken for every member instead.
+  void publish(const MemberFacts& mine);
+  // Adds MemberProblem bits to a published slot: what a rank found checking the members it saw
+  // after publishing (members() reports them with the facts). Must precede the rank's init.
+  void add_problems(uint32_t join_index, uint32_t problems);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Every joined slot now (bounds-checked copies).
+  std::vector<MemberFacts> members() const;
+  uint32_t broken() const;
+  // Removes the segment's name (membership is frozen: nobody else may join). Idempotent.
+  void unlink_name();
+  // The communicator's poison word: the first error a member hit after commit; peers read it.
+  void poison(int code);
+  int poisoned() const;
+  const std::string& name() const { return name_; }
+
+ private:
+  Channel() = default;
+  void* map_ = nullptr;
+  size_t bytes_ = 0;
+  uint32_t capacity_ = 0;
+  std::string dir_, name_;
+  bool linked_ = true;
+};
+
+// The number of zerocta channel entries in `dir` (tests and leak checks).
+int channel_entries(const std::string& dir);
+
+}  // namespace zc

@@ -1,0 +1,184 @@
+// A communicator's life: creation by ncclCommInitRank* (the CTA policy, and the route's join
+// before NCCL's init can complete), readiness (ncclCommGetAsyncError: the freeze of a
+// non-blocking comm, peers' poison), the application's windows, and the teardown paths.
+#include <vector>
+
+#include "comm_children.h"
+#include "comm_create.h"
+#include "comm_state.h"
+#include "cuda_driver.h"
+#include "route_setup.h"
+#include "shim_entry.h"
+#include "stats.h"
+
+namespace zc {
+namespace {
+
+// A communicator made from unique ids. Its rank and size are the call's arguments (NCCL fills
+// its own fields in only when the init completes, at a group's end); its device is the
+// current one. In the route mode every rank counts the ids, so that the key names the same
+// instance everywhere, and joins its channel when the route could engage on this size.
+template <typename Forward>
+ncclResult_t init_comm(const char* fn, ncclComm_t* out, int nranks, int rank,
+                       const ncclUniqueId* ids, int nids, const ncclConfig_t* caller,
+                       Forward forward) {
+  std::vector<unsigned char> storage;
+  PolicyResult p = policy_for(caller, NullConfig::kFresh, &storage, fn);
+  auto st = new_comm_state(p.policy, nonblocking_config(p.config, false));
+  st->rank = rank;
+  st->nranks = nranks;
+  if (route_mode() && out != nullptr && ids != nullptr && nids > 0) {
+    st->key = key_for_init(ids, nids, rank);
+    st->device = current_device();
+    if (route_wanted(nranks) && rank >= 0 && rank < nranks && st->device >= 0)
+      schedule_join(st, JoinPlan{st->key, static_cast<uint32_t>(nranks),
+                                 static_cast<uint32_t>(rank), rank, st->device});
+  }
+  ncclResult_t r = forward(p.config);
+  finish_create(st, out ? *out : nullptr, r);
+  return r;
+}
+
+// Finalize and Destroy, once NCCL accepted the call (NCCL refuses it on a non-blocking comm
+// still in progress, which then lives on): our work drains, then what is ours is freed. None
+// of it depends on NCCL's communicator.
+void release_route(ncclComm_t comm, bool remove, ncclResult_t r) {
+  stats_write_now();  // torchrun's SIGTERM and os._exit skip the exit report
+  if (r != ncclSuccess && r != ncclInProgress) return;
+  auto st = remove ? comm_remove(comm) : comm_lookup(comm);
+  if (remove) forget_children(comm);
+  if (!st) return;
+  std::lock_guard<std::mutex> lock(st->issue_mu);
+  route_teardown(*st, /*aborting=*/false);
+}
+
+}  // namespace
+}  // namespace zc
+
+using namespace zc;
+
+ZC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                              int rank, ncclConfig_t* config) {
+  ZC_PROLOGUE(e, ncclCommInitRankConfig, (comm, nranks, commId, rank, config));
+  return init_comm("ncclCommInitRankConfig", comm, nranks, rank, &commId, 1, config,
+                   [&](ncclConfig_t* c) {
+                     return e.real->ncclCommInitRankConfig(comm, nranks, commId, rank, c);
+                   });
+}
+
+// InitRank passes no config; with a policy to apply it becomes InitRankConfig with a fresh one.
+ZC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                        int rank) {
+  ZC_PROLOGUE(e, ncclCommInitRank, (comm, nranks, commId, rank));
+  if (policy_applies() && !e.real->ncclCommInitRankConfig) {
+    warn_missing_function("ncclCommInitRankConfig");
+    return ncclInternalError;
+  }
+  return init_comm("ncclCommInitRank", comm, nranks, rank, &commId, 1, nullptr,
+                   [&](ncclConfig_t* c) {
+                     return c ? e.real->ncclCommInitRankConfig(comm, nranks, commId, rank, c)
+                              : e.real->ncclCommInitRank(comm, nranks, commId, rank);
+                   });
+}
+
+ZC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank,
+                                                int nId, ncclUniqueId* commIds,
+                                                ncclConfig_t* config) {
+  ZC_PROLOGUE(e, ncclCommInitRankScalable, (newcomm, nranks, myrank, nId, commIds, config));
+  return init_comm("ncclCommInitRankScalable", newcomm, nranks, myrank, commIds, nId, config,
+                   [&](ncclConfig_t* c) {
+                     return e.real->ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds,
+                                                             c);
+                   });
+}
+
+ZC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  ZC_PROLOGUE(e, ncclCommFinalize, (comm));
+  const ncclResult_t r = e.real->ncclCommFinalize(comm);
+  release_route(comm, /*remove=*/false, r);
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  ZC_PROLOGUE(e, ncclCommDestroy, (comm));
+  const ncclResult_t r = e.real->ncclCommDestroy(comm);
+  release_route(comm, /*remove=*/true, r);
+  return r;
+}
+
+// Abort must never wait on our work: release our device-side waits, let NCCL abort, then
+// free what is ours.
+ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  ZC_PROLOGUE(e, ncclCommAbort, (comm));
+  auto st = comm_remove(comm);
+  forget_children(comm);
+  if (st) {
+    route_poison(*st, ncclRemoteError);
+    route_release_waits(*st);
+  }
+  ncclResult_t r = e.real->ncclCommAbort(comm);
+  if (st) {
+    // Our waits are released and the comm is poisoned, so an issuing thread finishes soon;
+    // wait for it before freeing what it uses.
+    std::lock_guard<std::mutex> lock(st->issue_mu);
+    route_teardown(*st, /*aborting=*/true);
+  }
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  ZC_PROLOGUE(e, ncclCommRevoke, (comm, revokeFlags));
+  if (auto st = comm_lookup(comm)) {
+    route_poison(*st, ncclRemoteError);
+    route_release_waits(*st);
+  }
+  return e.real->ncclCommRevoke(comm, revokeFlags);
+}
+
+// PyTorch's watchdog polls this from its own thread: only host work here. The call that first
+// sees a joined comm ready freezes its membership (route_setup.h); a poisoned comm, or one a
+// peer poisoned through the channel, answers with its error.
+ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  ZC_PROLOGUE(e, ncclCommGetAsyncError, (comm, asyncError));
+  ncclResult_t r = e.real->ncclCommGetAsyncError(comm, asyncError);
+  if (r != ncclSuccess || asyncError == nullptr || *asyncError != ncclSuccess) return r;
+  adopt_children(comm, comm);
+  if (auto st = comm_lookup(comm)) {
+    freeze_when_ready(*st, /*on_app_thread=*/false);
+    if (route_peer_poison(*st) != ncclSuccess) {
+      int none = ncclSuccess;
+      st->poisoned.compare_exchange_strong(none, ncclRemoteError);
+    }
+    if (int p = st->poisoned.load(std::memory_order_relaxed))
+      *asyncError = static_cast<ncclResult_t>(p);
+  }
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                              ncclWindow_t* win, int winFlags) {
+  ZC_PROLOGUE(e, ncclCommWindowRegister, (comm, buff, size, win, winFlags));
+  ncclResult_t r = e.real->ncclCommWindowRegister(comm, buff, size, win, winFlags);
+  if (r == ncclSuccess && win && *win && (winFlags & NCCL_WIN_COLL_SYMMETRIC))
+    if (auto st = comm_lookup(comm)) {
+      std::lock_guard<std::mutex> lock(st->windows_mu);
+      st->app_windows.push_back({reinterpret_cast<uintptr_t>(buff), size, *win});
+      st->has_app_windows.store(true);
+    }
+  return r;
+}
+
+ZC_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  ZC_PROLOGUE(e, ncclCommWindowDeregister, (comm, win));
+  if (auto st = comm_lookup(comm)) {
+    std::lock_guard<std::mutex> lock(st->windows_mu);
+    auto& v = st->app_windows;
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (it->win == win) {
+        v.erase(it);
+        break;
+      }
+    st->has_app_windows.store(!v.empty());
+  }
+  return e.real->ncclCommWindowDeregister(comm, win);
+}

@@ -1,0 +1,52 @@
+#include "group_calls.h"
+
+#include "comm_children.h"
+#include "comm_create.h"
+#include "group_state.h"
+
+namespace zc {
+
+ncclResult_t group_start(const RealNccl& real) {
+  group_state().depth++;
+  return real.ncclGroupStart();
+}
+
+ncclResult_t group_end(const RealNccl& real) {
+  GroupState& g = group_state();
+  if (g.depth != 1) {  // an inner end (or one without a start): NCCL's business alone
+    if (g.depth > 0) g.depth--;
+    return real.ncclGroupEnd();
+  }
+  // Before NCCL's outermost end starts the inits of the group: their joins.
+  auto joins = std::move(g.pending_joins);
+  g.pending_joins.clear();
+  for (auto& [st, plan] : joins) route_join(*st, plan);
+  ncclResult_t r = real.ncclGroupEnd();
+  g.depth = 0;
+  children_at_group_end(r);
+  auto freezes = std::move(g.pending_freezes);
+  auto ops = std::move(g.pending_ops);
+  g.pending_freezes.clear();
+  g.pending_ops.clear();
+  for (auto& st : freezes)
+    if (r == ncclSuccess)
+      freeze_when_ready(*st, /*on_app_thread=*/true);
+    else if (r != ncclInProgress)
+      route_teardown(*st, /*aborting=*/true);  // NCCL's init failed: nothing of ours ran
+  if (ops.empty()) return r;
+  // The deferred ops in program order, inside one NCCL group of their own: a thread that drives
+  // several communicators must group the calls of those that go to NCCL.
+  real.ncclGroupStart();
+  ncclResult_t first = ncclSuccess;
+  for (auto& op : ops) {
+    ncclResult_t o = op();
+    if (first == ncclSuccess) first = o;
+  }
+  ncclResult_t end = real.ncclGroupEnd();
+  if (first == ncclSuccess) first = end;
+  if (r == ncclSuccess || (r == ncclInProgress && first != ncclSuccess && first != ncclInProgress))
+    r = first;
+  return r;
+}
+
+}  // namespace zc

@@ -1,0 +1,67 @@
+// Who takes part in a communicator's copy-engine route, decided without any NCCL call.
+//
+// Every rank that could run the route publishes its facts in the communicator's channel
+// (channel.h) *before* it forwards its init, split or shrink to NCCL. NCCL's init cannot
+// complete on any rank before every rank has entered it (the bootstrap root waits for all;
+// a split all-gathers over the whole parent; a shrink rings over every kept rank), so when a
+// rank sees its init complete, every rank that will ever join has joined: the membership is
+// frozen, and every rank reads the same set. `agree()` turns that set into the verdict, a pure
+// function, so all ranks commit to the route together or all pass through.
+//
+// Glossary
+//   join index  the slot a rank claims: its rank for an init, its parent rank for a child.
+//   order key   what NCCL orders a child's ranks by (a split's key); the rank otherwise.
+//   member      a joined slot. A rank without zerocta, with ZEROCTA_ENABLE=0, in the default
+//               mode, on another host or in another namespace never joins.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fd_exchange.h"
+
+namespace zc {
+
+// Local problems a rank found before it joined; any of them means pass-through for all.
+enum MemberProblem : uint32_t {
+  kProblemPool = 1u << 0,       // could not allocate or export its route memory
+  kProblemP2p = 1u << 1,        // an earlier member's GPU is not reachable by direct P2P
+  kProblemFdService = 1u << 2,  // no fd service here, or an earlier member's is unreachable
+  kProblemDevice = 1u << 3,     // no current CUDA device
+};
+
+// One rank's published facts: fixed layout, copied in and out of shared memory as bytes.
+struct MemberFacts {
+  uint32_t join_index = 0;
+  uint32_t problems = 0;  // MemberProblem bits
+  int64_t order_key = 0;
+  int32_t pid = 0;
+  uint32_t uid = 0;
+  uint64_t start_time = 0;   // the process's start time (clock ticks since boot), with pid
+  uint64_t fingerprint = 0;  // ZEROCTA_* protocol settings (config.h)
+  int32_t nccl_version = 0;
+  int32_t device = -1;  // ordinal in its own process, for logs only
+  unsigned char uuid[16] = {};
+  uint64_t pool_bytes = 0;
+  uint64_t pool_token = 0;  // the route memory's fd in its process's fd service
+  char fd_address[kFdAddressMax] = {};
+};
+
+struct Agreement {
+  bool commit = false;
+  const char* why = "";  // static text: why not (or "" when committed)
+  // Whether the reason deserves a WARN (settings differ, a rank failed, a stale channel) rather
+  // than an INFO (the communicator spans hosts or has ranks that never asked for the route).
+  bool warn = false;
+  std::vector<MemberFacts> ranks;  // when committed: the members in communicator-rank order
+};
+
+// Pure. `joined`: every member of the frozen channel, any order. `nranks`: the communicator's
+// size; `channel_broken`: the channel saw a stale or conflicting segment (channel.h);
+// `local_gpus`: the GPUs this process sees (0 = unknown). A missing member is taken for a rank
+// on another host (INFO) unless a GPU here is left over for it (WARN: a rank on this host runs
+// without zerocta or with other settings).
+Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_broken,
+                int local_gpus);
+
+}  // namespace zc

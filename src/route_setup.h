@@ -1,0 +1,67 @@
+// The copy-engine route's life on one rank, in phases; no phase makes an NCCL call.
+//
+//   join     before the init, split or shrink is forwarded to NCCL, on the creating thread
+//            (inside an application group: at its outermost ncclGroupEnd, before NCCL's):
+//            allocate and export this rank's arena, check P2P and the fd service of every
+//            earlier member, publish the facts in the channel. A local failure is a fact too.
+//   freeze   when NCCL's init is seen complete (host-only work, so it may run in any thread's
+//            ncclCommGetAsyncError): read the frozen membership, agree() (membership.h), unlink
+//            the channel's name, log the decision. Commit or pass-through, alike on every rank.
+//   prepare  at the first routed all-gather, on the application's thread at group depth 0:
+//            fetch the peers' arena descriptors from their fd services, map them, verify each
+//            peer's marker, create the streams and events. A failure here poisons.
+//   teardown at Finalize/Destroy (drains first) or Abort (releases every device wait first).
+// After commit, a failure poisons the communicator: the channel's poison word tells the peers,
+// and ncclCommGetAsyncError answers ncclRemoteError on every rank.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+
+#include "comm_key.h"
+#include "comm_state.h"
+
+namespace zc {
+
+// What a rank knows before it forwards an init, split or shrink.
+struct JoinPlan {
+  CommKey key;
+  uint32_t capacity = 0;    // the communicator's size for an init, the parent's for a child
+  uint32_t join_index = 0;  // the rank for an init, the parent rank for a child
+  int64_t order_key = 0;    // what NCCL orders the ranks by (a split's key), else join_index
+  int device = -1;          // the CUDA device the communicator lives on
+};
+
+// Whether this process's settings ask for the route on a communicator of `nranks` ranks
+// (0 = not known yet: a child). The default mode never does.
+bool route_wanted(int nranks);
+
+// The join phase. Leaves st.route at kJoined, or kNone (with st.route_why) when this rank
+// cannot take part; its peers then see a missing member and pass through.
+void route_join(CommState& st, const JoinPlan& plan);
+
+// The freeze phase, for a comm in kJoined whose init NCCL completed (st.rank, st.nranks set).
+// `on_app_thread`: false inside another thread's poll, where no CUDA call may be made (the
+// arena of a comm that will not route is then released at the next route_settle()).
+void route_freeze(CommState& st, bool on_app_thread);
+
+// On the application's thread outside any group: frees what a pass-through comm still holds.
+void route_settle(CommState& st);
+
+// The prepare phase (idempotent). ncclSuccess, or the error the comm is now poisoned with.
+ncclResult_t route_prepare(CommState& st);
+
+// Poisons a committed comm with `code` here and, through the channel, for its peers.
+void route_poison(CommState& st, int code);
+
+// The poison a peer left in the channel, if any (ncclSuccess otherwise).
+int route_peer_poison(const CommState& st);
+
+// Releases every device-side wait of ours on this comm (abort, revoke, shrink-abort).
+void route_release_waits(CommState& st);
+
+// Frees everything of the route: drains first unless `aborting`.
+void route_teardown(CommState& st, bool aborting);
+
+}  // namespace zc

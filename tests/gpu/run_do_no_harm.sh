@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The "do no harm" checks on a GPU host (2+ GPUs); builds nothing.
+#
+#   ZEROCTA_BUILD=/path/to/build tests/gpu/run_do_no_harm.sh OUTDIR
+#
+# coll-*          default mode: NCCL's own COLL log (op, count, datatype, root, communicator
+#                 per rank) is the same with and without the library, for a torchrun job with
+#                 one all-reduce, for one thread creating a communicator per GPU inside a
+#                 group, and for ncclCommInitAll plus NULL-config splits
+# rank0-*         the library on rank 0 only (default, auto): the job finishes, bits right,
+#                 and rank 0 says why the route is off
+# auto-*          ZEROCTA_ALLGATHER=auto engages (counted on the copy-engine route) and is
+#                 bitwise right: grouped init, InitAll + splits, PyTorch (blocking, and
+#                 non-blocking with the first use in a coalescing block)
+# ce-route        zerocta_gpu_ce_route_test: no kernel, NCCL's bits, graphs and the legacy stream
+# cycles-auto     1000 create/all-gather/destroy cycles with auto: memory, descriptors, threads
+#                 and /dev/shm entries flat
+# kill-mode3/1    auto, rank 1 SIGKILLs itself mid-stream under TORCH_NCCL_ASYNC_ERROR_HANDLING=3
+#                 and =1 (20 s process-group timeout): the job ends within 150 s
+# faults-*        zerocta_gpu_fault_test: peer killed, abort with ops queued, route memory out
+#                 of reach on one or every rank, ranks that cannot meet, differing settings
+# shm-clean       no zerocta entry left in /dev/shm
+# Logs go to OUTDIR; a PASS/FAIL table ends the output and OUTDIR/summary.txt.
+set -u -o pipefail
+
+[ $# -eq 1 ] || {
+  echo "usage: ZEROCTA_BUILD=build $0 OUTDIR" >&2
+  exit 2
+}
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+BUILD=$(cd "${ZEROCTA_BUILD:-./build}" 2>/dev/null && pwd) || {
+  echo "build directory not found (ZEROCTA_BUILD)" >&2
+  exit 2
+}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SHIM=$BUILD/libzerocta.so
+BIN=$BUILD/tests/gpu
+CUDA_LIB=${ZEROCTA_CUDA_LIB:-/usr/local/cuda/lib64}
+NCCL_SYSTEM_DIR=${ZEROCTA_NCCL_SYSTEM_DIR:-/usr/lib/x86_64-linux-gnu}
+TORCHRUN=${ZEROCTA_TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
+ONLY=${ZEROCTA_SUITE_ONLY:-}
+# The test hosts' rule (not a product default): NVLink multicast stays off.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_LOG ZEROCTA_ENABLE
+PY=${ZEROCTA_PYTHON:-$(dirname "$TORCHRUN")/python3}
+# The native test binaries take the system NCCL; PyTorch keeps its own.
+NATIVE=(env "LD_LIBRARY_PATH=$NCCL_SYSTEM_DIR:$CUDA_LIB")
+# shellcheck source=tests/gpu/gpu_host_lib.sh
+. "$HERE/gpu_host_lib.sh"
+RECORD_WIDTH=28
+NGPU=$(count_gpus)
+NPROC=$((NGPU > 8 ? 8 : NGPU))
+shm_before=$(find /dev/shm -maxdepth 1 -name 'zerocta-*' | wc -l)
+
+# step NAME TIMEOUT CMD...: PASS on exit 0 (log OUT/NAME.log).
+step() {
+  local name=$1 secs=$2
+  shift 2
+  selected "$name" || return 0
+  local start=$SECONDS
+  timeout --kill-after=20 "$secs" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    record "$name" FAIL "hung: killed after ${secs}s"
+  elif [ $rc -ne 0 ]; then
+    record "$name" FAIL "exit $rc ($name.log)"
+  else
+    record "$name" PASS "$((SECONDS - start))s"
+  fi
+}
+
+# coll_step NAME CMD...: runs CMD without and with the library (default mode) under NCCL's COLL
+# log and compares the sequences.
+coll_step() {
+  local name=$1
+  shift
+  selected "$name" || return 0
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL timeout 300 "$@" >"$OUT/$name.without.log" 2>&1
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL LD_PRELOAD=$SHIM timeout 300 "$@" \
+    >"$OUT/$name.with.log" 2>&1
+  if python3 "$HERE/coll_sequence.py" "$OUT/$name.without.log" "$OUT/$name.with.log" \
+    >"$OUT/$name.log" 2>&1; then
+    record "$name" PASS "$(cat "$OUT/$name.log")"
+  else
+    record "$name" FAIL "$(head -c 200 "$OUT/$name.log")"
+  fi
+}
+
+# A torchrun job whose rank 0 alone preloads the library (the others run plain NCCL).
+rank0_only() {
+  "$TORCHRUN" --nproc-per-node="$NPROC" --no-python bash -c \
+    'if [ "$RANK" = 0 ]; then export LD_PRELOAD='"$SHIM"'; fi; exec "$PY" "$@"' _ "$@"
+}
+both_ranks() { LD_PRELOAD=$SHIM "$TORCHRUN" --nproc-per-node="$NPROC" "$@"; }
+export -f rank0_only both_ranks
+export TORCHRUN NPROC SHIM PY
+
+[ "$NGPU" -ge 2 ] || {
+  echo "needs 2 GPUs, $NGPU visible: nothing run"
+  exit 0
+}
+echo "zerocta do-no-harm checks: $NGPU GPUs, build $BUILD, out $OUT"
+
+coll_step coll-torch-allreduce "$TORCHRUN" --nproc-per-node="$NPROC" "$HERE/one_collective.py" allreduce
+coll_step coll-grouped-init "${NATIVE[@]}" "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*Grouped*'
+coll_step coll-initall-split "${NATIVE[@]}" "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*InitAll*'
+
+step rank0-default 180 bash -c 'rank0_only "$@"' _ "$HERE/one_collective.py" allgather
+export ZEROCTA_LOG=info
+step rank0-auto 180 env ZEROCTA_ALLGATHER=auto bash -c 'rank0_only "$@"' _ "$HERE/one_collective.py" allgather
+if [ "$(result_of rank0-auto)" = PASS ] && ! grep -q 'not engaged: a rank on this host did not join' "$OUT/rank0-auto.log"; then
+  record rank0-auto FAIL "rank 0 did not say why the route is off"
+fi
+unset ZEROCTA_LOG
+
+step auto-grouped-init 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZEROCTA_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
+  "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*Grouped*'
+step auto-initall-split 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZEROCTA_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
+  "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*InitAll*'
+step auto-torch 300 env ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=1 bash -c 'both_ranks "$@"' _ \
+  "$HERE/one_collective.py" allgather
+expect_in_log auto-torch "$OUT/auto-torch.log" 'allgather ce calls=[1-9]' "no all-gather took the route"
+step auto-torch-nonblocking 300 env ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=1 \
+  TORCH_NCCL_USE_COMM_NONBLOCKING=1 bash -c 'both_ranks "$@"' _ "$HERE/one_collective.py" \
+  allgather --coalesced
+expect_in_log auto-torch-nonblocking "$OUT/auto-torch-nonblocking.log" 'allgather ce calls=[1-9]' "no all-gather took the route"
+step ce-route 300 "${NATIVE[@]}" ZEROCTA_LOG=info LD_PRELOAD="$SHIM" "$BIN/zerocta_gpu_ce_route_test"
+
+# kill_step NAME MODE: the job must end (any status) within 150 s.
+kill_step() {
+  local name=$1 mode=$2
+  selected "$name" || return 0
+  local start=$SECONDS
+  ZEROCTA_ALLGATHER=auto TORCH_NCCL_ASYNC_ERROR_HANDLING=$mode timeout --kill-after=10 150 \
+    bash -c 'both_ranks "$@"' _ "$HERE/kill_rank.py" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    record "$name" FAIL "the surviving rank did not end within 150 s"
+  elif grep -q "after the kill went through" "$OUT/$name.log"; then
+    record "$name" FAIL "a surviving rank did not notice the kill"
+  else
+    record "$name" PASS "ended in $((SECONDS - start))s (status $rc)"
+  fi
+}
+kill_step kill-mode3 3
+kill_step kill-mode1 1
+# One process per test: the harness forks ranks from a parent that must not initialise CUDA.
+for t in $("$BIN/zerocta_gpu_fault_test" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}'); do
+  step "faults-$t" 180 "${NATIVE[@]}" LD_PRELOAD="$SHIM" "$BIN/zerocta_gpu_fault_test" \
+    --gtest_filter="$t"
+done
+
+# 1000 create / all-gather / destroy cycles with auto, destroys on a second thread.
+step cycles-auto 480 "${NATIVE[@]}" LD_PRELOAD="$SHIM" ZEROCTA_CYCLES_ALLGATHER=auto \
+  ZEROCTA_CYCLES="${ZEROCTA_DNH_CYCLES:-1000}" ZEROCTA_CYCLES_DESTROY_LAG=4 \
+  "$BIN/zerocta_gpu_cycles_test"
+[ -f "$OUT/cycles-auto.log" ] && grep '^RELIABILITY cycles rank' "$OUT/cycles-auto.log"
+
+shm_after=$(find /dev/shm -maxdepth 1 -name 'zerocta-*' | wc -l)
+if [ "$shm_after" -le "$shm_before" ]; then
+  record shm-clean PASS "$shm_after zerocta entries in /dev/shm (before: $shm_before)"
+else
+  record shm-clean FAIL "$((shm_after - shm_before)) new zerocta entries left in /dev/shm"
+fi
+{
+  for i in "${!NAMES[@]}"; do printf '%-28s %-5s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${NOTES[$i]}"; done
+} >"$OUT/summary.txt"
+grep -q FAIL "$OUT/summary.txt" && exit 1
+exit 0
