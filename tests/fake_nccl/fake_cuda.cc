@@ -1,11 +1,19 @@
-// A fake CUDA driver (libcuda.so.1) for CPU-only tests of device switching.
+// A fake CUDA driver (libcuda.so.1) for CPU-only tests.
 //
-// It implements only what a shim needs to save, switch and restore the current device:
-// cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, the primary-context and
-// current-context calls. cuGetProcAddress_v2 hands out exactly those; for every other name it
-// answers CUDA_ERROR_NOT_FOUND, which is how a shim learns that (for example) the copy-engine
-// path cannot be used here. Contexts are fake pointers (void*)(0x1000 + device), so a test can
-// read the device straight from a logged context. Each call logs "cuda <name> ...".
+// This file: what a shim needs to save, switch and restore the current device: cuInit,
+// cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, the primary-context and current-context
+// calls (a per-thread context stack; cuCtxGetDevice reports the device of its top).
+// Contexts are fake pointers (void*)(0x1000 + device), so a test can read the device straight
+// from a logged context. Each call logs "cuda <name> ...". FAKE_CUDA_DEVICES (default 4) is
+// the device count.
+//
+// cuGetProcAddress_v2 hands out exactly those by default; for every other name it answers
+// CUDA_ERROR_NOT_FOUND, which is how a shim learns that the copy-engine path cannot be used
+// here. With FAKE_CUDA_CE=1 it also hands out the copy-engine API of fake_cuda_mem.cc (memory
+// shared across processes through memfds, streams, events, copies run at once; its header
+// lists every knob: FAKE_CUDA_GRANULARITY, FAKE_CUDA_WAIT_MS, FAKE_CUDA_UUID_SEED,
+// FAKE_CUDA_NO_P2P, FAKE_CUDA_DELAY). FAKE_CUDA_FAIL=<name>[,<name>] makes those entry points
+// fail (the ones of this file answer CUDA_ERROR_UNKNOWN).
 #include <cuda.h>
 
 #include <atomic>
@@ -15,6 +23,11 @@
 #include <vector>
 
 #include "fake_log.h"
+
+// From fake_cuda_mem.cc.
+FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol);
+FAKE_HIDDEN bool fake_cuda_failing(const char* name);
+FAKE_HIDDEN void fake_cuda_delay(const char* name);
 
 namespace {
 
@@ -51,11 +64,26 @@ CUresult done(const std::string& what, CUresult r) {
   return r;
 }
 
+bool ce_enabled() {
+  const char* v = getenv("FAKE_CUDA_CE");
+  return v != nullptr && strcmp(v, "1") == 0;
+}
+
 }  // namespace
+
+FAKE_HIDDEN int fake_cuda_current_device() { return device_of(current()); }
+FAKE_HIDDEN int fake_cuda_device_count() { return device_count(); }
+FAKE_HIDDEN bool fake_cuda_initialized() { return g_initialized.load(); }
+
+#define FAKE_CUDA_FAIL_POINT(name, what) \
+  fake_cuda_delay(name);                 \
+  if (fake_cuda_failing(name))           \
+  return done(std::string(what) + " injected_failure", CUDA_ERROR_UNKNOWN)
 
 extern "C" {
 
 CUresult cuInit(unsigned int flags) {
+  FAKE_CUDA_FAIL_POINT("cuInit", fake::strf("cuInit flags=%u", flags));
   g_initialized = true;
   return done(fake::strf("cuInit flags=%u", flags), CUDA_SUCCESS);
 }
@@ -67,6 +95,7 @@ CUresult cuDriverGetVersion(int* version) {
 }
 
 CUresult cuDeviceGetCount(int* count) {
+  FAKE_CUDA_FAIL_POINT("cuDeviceGetCount", "cuDeviceGetCount");
   if (!g_initialized) return done("cuDeviceGetCount", CUDA_ERROR_NOT_INITIALIZED);
   if (count == nullptr) return done("cuDeviceGetCount", CUDA_ERROR_INVALID_VALUE);
   *count = device_count();
@@ -75,6 +104,7 @@ CUresult cuDeviceGetCount(int* count) {
 
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   std::string what = fake::strf("cuDeviceGet ordinal=%d", ordinal);
+  FAKE_CUDA_FAIL_POINT("cuDeviceGet", what);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (device == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (ordinal < 0 || ordinal >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
@@ -84,6 +114,7 @@ CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   std::string what = fake::strf("cuDevicePrimaryCtxRetain dev=%d", dev);
+  FAKE_CUDA_FAIL_POINT("cuDevicePrimaryCtxRetain", what);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (pctx == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
@@ -115,6 +146,7 @@ CUresult cuCtxGetCurrent(CUcontext* pctx) {
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   std::string what = "cuCtxSetCurrent ctx=" + fake::hex_ptr(ctx);
+  FAKE_CUDA_FAIL_POINT("cuCtxSetCurrent", what);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (ctx != nullptr && device_of(ctx) < 0) return done(what, CUDA_ERROR_INVALID_CONTEXT);
   // Real semantics: replace the top of the stack; NULL pops it.
@@ -129,6 +161,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 
 CUresult cuCtxGetDevice(CUdevice* device) {
+  FAKE_CUDA_FAIL_POINT("cuCtxGetDevice", "cuCtxGetDevice");
   if (!g_initialized) return done("cuCtxGetDevice", CUDA_ERROR_NOT_INITIALIZED);
   if (device == nullptr) return done("cuCtxGetDevice", CUDA_ERROR_INVALID_VALUE);
   int dev = device_of(current());
@@ -181,6 +214,13 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
   for (const Entry& e : kTable) {
     if (strcmp(e.name, symbol) == 0) {
       *pfn = e.fn;
+      if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+      return done(what + " found", CUDA_SUCCESS);
+    }
+  }
+  if (ce_enabled()) {
+    if (void* fn = fake_cuda_ce_lookup(symbol)) {
+      *pfn = fn;
       if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
       return done(what + " found", CUDA_SUCCESS);
     }

@@ -2,6 +2,9 @@
 // these tests are made-up addresses); every call is logged with its arguments and succeeds,
 // unless FAKE_NCCL_CHECK_ARGS=1 asks for NCCL's argument checks (fake_nccl_argcheck.cc).
 // ncclBcast is implemented by calling the exported ncclBroadcast, as the real NCCL does.
+// Inside a group a collective is checked and logged at the call ("... -> 0 queued") and
+// launched at the outermost ncclGroupEnd of the thread (fake_nccl_state.cc). A collective on a
+// comm still in progress (FAKE_NCCL_NONBLOCKING=1) is refused as NCCL refuses it.
 #include "fake_nccl_internal.h"
 
 using fake::finish;
@@ -16,7 +19,12 @@ std::string tail(ncclComm_t comm, cudaStream_t stream) {
 }
 
 ncclResult_t coll(const char* fn, const std::string& line, const fake::CollArgs& args) {
-  return finish(line, fake::should_fail(fn) ? ncclInternalError : fake::check_coll_args(args));
+  if (fake::should_fail(fn)) return finish(line, ncclInternalError);
+  ncclResult_t r = fake::check_coll_args(args);
+  if (r == ncclSuccess) r = fake::ensure_ready(args.comm);
+  if (r != ncclSuccess) return finish(line, r);
+  if (fake::queue_if_grouped(line, args.comm)) return ncclSuccess;
+  return finish(line, ncclSuccess);
 }
 
 fake::CollArgs args_of(ncclComm_t comm, ncclDataType_t datatype) {
@@ -35,8 +43,6 @@ fake::CollArgs with_root(fake::CollArgs a, int root) {
   a.root = root;
   return a;
 }
-
-thread_local int t_group_depth = 0;
 
 }  // namespace
 
@@ -69,7 +75,13 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int ro
   if (fake::should_fail("ncclBcast")) return finish(line, ncclInternalError);
   // Through the PLT (this library is built with default visibility and semantic
   // interposition), so a preloaded shim sees an inner call coming from this library.
-  return finish(line, ncclBroadcast(buff, buff, count, datatype, root, comm, stream));
+  // Inside a group that ncclBroadcast is the operation queued.
+  ncclResult_t r = ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+  if (r == ncclSuccess && fake::group_depth() > 0) {
+    fake::log_line(line + " -> 0 queued");
+    return r;
+  }
+  return finish(line, r);
 }
 FAKE_PNCCL_ALIAS(ncclBcast)
 
@@ -154,16 +166,21 @@ FAKE_PNCCL_ALIAS(ncclRecv)
 
 ncclResult_t ncclGroupStart() {
   if (fake::should_fail("ncclGroupStart")) return finish("ncclGroupStart", ncclInternalError);
-  ++t_group_depth;
-  return finish(strf("ncclGroupStart depth=%d", t_group_depth), ncclSuccess);
+  fake::group_start();
+  return finish(strf("ncclGroupStart depth=%d", fake::group_depth()), ncclSuccess);
 }
 FAKE_PNCCL_ALIAS(ncclGroupStart)
 
 ncclResult_t ncclGroupEnd() {
   if (fake::should_fail("ncclGroupEnd")) return finish("ncclGroupEnd", ncclInternalError);
-  if (t_group_depth == 0) return finish("ncclGroupEnd depth=0", ncclInvalidUsage);
-  --t_group_depth;
-  return finish(strf("ncclGroupEnd depth=%d", t_group_depth), ncclSuccess);
+  if (fake::group_depth() == 0) return finish("ncclGroupEnd depth=0", ncclInvalidUsage);
+  fake::group_leave();
+  const int depth = fake::group_depth();
+  // The outermost end completes the deferred inits and launches the queued operations; the
+  // line says what it did (nothing is added for an empty group).
+  std::string summary;
+  ncclResult_t r = depth == 0 ? fake::group_finish(/*simulate=*/false, &summary) : ncclSuccess;
+  return finish(strf("ncclGroupEnd depth=%d", depth) + summary, r);
 }
 FAKE_PNCCL_ALIAS(ncclGroupEnd)
 
@@ -173,9 +190,13 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
     line += strf(" size=%zu magic=%#x version=%u", simInfo->size, simInfo->magic, simInfo->version);
   if (fake::should_fail("ncclGroupSimulateEnd")) return finish(line, ncclInternalError);
   if (simInfo != nullptr && simInfo->magic != 0x74685283) return finish(line, ncclInvalidArgument);
-  if (t_group_depth == 0) return finish(line + " depth=0", ncclInvalidUsage);
-  --t_group_depth;
+  if (fake::group_depth() == 0) return finish(line + " depth=0", ncclInvalidUsage);
+  fake::group_leave();
+  const int depth = fake::group_depth();
+  // As in NCCL: the deferred inits run, the queued operations are only simulated.
+  std::string summary;
+  ncclResult_t r = depth == 0 ? fake::group_finish(/*simulate=*/true, &summary) : ncclSuccess;
   if (simInfo != nullptr) simInfo->estimatedTime = 42.0f;
-  return finish(line + strf(" depth=%d", t_group_depth), ncclSuccess);
+  return finish(line + strf(" depth=%d", depth) + summary, r);
 }
 FAKE_PNCCL_ALIAS(ncclGroupSimulateEnd)

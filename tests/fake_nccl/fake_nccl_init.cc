@@ -1,6 +1,7 @@
 // Fake NCCL: versions, ids, communicator creation and the communicator queries.
 // Init functions log the config bytes they received and the current CUDA device (read from
-// the fake driver), which is what the interposition tests inspect.
+// the fake driver), which is what the interposition tests inspect. Deferral inside groups,
+// non-blocking progress and the rendezvous of the ranks are in fake_nccl_state.cc.
 #include <cstdlib>
 #include <cstring>
 
@@ -14,7 +15,7 @@ namespace {
 
 // Creates the fake comm for an init call that received `config` and logs the call.
 ncclResult_t init_common(const char* fn, const std::string& args, ncclComm_t* out, int nranks,
-                         int rank, const ncclConfig_t* config) {
+                         int rank, const ncclConfig_t* config, const ncclUniqueId* id) {
   int device = fake::current_device();
   std::string line =
       std::string(fn) + " " + args + strf(" device=%d ", device) + fake::describe_config(config);
@@ -22,10 +23,7 @@ ncclResult_t init_common(const char* fn, const std::string& args, ncclComm_t* ou
   if (out == nullptr || nranks < 1 || rank < 0 || rank >= nranks)
     return finish(line, ncclInvalidArgument);
   if (config != nullptr && !fake::config_magic_ok(config)) return finish(line, ncclInvalidArgument);
-  fake::Comm* c = fake::new_comm(nranks, rank, device, config);
-  *out = reinterpret_cast<ncclComm_t>(c);
-  fake::log_line(line + " -> 0 newcomm=" + name_of(c));
-  return ncclSuccess;
+  return fake::create_root(line, out, nranks, rank, device, config, id);
 }
 
 int version_code() {
@@ -57,14 +55,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
                                     ncclConfig_t* config) {
   return init_common("ncclCommInitRankConfig",
                      strf("nranks=%d rank=%d id=", nranks, rank) + fake::describe_id(commId), comm,
-                     nranks, rank, config);
+                     nranks, rank, config, &commId);
 }
 FAKE_PNCCL_ALIAS(ncclCommInitRankConfig)
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   return init_common("ncclCommInitRank",
                      strf("nranks=%d rank=%d id=", nranks, rank) + fake::describe_id(commId), comm,
-                     nranks, rank, nullptr);
+                     nranks, rank, nullptr, &commId);
 }
 FAKE_PNCCL_ALIAS(ncclCommInitRank)
 
@@ -76,7 +74,7 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
   ids += "]";
   return init_common("ncclCommInitRankScalable",
                      strf("nranks=%d rank=%d nId=%d ids=", nranks, myrank, nId) + ids, newcomm,
-                     nranks, myrank, config);
+                     nranks, myrank, config, commIds != nullptr && nId > 0 ? &commIds[0] : nullptr);
 }
 FAKE_PNCCL_ALIAS(ncclCommInitRankScalable)
 
@@ -92,6 +90,9 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
         reinterpret_cast<ncclComm_t>(fake::new_comm(ndev, i, devlist ? devlist[i] : i, nullptr));
     names += (i ? "," : "") + name_of(comm[i]);
   }
+  std::vector<fake::Comm*> made;
+  for (int i = 0; i < ndev; ++i) made.push_back(fake::find_comm(comm[i]));
+  fake::key_local_comms(made.data(), ndev);
   fake::log_line(line + " -> 0 comms=[" + names + "]");
   return ncclSuccess;
 }
@@ -105,21 +106,15 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   fake::Comm* parent = fake::find_comm(comm);
   if (parent == nullptr || newcomm == nullptr) return finish(line, ncclInvalidArgument);
   if (config != nullptr && !fake::config_magic_ok(config)) return finish(line, ncclInvalidArgument);
-  if (color == NCCL_SPLIT_NOCOLOR) {
-    *newcomm = nullptr;
-    fake::log_line(line + " -> 0 newcomm=NULL");
-    return ncclSuccess;
-  }
   // NULL config: the child inherits the parent's configuration, as in NCCL.
   const ncclConfig_t* inherited =
       config
           ? config
           : (parent->config.empty() ? nullptr
                                     : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
-  fake::Comm* c = fake::new_comm(parent->nranks, parent->rank, parent->device, inherited);
-  *newcomm = reinterpret_cast<ncclComm_t>(c);
-  fake::log_line(line + " -> 0 newcomm=" + name_of(c));
-  return ncclSuccess;
+  // NCCL_SPLIT_NOCOLOR: *newcomm = NULL, no communicator.
+  return fake::create_child(line, parent, /*shrink=*/false, color, key, nullptr, 0, newcomm,
+                            inherited);
 }
 FAKE_PNCCL_ALIAS(ncclCommSplit)
 
@@ -141,10 +136,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
           ? config
           : (parent->config.empty() ? nullptr
                                     : reinterpret_cast<const ncclConfig_t*>(parent->config.data()));
-  fake::Comm* c = fake::new_comm(parent->nranks - excludeRanksCount, 0, parent->device, inherited);
-  *newcomm = reinterpret_cast<ncclComm_t>(c);
-  fake::log_line(line + " -> 0 newcomm=" + name_of(c));
-  return ncclSuccess;
+  return fake::create_child(line, parent, /*shrink=*/true, 0, 0, excludeRanksList,
+                            excludeRanksCount, newcomm, inherited);
 }
 FAKE_PNCCL_ALIAS(ncclCommShrink)
 #endif
@@ -152,13 +145,19 @@ FAKE_PNCCL_ALIAS(ncclCommShrink)
 namespace {
 
 // Finalize/Destroy/Abort/Revoke share this shape: validate the comm, log, maybe free it.
-ncclResult_t comm_lifecycle(const char* fn, ncclComm_t comm, const std::string& extra,
-                            bool free_it) {
+// `wait_ready`: Finalize and Destroy refuse a comm still in progress (ncclCommEnsureReady);
+// Abort and Revoke do not wait.
+ncclResult_t comm_lifecycle(const char* fn, ncclComm_t comm, const std::string& extra, bool free_it,
+                            bool wait_ready) {
   std::string line = std::string(fn) + " comm=" + name_of(comm) + extra;
   if (fake::should_fail(fn)) return finish(line, ncclInternalError);
   // NCCL 2.28's ncclCommDestroy and ncclCommAbort accept NULL as a no-op.
   if (comm == nullptr && free_it && fake::check_args_enabled()) return finish(line, ncclSuccess);
-  if (fake::find_comm(comm) == nullptr) return finish(line, ncclInvalidArgument);
+  fake::Comm* c = fake::find_comm(comm);
+  if (c == nullptr) return finish(line, ncclInvalidArgument);
+  if (wait_ready && c->state.load() == fake::State::kInProgress)
+    return finish(line, ncclInvalidArgument);
+  if (free_it) fake::before_free(c);  // its fake NCCL thread ends first
   finish(line, ncclSuccess);
   if (free_it) fake::delete_comm(comm);
   return ncclSuccess;
@@ -167,22 +166,22 @@ ncclResult_t comm_lifecycle(const char* fn, ncclComm_t comm, const std::string& 
 }  // namespace
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  return comm_lifecycle("ncclCommFinalize", comm, "", false);
+  return comm_lifecycle("ncclCommFinalize", comm, "", false, true);
 }
 FAKE_PNCCL_ALIAS(ncclCommFinalize)
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  return comm_lifecycle("ncclCommDestroy", comm, "", true);
+  return comm_lifecycle("ncclCommDestroy", comm, "", true, true);
 }
 FAKE_PNCCL_ALIAS(ncclCommDestroy)
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  return comm_lifecycle("ncclCommAbort", comm, "", true);
+  return comm_lifecycle("ncclCommAbort", comm, "", true, false);
 }
 FAKE_PNCCL_ALIAS(ncclCommAbort)
 
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  return comm_lifecycle("ncclCommRevoke", comm, strf(" flags=%d", revokeFlags), false);
+  return comm_lifecycle("ncclCommRevoke", comm, strf(" flags=%d", revokeFlags), false, false);
 }
 FAKE_PNCCL_ALIAS(ncclCommRevoke)
 
@@ -191,21 +190,25 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (fake::should_fail("ncclCommGetAsyncError")) return finish(line, ncclInternalError);
   fake::Comm* c = fake::find_comm(comm);
   if (c == nullptr || asyncError == nullptr) return finish(line, ncclInvalidArgument);
-  *asyncError = c->async_error;
-  fake::log_line(line + strf(" -> 0 asyncError=%d", static_cast<int>(*asyncError)));
+  std::string extra;
+  *asyncError = fake::poll_async(c, &extra);
+  fake::log_line(line + strf(" -> 0 asyncError=%d", static_cast<int>(*asyncError)) + extra);
   return ncclSuccess;
 }
 FAKE_PNCCL_ALIAS(ncclCommGetAsyncError)
 
 namespace {
 
-// Count/CuDevice/UserRank: one int answered from the fake comm.
+// Count/CuDevice/UserRank: one int answered from the fake comm (0 while its init is deferred
+// to a group end; an error while it is in progress or failed).
 ncclResult_t comm_query(const char* fn, ncclComm_t comm, int* out, int fake::Comm::*field) {
   std::string line = std::string(fn) + " comm=" + name_of(comm);
   if (fake::should_fail(fn)) return finish(line, ncclInternalError);
   fake::Comm* c = fake::find_comm(comm);
   if (c == nullptr || out == nullptr) return finish(line, ncclInvalidArgument);
-  *out = c->*field;
+  int value = 0;
+  if (ncclResult_t r = fake::query_value(c, field, &value)) return finish(line, r);
+  *out = value;
   fake::log_line(line + strf(" -> 0 value=%d", *out));
   return ncclSuccess;
 }

@@ -37,6 +37,7 @@ const Var kVars[] = {
     {"ZEROCTA_STATS", Kind::kString},
     {"ZEROCTA_NVTX", Kind::kWords},
     {"ZEROCTA_NCCL_LIBRARY", Kind::kString},
+    {"ZEROCTA_CHANNEL_DIR", Kind::kString},
 };
 
 // Words, junk, overflow, empty, signs, whitespace, other number spellings.

@@ -1,0 +1,931 @@
+// The fake CUDA driver's copy-engine API (libcuda.so.1, see fake_cuda.cc): what the shim's
+// copy-engine route needs to set up and run, on host memory, across processes.
+//
+// cuGetProcAddress_v2 hands these out only with FAKE_CUDA_CE=1 (fake_cuda.cc); without it the
+// route stays unavailable (CudaDriver::ce_ok false), as many tests expect.
+//
+// Memory ("a device pointer is a host pointer"):
+//   cuMemCreate                      a memfd of that size (sparse: costs nothing untouched);
+//                                    the size must be a multiple of the granularity
+//   cuMemExportToShareableHandle     POSIX_FD only (and only if cuMemCreate asked for it): a
+//                                    close-on-exec dup of the memfd
+//   cuMemImportFromShareableHandle   a new allocation handle around a dup of the received fd
+//   cuMemAddressReserve              PROT_NONE address space, aligned to the granularity
+//   cuMemMap                         the memfd mapped MAP_SHARED|MAP_FIXED there, still
+//                                    PROT_NONE (as in CUDA: no access before cuMemSetAccess)
+//   cuMemSetAccess                   mprotect read-write (or read-only / none)
+//   cuMemUnmap / cuMemAddressFree / cuMemRelease   the reverse; freeing a range that is still
+//                                    mapped, or an unknown handle/range, is an error
+//   cuMemGetAllocationGranularity    FAKE_CUDA_GRANULARITY bytes (default 2 MiB, as on an
+//                                    H100/H200; memfds are sparse, so it costs nothing)
+//   cuMemAlloc / cuMemFree           aligned host memory
+// So memory one process exports is really shared with the process that imports it
+// (FAKE_CUDA_IMPORT_UNSHARED=1 breaks that on purpose: an import maps fresh zeroed memory).
+//
+// Work on streams runs at once, in the calling thread, on those host addresses:
+// cuMemsetD32Async, cuMemcpyAsync, cuMemcpyHtoD/DtoH, cuMemcpyBatchAsync (refused on the legacy
+// NULL stream, as the real driver does), cuStreamWriteValue32. An address inside a reservation
+// of this fake must be mapped with the needed access (else CUDA_ERROR_ILLEGAL_ADDRESS instead of
+// a crash); any other address is taken for host memory of the caller.
+// cuStreamWaitValue32 cannot block a fake stream: a satisfied wait logs "satisfied"; an
+// unsatisfied one logs "not_satisfied" and returns CUDA_SUCCESS, unless FAKE_CUDA_WAIT_MS=<ms>
+// is set: then it polls the flag (a peer process may still write it) for up to that long
+// ("satisfied_after_ms=N"). The first wait that times out stops every later wait of the
+// process from waiting (one hang costs the budget once); every such wait logs "not_satisfied".
+// A test can thus read a route that diverged between ranks off the log.
+//
+// Streams and events are fake handles ("stream#3", "event#7"); destroying an unknown (or
+// already destroyed) one is CUDA_ERROR_INVALID_HANDLE. cuStreamQuery/cuStreamSynchronize
+// succeed; cuStreamIsCapturing answers NONE; cuThreadExchangeStreamCaptureMode swaps a
+// per-thread mode. Calls that need a context (stream/event creation, copies, memsets, stream
+// memory operations, cuMemAlloc) fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
+// has none current.
+//
+// Devices: cuDeviceGetUuid derives the UUID from the ordinal and FAKE_CUDA_UUID_SEED (another
+// seed = GPUs of another host); cuDeviceCanAccessPeer answers 1 for two distinct devices, 0 with
+// FAKE_CUDA_NO_P2P=1.
+//
+// FAKE_CUDA_FAIL=<name>[,<name>...] makes those entry points (base names, e.g. cuMemCreate)
+// fail: CUDA_ERROR_OUT_OF_MEMORY for cuMemCreate/cuMemAlloc, CUDA_ERROR_UNKNOWN otherwise.
+// FAKE_CUDA_DELAY=<name>:<ms>[,...] makes them sleep that long first (race windows).
+//
+// Every call logs "cuda <name> ... pid=<pid> -> <result>". fake_cuda_live(kind) (exported,
+// for drivers) counts what this process still holds: "alloc", "reserve", "map", "stream",
+// "event", "memalloc".
+#include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "fake_log.h"
+
+// From fake_cuda.cc.
+FAKE_HIDDEN int fake_cuda_current_device();  // -1: no current context on this thread
+FAKE_HIDDEN int fake_cuda_device_count();
+FAKE_HIDDEN bool fake_cuda_initialized();
+
+namespace {
+
+constexpr size_t kDefaultGranularity = size_t{2} << 20;
+
+std::mutex g_mu;  // guards everything below
+
+struct Alloc {
+  int fd = -1;
+  size_t size = 0;
+  bool exportable = false;
+};
+std::map<CUmemGenericAllocationHandle, Alloc>& allocs() {
+  static auto* m = new std::map<CUmemGenericAllocationHandle, Alloc>;  // used at exit too
+  return *m;
+}
+CUmemGenericAllocationHandle g_next_handle = 0x1001;
+
+std::map<uintptr_t, size_t>& reservations() {  // base -> size
+  static auto* m = new std::map<uintptr_t, size_t>;
+  return *m;
+}
+
+struct Mapping {
+  size_t size = 0;
+  int prot = PROT_NONE;
+};
+std::map<uintptr_t, Mapping>& mappings() {  // base -> mapping
+  static auto* m = new std::map<uintptr_t, Mapping>;
+  return *m;
+}
+
+std::map<uintptr_t, size_t>& mem_allocs() {  // cuMemAlloc
+  static auto* m = new std::map<uintptr_t, size_t>;
+  return *m;
+}
+
+struct FakeStream {
+  int id;
+  int device;
+};
+struct FakeEvent {
+  int id;
+};
+std::set<const void*>& streams() {
+  static auto* s = new std::set<const void*>;
+  return *s;
+}
+std::set<const void*>& events() {
+  static auto* s = new std::set<const void*>;
+  return *s;
+}
+int g_next_stream = 1, g_next_event = 1;
+
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+std::atomic<bool> g_wait_budget_spent{false};
+
+bool env_is_1(const char* name) {
+  const char* v = getenv(name);
+  return v != nullptr && strcmp(v, "1") == 0;
+}
+
+long env_long(const char* name, long fallback) {
+  const char* v = getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  long n = strtol(v, &end, 0);
+  return end != nullptr && *end == '\0' ? n : fallback;
+}
+
+size_t granularity() {
+  long g = env_long("FAKE_CUDA_GRANULARITY", static_cast<long>(kDefaultGranularity));
+  return g > 0 ? static_cast<size_t>(g) : kDefaultGranularity;
+}
+
+std::string pid_text() { return fake::strf(" pid=%d", static_cast<int>(getpid())); }
+
+CUresult done(const std::string& what, CUresult r) {
+  fake::log_line("cuda " + what + pid_text() + fake::strf(" -> %d", static_cast<int>(r)));
+  return r;
+}
+
+std::string stream_name(CUstream s) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (streams().count(s))
+    return fake::strf("stream#%d", static_cast<const FakeStream*>(static_cast<const void*>(s))->id);
+  if (s == nullptr) return "null";
+  if (s == CU_STREAM_LEGACY) return "legacy";
+  if (s == CU_STREAM_PER_THREAD) return "per_thread";
+  return fake::hex_ptr(s);
+}
+
+std::string event_name(CUevent e) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (events().count(e))
+    return fake::strf("event#%d", static_cast<const FakeEvent*>(static_cast<const void*>(e))->id);
+  return fake::hex_ptr(e);
+}
+
+std::string addr(CUdeviceptr p) { return fake::strf("0x%llx", static_cast<unsigned long long>(p)); }
+
+bool need_context(const std::string& what, CUresult* r) {
+  if (!fake_cuda_initialized()) {
+    *r = done(what, CUDA_ERROR_NOT_INITIALIZED);
+    return false;
+  }
+  if (fake_cuda_current_device() < 0) {
+    *r = done(what + " no_context", CUDA_ERROR_INVALID_CONTEXT);
+    return false;
+  }
+  return true;
+}
+
+bool valid_device(int dev) { return dev >= 0 && dev < fake_cuda_device_count(); }
+
+// Whether [p, p + n) may be accessed with `prot`: ranges outside every reservation of ours are
+// the caller's host memory; ranges inside one must lie in one mapping with that access.
+bool accessible(uintptr_t p, size_t n, int prot) {
+  if (n == 0) return true;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& res = reservations();
+  auto r = res.upper_bound(p);
+  bool in_reservation = false;
+  if (r != res.begin()) {
+    auto prev = std::prev(r);
+    if (p < prev->first + prev->second) in_reservation = true;
+  }
+  if (!in_reservation && r != res.end() && r->first < p + n) in_reservation = true;
+  if (!in_reservation) return true;
+  auto& maps = mappings();
+  auto m = maps.upper_bound(p);
+  if (m == maps.begin()) return false;
+  --m;
+  return p >= m->first && p + n <= m->first + m->second.size && (m->second.prot & prot) == prot;
+}
+
+CUresult access_error(const std::string& what, uintptr_t p, size_t n, int prot) {
+  if (accessible(p, n, prot)) return CUDA_SUCCESS;
+  return done(
+      what + fake::strf(" illegal_address=0x%llx+%zu", static_cast<unsigned long long>(p), n),
+      CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+
+bool wait_satisfied(uint32_t seen, uint32_t value, unsigned flags) {
+  switch (flags & 0x3) {
+    case CU_STREAM_WAIT_VALUE_GEQ:
+      return static_cast<int32_t>(seen - value) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ:
+      return seen == value;
+    case CU_STREAM_WAIT_VALUE_AND:
+      return (seen & value) != 0;
+    default:  // NOR
+      return ~(seen | value) != 0;
+  }
+}
+
+long long now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+}  // namespace
+
+// FAKE_CUDA_FAIL: a comma-separated list of base names.
+FAKE_HIDDEN bool fake_cuda_failing(const char* name) {
+  const char* v = getenv("FAKE_CUDA_FAIL");
+  if (v == nullptr || *v == '\0') return false;
+  const size_t len = strlen(name);
+  for (const char* p = v; *p != '\0';) {
+    const char* comma = strchr(p, ',');
+    const size_t n = comma ? static_cast<size_t>(comma - p) : strlen(p);
+    if (n == len && strncmp(p, name, n) == 0) return true;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return false;
+}
+
+// FAKE_CUDA_DELAY=<name>:<ms>[,<name>:<ms>...]: those entry points sleep first (to widen a
+// race window of the caller's).
+FAKE_HIDDEN void fake_cuda_delay(const char* name) {
+  const char* v = getenv("FAKE_CUDA_DELAY");
+  if (v == nullptr || *v == '\0') return;
+  const size_t len = strlen(name);
+  for (const char* p = v; *p != '\0';) {
+    const char* colon = strchr(p, ':');
+    if (colon == nullptr) return;
+    if (static_cast<size_t>(colon - p) == len && strncmp(p, name, len) == 0) {
+      usleep(static_cast<useconds_t>(atol(colon + 1)) * 1000);
+      return;
+    }
+    const char* comma = strchr(colon, ',');
+    if (!comma) return;
+    p = comma + 1;
+  }
+}
+
+#define FAKE_CUDA_FAIL_POINT(name, what, code) \
+  fake_cuda_delay(name);                       \
+  if (fake_cuda_failing(name)) return done(std::string(what) + " injected_failure", code)
+
+extern "C" {
+
+// ---- Devices ----
+
+CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  std::string what = fake::strf("cuDeviceGetUuid dev=%d", dev);
+  FAKE_CUDA_FAIL_POINT("cuDeviceGetUuid", what, CUDA_ERROR_UNKNOWN);
+  if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (uuid == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (!valid_device(dev)) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  const uint32_t seed = static_cast<uint32_t>(env_long("FAKE_CUDA_UUID_SEED", 0));
+  const uint32_t ordinal = static_cast<uint32_t>(dev);
+  const unsigned char head[4] = {'f', 'g', 'p', 'u'}, tail[4] = {0xd1, 0xce, 0xc0, 0xde};
+  memcpy(uuid->bytes, head, 4);
+  memcpy(uuid->bytes + 4, &seed, 4);
+  memcpy(uuid->bytes + 8, &ordinal, 4);
+  memcpy(uuid->bytes + 12, tail, 4);
+  return done(what + " uuid=" + fake::hex_bytes(uuid->bytes, 16), CUDA_SUCCESS);
+}
+
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  std::string what = fake::strf("cuDeviceCanAccessPeer dev=%d peer=%d", dev, peer);
+  FAKE_CUDA_FAIL_POINT("cuDeviceCanAccessPeer", what, CUDA_ERROR_UNKNOWN);
+  if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (can == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (!valid_device(dev) || !valid_device(peer)) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  *can = dev != peer && !env_is_1("FAKE_CUDA_NO_P2P") ? 1 : 0;
+  return done(what + fake::strf(" can=%d", *can), CUDA_SUCCESS);
+}
+
+CUresult cuGetErrorString(CUresult error, const char** text) {
+  static const std::map<int, const char*> kNames = {
+      {CUDA_SUCCESS, "CUDA_SUCCESS (fake)"},
+      {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE (fake)"},
+      {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY (fake)"},
+      {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED (fake)"},
+      {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE (fake)"},
+      {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT (fake)"},
+      {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE (fake)"},
+      {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND (fake)"},
+      {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS (fake)"},
+      {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED (fake)"},
+      {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN (fake)"},
+  };
+  std::string what = fake::strf("cuGetErrorString error=%d", static_cast<int>(error));
+  if (text == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  auto it = kNames.find(static_cast<int>(error));
+  if (it == kNames.end()) {
+    *text = nullptr;
+    return done(what, CUDA_ERROR_INVALID_VALUE);
+  }
+  *text = it->second;
+  return done(what, CUDA_SUCCESS);
+}
+
+// ---- Streams and events ----
+
+CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
+  std::string what = fake::strf("cuStreamCreate flags=%u", flags);
+  FAKE_CUDA_FAIL_POINT("cuStreamCreate", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (stream == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  auto* s = new FakeStream{0, fake_cuda_current_device()};
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    s->id = g_next_stream++;
+    streams().insert(s);
+  }
+  *stream = reinterpret_cast<CUstream>(s);
+  return done(what + fake::strf(" dev=%d stream=stream#%d", s->device, s->id), CUDA_SUCCESS);
+}
+
+CUresult cuStreamDestroy(CUstream stream) {
+  std::string what = "cuStreamDestroy stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuStreamDestroy", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    known = streams().erase(stream) != 0;
+  }
+  if (!known) return done(what + " unknown_stream", CUDA_ERROR_INVALID_HANDLE);
+  delete reinterpret_cast<FakeStream*>(stream);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuStreamSynchronize(CUstream stream) {
+  std::string what = "cuStreamSynchronize stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuStreamSynchronize", what, CUDA_ERROR_UNKNOWN);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuStreamQuery(CUstream stream) {
+  std::string what = "cuStreamQuery stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuStreamQuery", what, CUDA_ERROR_UNKNOWN);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  std::string what = "cuStreamIsCapturing stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuStreamIsCapturing", what, CUDA_ERROR_UNKNOWN);
+  if (status == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return done(what + " status=none", CUDA_SUCCESS);
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  std::string what = "cuThreadExchangeStreamCaptureMode";
+  FAKE_CUDA_FAIL_POINT("cuThreadExchangeStreamCaptureMode", what, CUDA_ERROR_UNKNOWN);
+  if (mode == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  const CUstreamCaptureMode old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  return done(
+      what + fake::strf(" set=%d old=%d", static_cast<int>(t_capture_mode), static_cast<int>(old)),
+      CUDA_SUCCESS);
+}
+
+CUresult cuEventCreate(CUevent* event, unsigned int flags) {
+  std::string what = fake::strf("cuEventCreate flags=%u", flags);
+  FAKE_CUDA_FAIL_POINT("cuEventCreate", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (event == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  auto* e = new FakeEvent{0};
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    e->id = g_next_event++;
+    events().insert(e);
+  }
+  *event = reinterpret_cast<CUevent>(e);
+  return done(what + fake::strf(" event=event#%d", e->id), CUDA_SUCCESS);
+}
+
+CUresult cuEventDestroy(CUevent event) {
+  std::string what = "cuEventDestroy event=" + event_name(event);
+  FAKE_CUDA_FAIL_POINT("cuEventDestroy", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    known = events().erase(event) != 0;
+  }
+  if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
+  delete reinterpret_cast<FakeEvent*>(event);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuEventRecord(CUevent event, CUstream stream) {
+  std::string what = "cuEventRecord event=" + event_name(event) + " stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuEventRecord", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    known = events().count(event) != 0;
+  }
+  if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  std::string what = "cuStreamWaitEvent stream=" + stream_name(stream) +
+                     " event=" + event_name(event) + fake::strf(" flags=%u", flags);
+  FAKE_CUDA_FAIL_POINT("cuStreamWaitEvent", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    known = events().count(event) != 0;
+  }
+  if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
+  return done(what, CUDA_SUCCESS);
+}
+
+// ---- Copies, memsets, stream memory operations (run at once) ----
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  std::string what = "cuMemcpyAsync dst=" + addr(dst) + " src=" + addr(src) +
+                     fake::strf(" bytes=%zu", bytes) + " stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuMemcpyAsync", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (bytes > 0 && (dst == 0 || src == 0)) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if ((r = access_error(what, src, bytes, PROT_READ)) != CUDA_SUCCESS) return r;
+  if ((r = access_error(what, dst, bytes, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t bytes) {
+  std::string what = "cuMemcpyHtoD dst=" + addr(dst) + " src=" + fake::hex_ptr(src) +
+                     fake::strf(" bytes=%zu", bytes);
+  FAKE_CUDA_FAIL_POINT("cuMemcpyHtoD", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (bytes > 0 && (dst == 0 || src == nullptr)) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if ((r = access_error(what, dst, bytes, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  memmove(reinterpret_cast<void*>(dst), src, bytes);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
+  std::string what = "cuMemcpyDtoH dst=" + fake::hex_ptr(dst) + " src=" + addr(src) +
+                     fake::strf(" bytes=%zu", bytes);
+  FAKE_CUDA_FAIL_POINT("cuMemcpyDtoH", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (bytes > 0 && (dst == nullptr || src == 0)) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if ((r = access_error(what, src, bytes, PROT_READ)) != CUDA_SUCCESS) return r;
+  memmove(dst, reinterpret_cast<const void*>(src), bytes);
+  std::string seen;
+  if (bytes == 4) {  // a flag or a marker: show it
+    uint32_t v;
+    memcpy(&v, dst, 4);
+    seen = fake::strf(" value=0x%x", v);
+  }
+  return done(what + seen, CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count,
+                            CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs,
+                            CUstream stream) {
+  std::string what = fake::strf("cuMemcpyBatchAsync count=%zu numAttrs=%zu", count, numAttrs) +
+                     " stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuMemcpyBatchAsync", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (dsts == nullptr || srcs == nullptr || sizes == nullptr || count == 0 || attrs == nullptr ||
+      attrsIdxs == nullptr || numAttrs == 0 || numAttrs > count || attrsIdxs[0] != 0)
+    return done(what + " bad_arguments", CUDA_ERROR_INVALID_VALUE);
+  for (size_t a = 0; a < numAttrs; ++a)
+    if (attrs[a].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_INVALID ||
+        attrs[a].srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY)
+      return done(what + " bad_src_access_order", CUDA_ERROR_INVALID_VALUE);
+  // "Must not be legacy NULL stream" (cuda.h).
+  if (stream == nullptr || stream == CU_STREAM_LEGACY)
+    return done(what + " legacy_stream", CUDA_ERROR_INVALID_VALUE);
+  for (size_t i = 0; i < count; ++i) {
+    if ((r = access_error(what, srcs[i], sizes[i], PROT_READ)) != CUDA_SUCCESS) return r;
+    if ((r = access_error(what, dsts[i], sizes[i], PROT_WRITE)) != CUDA_SUCCESS) return r;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    memmove(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs[i]), sizes[i]);
+    what += " [" + addr(dsts[i]) + "<-" + addr(srcs[i]) + fake::strf(" %zu]", sizes[i]);
+  }
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+  std::string what = "cuMemsetD32Async dst=" + addr(dst) +
+                     fake::strf(" value=0x%x count=%zu", value, count) +
+                     " stream=" + stream_name(stream);
+  FAKE_CUDA_FAIL_POINT("cuMemsetD32Async", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (dst % 4 != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
+  if ((r = access_error(what, dst, count * 4, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  auto* p = reinterpret_cast<uint32_t*>(dst);
+  for (size_t i = 0; i < count; ++i) __atomic_store_n(p + i, value, __ATOMIC_RELEASE);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr flag, cuuint32_t value,
+                              unsigned int flags) {
+  std::string what = "cuStreamWriteValue32 stream=" + stream_name(stream) + " addr=" + addr(flag) +
+                     fake::strf(" value=%u flags=%u", value, flags);
+  FAKE_CUDA_FAIL_POINT("cuStreamWriteValue32", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (flag % 4 != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
+  if ((r = access_error(what, flag, 4, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  __atomic_store_n(reinterpret_cast<uint32_t*>(flag), value, __ATOMIC_RELEASE);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr flag, cuuint32_t value,
+                             unsigned int flags) {
+  std::string what = "cuStreamWaitValue32 stream=" + stream_name(stream) + " addr=" + addr(flag) +
+                     fake::strf(" value=%u flags=%u", value, flags);
+  FAKE_CUDA_FAIL_POINT("cuStreamWaitValue32", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (flag % 4 != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
+  if ((r = access_error(what, flag, 4, PROT_READ)) != CUDA_SUCCESS) return r;
+  const auto* p = reinterpret_cast<const uint32_t*>(flag);
+  uint32_t seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  if (wait_satisfied(seen, value, flags)) return done(what + " satisfied", CUDA_SUCCESS);
+  const long budget = env_long("FAKE_CUDA_WAIT_MS", 0);
+  if (budget > 0 && !g_wait_budget_spent.load()) {
+    const long long start = now_ms();
+    while (now_ms() - start < budget) {
+      usleep(50);
+      seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+      if (wait_satisfied(seen, value, flags))
+        return done(what + fake::strf(" satisfied_after_ms=%lld", now_ms() - start), CUDA_SUCCESS);
+    }
+    g_wait_budget_spent.store(true);
+  }
+  // A fake stream cannot block: the wait is skipped, and says so.
+  return done(what + fake::strf(" not_satisfied seen=%u", seen), CUDA_SUCCESS);
+}
+
+// ---- Memory ----
+
+CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
+  std::string what = fake::strf("cuMemAlloc bytes=%zu", bytes);
+  FAKE_CUDA_FAIL_POINT("cuMemAlloc", what, CUDA_ERROR_OUT_OF_MEMORY);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (dptr == nullptr || bytes == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
+  void* p = nullptr;
+  if (posix_memalign(&p, 256, bytes) != 0) return done(what, CUDA_ERROR_OUT_OF_MEMORY);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    mem_allocs()[reinterpret_cast<uintptr_t>(p)] = bytes;
+  }
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return done(what + " ptr=" + addr(*dptr), CUDA_SUCCESS);
+}
+
+CUresult cuMemFree(CUdeviceptr dptr) {
+  std::string what = "cuMemFree ptr=" + addr(dptr);
+  FAKE_CUDA_FAIL_POINT("cuMemFree", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    known = mem_allocs().erase(dptr) != 0;
+  }
+  if (!known) return done(what + " unknown_pointer", CUDA_ERROR_INVALID_VALUE);
+  free(reinterpret_cast<void*>(dptr));
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity_out, const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags option) {
+  std::string what =
+      fake::strf("cuMemGetAllocationGranularity option=%d", static_cast<int>(option));
+  FAKE_CUDA_FAIL_POINT("cuMemGetAllocationGranularity", what, CUDA_ERROR_UNKNOWN);
+  if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (granularity_out == nullptr || prop == nullptr ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (!valid_device(prop->location.id)) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  *granularity_out = granularity();
+  return done(what + fake::strf(" dev=%d granularity=%zu", prop->location.id, *granularity_out),
+              CUDA_SUCCESS);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  std::string what = fake::strf("cuMemCreate size=%zu flags=%llu", size, flags);
+  FAKE_CUDA_FAIL_POINT("cuMemCreate", what, CUDA_ERROR_OUT_OF_MEMORY);
+  if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (handle == nullptr || prop == nullptr || size == 0 || size % granularity() != 0 ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (!valid_device(prop->location.id)) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  const int fd = memfd_create("fake-cuda-mem", MFD_CLOEXEC);
+  if (fd < 0) return done(what + " memfd_create_failed", CUDA_ERROR_OUT_OF_MEMORY);
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return done(what + " ftruncate_failed", CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  Alloc a;
+  a.fd = fd;
+  a.size = size;
+  a.exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    *handle = g_next_handle++;
+    allocs()[*handle] = a;
+  }
+  return done(what + fake::strf(" dev=%d handle=%llu exportable=%d", prop->location.id,
+                                static_cast<unsigned long long>(*handle), a.exportable ? 1 : 0),
+              CUDA_SUCCESS);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  std::string what =
+      fake::strf("cuMemRelease handle=%llu", static_cast<unsigned long long>(handle));
+  FAKE_CUDA_FAIL_POINT("cuMemRelease", what, CUDA_ERROR_UNKNOWN);
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = allocs().find(handle);
+    if (it != allocs().end()) {
+      fd = it->second.fd;
+      allocs().erase(it);
+    }
+  }
+  if (fd < 0) return done(what + " unknown_handle", CUDA_ERROR_INVALID_VALUE);
+  close(fd);  // mappings keep the memory alive, as in CUDA
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType type, unsigned long long flags) {
+  std::string what =
+      fake::strf("cuMemExportToShareableHandle handle=%llu type=%d flags=%llu",
+                 static_cast<unsigned long long>(handle), static_cast<int>(type), flags);
+  FAKE_CUDA_FAIL_POINT("cuMemExportToShareableHandle", what, CUDA_ERROR_UNKNOWN);
+  if (shareable == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return done(what, CUDA_ERROR_INVALID_VALUE);
+  int fd = -1;
+  const char* problem = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = allocs().find(handle);
+    if (it == allocs().end())
+      problem = " unknown_handle";
+    else if (!it->second.exportable)
+      problem = " not_exportable";
+    else
+      fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  }
+  if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
+  if (fd < 0) return done(what + " dup_failed", CUDA_ERROR_OUT_OF_MEMORY);
+  *static_cast<int*>(shareable) = fd;
+  return done(what + fake::strf(" fd=%d", fd), CUDA_SUCCESS);
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                        CUmemAllocationHandleType type) {
+  const int in = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  std::string what =
+      fake::strf("cuMemImportFromShareableHandle fd=%d type=%d", in, static_cast<int>(type));
+  FAKE_CUDA_FAIL_POINT("cuMemImportFromShareableHandle", what, CUDA_ERROR_UNKNOWN);
+  if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return done(what, CUDA_ERROR_INVALID_VALUE);
+  struct stat st;
+  if (in < 0 || fstat(in, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
+    return done(what + " not_an_allocation", CUDA_ERROR_INVALID_VALUE);
+  // FAKE_CUDA_IMPORT_UNSHARED=1: a fresh allocation of that size instead (a broken import that
+  // still "works": only a check of the peer's contents can tell).
+  const bool unshared = env_is_1("FAKE_CUDA_IMPORT_UNSHARED");
+  int fd = -1;
+  if (unshared) {
+    fd = memfd_create("fake-cuda-unshared", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, st.st_size) != 0) {
+      close(fd);
+      fd = -1;
+    }
+    what += " unshared";
+  } else {
+    fd = fcntl(in, F_DUPFD_CLOEXEC, 0);
+  }
+  if (fd < 0) return done(what + " dup_failed", CUDA_ERROR_OUT_OF_MEMORY);
+  Alloc a;
+  a.fd = fd;
+  a.size = static_cast<size_t>(st.st_size);
+  a.exportable = true;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    *handle = g_next_handle++;
+    allocs()[*handle] = a;
+  }
+  return done(
+      what + fake::strf(" handle=%llu size=%zu", static_cast<unsigned long long>(*handle), a.size),
+      CUDA_SUCCESS);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr_hint,
+                             unsigned long long flags) {
+  std::string what =
+      fake::strf("cuMemAddressReserve size=%zu alignment=%zu flags=%llu", size, alignment, flags);
+  FAKE_CUDA_FAIL_POINT("cuMemAddressReserve", what, CUDA_ERROR_OUT_OF_MEMORY);
+  const size_t g = granularity();
+  if (ptr == nullptr || size == 0 || size % g != 0) return done(what, CUDA_ERROR_INVALID_VALUE);
+  (void)addr_hint;  // a hint only
+  const size_t align = alignment > g ? alignment : g;
+  void* raw =
+      mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return done(what + " mmap_failed", CUDA_ERROR_OUT_OF_MEMORY);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t base = (start + align - 1) / align * align;
+  if (base > start) munmap(raw, base - start);
+  const uintptr_t end = start + size + align;
+  if (end > base + size) munmap(reinterpret_cast<void*>(base + size), end - (base + size));
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    reservations()[base] = size;
+  }
+  *ptr = static_cast<CUdeviceptr>(base);
+  return done(what + " ptr=" + addr(*ptr), CUDA_SUCCESS);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  std::string what = "cuMemAddressFree ptr=" + addr(ptr) + fake::strf(" size=%zu", size);
+  FAKE_CUDA_FAIL_POINT("cuMemAddressFree", what, CUDA_ERROR_UNKNOWN);
+  const char* problem = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = reservations().find(ptr);
+    if (it == reservations().end() || it->second != size) {
+      problem = " unknown_range";
+    } else {
+      auto m = mappings().lower_bound(ptr);
+      if (m != mappings().end() && m->first < ptr + size) {
+        problem = " still_mapped";
+      } else {
+        reservations().erase(it);
+        munmap(reinterpret_cast<void*>(ptr), size);
+      }
+    }
+  }
+  if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  std::string what = "cuMemMap ptr=" + addr(ptr) +
+                     fake::strf(" size=%zu offset=%zu handle=%llu flags=%llu", size, offset,
+                                static_cast<unsigned long long>(handle), flags);
+  FAKE_CUDA_FAIL_POINT("cuMemMap", what, CUDA_ERROR_OUT_OF_MEMORY);
+  const char* problem = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto a = allocs().find(handle);
+    auto r = reservations().upper_bound(ptr);
+    const bool reserved = r != reservations().begin() && ptr >= std::prev(r)->first &&
+                          ptr + size <= std::prev(r)->first + std::prev(r)->second;
+    auto m = mappings().lower_bound(ptr);
+    const bool overlaps =
+        (m != mappings().end() && m->first < ptr + size) ||
+        (m != mappings().begin() && std::prev(m)->first + std::prev(m)->second.size > ptr);
+    if (a == allocs().end())
+      problem = " unknown_handle";
+    else if (size == 0 || offset + size > a->second.size)
+      problem = " bad_size";
+    else if (!reserved)
+      problem = " not_reserved";
+    else if (overlaps)
+      problem = " already_mapped";
+    else if (mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                  a->second.fd, static_cast<off_t>(offset)) == MAP_FAILED)
+      problem = " mmap_failed";
+    else
+      mappings()[ptr] = Mapping{size, PROT_NONE};
+  }
+  if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  std::string what = "cuMemUnmap ptr=" + addr(ptr) + fake::strf(" size=%zu", size);
+  FAKE_CUDA_FAIL_POINT("cuMemUnmap", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto m = mappings().find(ptr);
+    known = m != mappings().end() && m->second.size == size;
+    if (known) {
+      mappings().erase(m);
+      // Back to reserved, inaccessible address space.
+      mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    }
+  }
+  if (!known) return done(what + " not_mapped", CUDA_ERROR_INVALID_VALUE);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  std::string what =
+      "cuMemSetAccess ptr=" + addr(ptr) + fake::strf(" size=%zu count=%zu", size, count);
+  FAKE_CUDA_FAIL_POINT("cuMemSetAccess", what, CUDA_ERROR_UNKNOWN);
+  if (desc == nullptr || count == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
+  int prot = PROT_NONE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(desc[i].location.id))
+      return done(what + " bad_location", CUDA_ERROR_INVALID_DEVICE);
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_READ | PROT_WRITE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) prot |= PROT_READ;
+    what += fake::strf(" dev=%d flags=%d", desc[i].location.id, static_cast<int>(desc[i].flags));
+  }
+  const char* problem = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto m = mappings().find(ptr);
+    if (m == mappings().end() || m->second.size != size)
+      problem = " not_mapped";
+    else if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0)
+      problem = " mprotect_failed";
+    else
+      m->second.prot = prot;
+  }
+  if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
+  return done(what, CUDA_SUCCESS);
+}
+
+// What this process still holds, for drivers' leak checks (not a CUDA function).
+__attribute__((visibility("default"))) int fake_cuda_live(const char* kind) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const std::string k = kind ? kind : "";
+  if (k == "alloc") return static_cast<int>(allocs().size());
+  if (k == "reserve") return static_cast<int>(reservations().size());
+  if (k == "map") return static_cast<int>(mappings().size());
+  if (k == "stream") return static_cast<int>(streams().size());
+  if (k == "event") return static_cast<int>(events().size());
+  if (k == "memalloc") return static_cast<int>(mem_allocs().size());
+  return -1;
+}
+
+}  // extern "C"
+
+// The copy-engine entry points by base name, as cuGetProcAddress hands them out.
+FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
+  struct Entry {
+    const char* name;
+    void* fn;
+  };
+  static const Entry kTable[] = {
+      {"cuDeviceGetUuid", reinterpret_cast<void*>(&cuDeviceGetUuid)},
+      {"cuDeviceCanAccessPeer", reinterpret_cast<void*>(&cuDeviceCanAccessPeer)},
+      {"cuStreamCreate", reinterpret_cast<void*>(&cuStreamCreate)},
+      {"cuStreamDestroy", reinterpret_cast<void*>(&cuStreamDestroy)},
+      {"cuStreamSynchronize", reinterpret_cast<void*>(&cuStreamSynchronize)},
+      {"cuStreamQuery", reinterpret_cast<void*>(&cuStreamQuery)},
+      {"cuStreamIsCapturing", reinterpret_cast<void*>(&cuStreamIsCapturing)},
+      {"cuStreamWaitEvent", reinterpret_cast<void*>(&cuStreamWaitEvent)},
+      {"cuEventCreate", reinterpret_cast<void*>(&cuEventCreate)},
+      {"cuEventDestroy", reinterpret_cast<void*>(&cuEventDestroy)},
+      {"cuEventRecord", reinterpret_cast<void*>(&cuEventRecord)},
+      {"cuMemAlloc", reinterpret_cast<void*>(&cuMemAlloc)},
+      {"cuMemFree", reinterpret_cast<void*>(&cuMemFree)},
+      {"cuMemcpyAsync", reinterpret_cast<void*>(&cuMemcpyAsync)},
+      {"cuMemcpyDtoH", reinterpret_cast<void*>(&cuMemcpyDtoH)},
+      {"cuMemcpyHtoD", reinterpret_cast<void*>(&cuMemcpyHtoD)},
+      {"cuMemsetD32Async", reinterpret_cast<void*>(&cuMemsetD32Async)},
+      {"cuStreamWaitValue32", reinterpret_cast<void*>(&cuStreamWaitValue32)},
+      {"cuStreamWriteValue32", reinterpret_cast<void*>(&cuStreamWriteValue32)},
+      {"cuGetErrorString", reinterpret_cast<void*>(&cuGetErrorString)},
+      {"cuMemcpyBatchAsync", reinterpret_cast<void*>(&cuMemcpyBatchAsync)},
+      {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},
+      {"cuMemRelease", reinterpret_cast<void*>(&cuMemRelease)},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&cuMemAddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&cuMemAddressFree)},
+      {"cuMemMap", reinterpret_cast<void*>(&cuMemMap)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess)},
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
+      {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&cuMemExportToShareableHandle)},
+      {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&cuMemImportFromShareableHandle)},
+      {"cuThreadExchangeStreamCaptureMode",
+       reinterpret_cast<void*>(&cuThreadExchangeStreamCaptureMode)},
+  };
+  for (const Entry& e : kTable)
+    if (strcmp(e.name, symbol) == 0) return e.fn;
+  return nullptr;
+}

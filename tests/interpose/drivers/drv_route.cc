@@ -1,0 +1,665 @@
+// Scenarios of the copy-engine route's set-up (src/route_setup.h), run under LD_PRELOAD of the
+// shim with the fake NCCL and the fake CUDA driver (FAKE_CUDA_CE=1: memory really shared
+// between processes, tests/fake_nccl/fake_cuda_mem.cc). Checked by test_route_setup.cc.
+// Results are "key=value" lines on stdout; the verdict is the test's.
+//
+//   drv_route default-log              one process, every creation path of the default mode
+//   drv_route grouped-init             one thread, one group: 2 inits on 2 devices, then a
+//                                      grouped all-gather on both
+//   drv_route initall-split            ncclCommInitAll(2), split (color 0, keys reversed) in a
+//                                      group (DRV_SPLIT_THREADS=1: one thread per comm, no
+//                                      group), a grouped all-gather on the children
+//   drv_route ranks N SCENARIO [rK:VAR=VALUE ...]
+//                                      fork()s N ranks; rank K sets VAR=VALUE before anything
+//                                      else (ZEROCTA_* included: the shim reads them at the
+//                                      rank's first NCCL call). Each rank runs SCENARIO and
+//                                      prints its keys as r<K>.<key>; the parent prints
+//                                      r<K>.exit (128 + signal when killed).
+//
+// Rank scenarios (options from DRV_* variables, per rank with rK:):
+//   basic     device DRV_DEVICE (default: the rank), a comm of DRV_NRANKS (default N) ranks,
+//             ncclGetUniqueId (FAKE_NCCL_COMM_ID makes
+//             the ranks agree), ncclCommInitRank (DRV_NB=1: InitRankConfig non-blocking;
+//             DRV_INIT_GROUP_AG=1: the init and an all-gather in one group), DRV_POLL=main|
+//             thread|none (non-blocking: who polls until ready), DRV_EARLY_DESTROY=1 (a
+//             ncclCommDestroy before the first poll), an all-gather of DRV_AG_BYTES per rank
+//             (default 4096; DRV_AG_GROUP=1 inside a group; DRV_AG=0: none), DRV_END=destroy|
+//             finalize|abort|kill|none, DRV_KILL_AFTER_INIT_MS (kill itself that long after
+//             the init), DRV_SLEEP_BEFORE_INIT_MS / DRV_SLEEP_AFTER_INIT_MS, DRV_LIST_CHANNEL=1
+//             (prints the channel directory's names just before its own init).
+//   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
+//             DRV_KEY) and an all-gather on the child.
+//   shrink    basic's init, then (ranks not in DRV_EXCLUDE, a comma list) ncclCommShrink and an
+//             all-gather on the child.
+//   fork      basic's init and all-gather, then fork(): the child makes a world of its own
+//             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
+//             reports as r<K>.child.*; the parent all-gathers again.
+//   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
+#include <cuda.h>
+#include <dirent.h>
+#include <nccl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "driver_util.h"
+
+extern "C" int fake_cuda_live(const char* kind);  // tests/fake_nccl/fake_cuda_mem.cc
+
+namespace {
+
+std::string g_prefix;  // "r<K>." in a rank, "" otherwise
+
+void out(const std::string& key, const std::string& value) { drv::out(g_prefix + key, value); }
+void out(const std::string& key, long long value) { drv::out(g_prefix + key, value); }
+
+std::string env_str(const char* name, const char* fallback) {
+  const char* v = getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+long env_long(const char* name, long fallback) {
+  const char* v = getenv(name);
+  return v != nullptr && *v != '\0' ? strtol(v, nullptr, 0) : fallback;
+}
+
+void make_current(int dev) {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+      cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    out("make_current_failed", dev);
+    _exit(3);
+  }
+}
+
+// Threads of this process named zerocta-fd (the shim's fd service).
+int fd_threads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      std::getline(f, name);
+      if (name == "zerocta-fd") ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+// The zerocta-* names in the channel directory, comma-separated ("" when none).
+std::string channel_names() {
+  std::string names;
+  const std::string dir = env_str("ZEROCTA_CHANNEL_DIR", "/dev/shm");
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (strncmp(e->d_name, "zerocta-", 8) == 0)
+        names += (names.empty() ? "" : ",") + std::string(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
+int channel_count() {
+  const std::string n = channel_names();
+  if (n.empty()) return 0;
+  int c = 1;
+  for (char ch : n) c += ch == ',';
+  return c;
+}
+
+// The shim's counters that matter here, as <tag>.<name>=N ("<tag>.stats=absent" without it).
+void stats(const std::string& tag) {
+  using GetStats = int (*)(zerocta_stats_t*);
+  auto get = reinterpret_cast<GetStats>(dlsym(RTLD_DEFAULT, "zerocta_get_stats"));
+  zerocta_stats_t s;
+  if (get == nullptr || get(&s) != 0) {
+    out(tag + ".stats", "absent");
+    return;
+  }
+  out(tag + ".ag_ce",
+      static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_ce].calls));
+  out(tag + ".ag_pass",
+      static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_passthrough].calls));
+  out(tag + ".created", static_cast<long long>(s.comms_created));
+  out(tag + ".ce_ready", static_cast<long long>(s.comms_ce_ready));
+  out(tag + ".pool_bytes", static_cast<long long>(s.pool_bytes));
+}
+
+void cuda_live(const std::string& tag) {
+  for (const char* k : {"alloc", "reserve", "map", "stream", "event"})
+    out(tag + ".live_" + k, fake_cuda_live(k));
+}
+
+void report(const std::string& tag) {
+  stats(tag);
+  out(tag + ".fd_threads", fd_threads());
+  out(tag + ".channel_files", channel_count());
+}
+
+uint8_t pattern(int rank, size_t i) { return static_cast<uint8_t>(rank * 37 + i * 7 + 1); }
+
+// One all-gather's buffers: host memory (a device pointer is a host pointer in the fake).
+struct Gather {
+  std::vector<uint8_t> send, recv;
+  CUstream stream = nullptr;
+  int rank = 0, nranks = 0;
+  Gather(int r, int n, size_t bytes) : send(bytes), recv(bytes * static_cast<size_t>(n), 0xee) {
+    rank = r;
+    nranks = n;
+    for (size_t i = 0; i < bytes; ++i) send[i] = pattern(r, i);
+    if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) stream = nullptr;
+  }
+  ncclResult_t issue(ncclComm_t c) {
+    return ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, c,
+                         reinterpret_cast<cudaStream_t>(stream));
+  }
+  int data_ok() const {
+    const size_t bytes = send.size();
+    for (int r = 0; r < nranks; ++r)
+      for (size_t i = 0; i < bytes; ++i)
+        if (recv[static_cast<size_t>(r) * bytes + i] != pattern(r, i)) return 0;
+    return 1;
+  }
+  ~Gather() {
+    if (stream) cuStreamDestroy(stream);
+  }
+};
+
+// An all-gather on `c` (rank `r` of `n`): prints <tag>.rc and <tag>.data_ok.
+void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped = false) {
+  Gather g(r, n, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)));
+  if (grouped) ncclGroupStart();
+  ncclResult_t rc = g.issue(c);
+  if (grouped) {
+    ncclResult_t end = ncclGroupEnd();
+    if (rc == ncclSuccess) rc = end;
+  }
+  if (g.stream) cuStreamSynchronize(g.stream);
+  out(tag + ".rc", rc);
+  out(tag + ".data_ok", g.data_ok());
+}
+
+// Polls until not in progress (at most 2000 polls); <tag>.polls_in_progress, <tag>.async,
+// <tag>.ready_before (comms_ce_ready before the poll that saw the comm ready) and
+// <tag>.ready_at (right after it).
+void poll_ready(const std::string& tag, ncclComm_t c) {
+  using GetStats = int (*)(zerocta_stats_t*);
+  auto get = reinterpret_cast<GetStats>(dlsym(RTLD_DEFAULT, "zerocta_get_stats"));
+  auto ce_ready = [get]() -> long long {
+    zerocta_stats_t s;
+    return get && get(&s) == 0 ? static_cast<long long>(s.comms_ce_ready) : -1;
+  };
+  int in_progress = 0;
+  ncclResult_t state = ncclInProgress, rc = ncclSuccess;
+  long long before = ce_ready();
+  for (int i = 0; i < 2000; ++i) {
+    before = ce_ready();
+    state = ncclInProgress;
+    rc = ncclCommGetAsyncError(c, &state);
+    if (rc != ncclSuccess || state != ncclInProgress) break;
+    ++in_progress;
+    usleep(1000);
+  }
+  out(tag + ".polls_in_progress", in_progress);
+  out(tag + ".poll_rc", rc);
+  out(tag + ".async", state);
+  out(tag + ".ready_before", before);
+  out(tag + ".ready_at", ce_ready());
+}
+
+ncclUniqueId unique_id() {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) {
+    out("uniqueid_failed", 1);
+    _exit(4);
+  }
+  return id;
+}
+
+// basic's init: ncclCommInitRank or a non-blocking InitRankConfig, maybe in a group with an
+// all-gather; polls as DRV_POLL says. Prints init.* and returns the comm (nullptr on failure).
+ncclComm_t init_world(int rank, int nranks) {
+  nranks = static_cast<int>(env_long("DRV_NRANKS", nranks));
+  const ncclUniqueId id = unique_id();
+  if (long ms = env_long("DRV_SLEEP_BEFORE_INIT_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
+  if (env_long("DRV_LIST_CHANNEL", 0)) out("channel_before_init", channel_names());
+  const bool nb = env_long("DRV_NB", 0) == 1;
+  const bool group_ag = env_long("DRV_INIT_GROUP_AG", 0) == 1;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t c = nullptr;
+  Gather* g = nullptr;
+  drv::log_marker((g_prefix + "init").c_str());
+  if (group_ag) ncclGroupStart();
+  ncclResult_t rc = nb ? ncclCommInitRankConfig(&c, nranks, id, rank, &cfg)
+                       : ncclCommInitRank(&c, nranks, id, rank);
+  out("init.rc", rc);
+  if (group_ag && c != nullptr) {
+    g = new Gather(rank, nranks, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)));
+    out("init_group_ag.rc", g->issue(c));
+  }
+  if (group_ag) out("init.group_end", ncclGroupEnd());
+  if (c == nullptr) return nullptr;
+  stats("init");
+  out("init.channel_files", channel_count());
+  if (long ms = env_long("DRV_SLEEP_AFTER_INIT_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
+  if (nb && env_long("DRV_EARLY_DESTROY", 0)) {
+    drv::log_marker((g_prefix + "early-destroy").c_str());
+    out("early_destroy", ncclCommDestroy(c));
+    drv::log_marker((g_prefix + "early-destroy-end").c_str());
+  }
+  const std::string poll = env_str("DRV_POLL", nb ? "main" : "none");
+  if (poll == "main") {
+    poll_ready("poll", c);
+  } else if (poll == "thread") {
+    std::thread t([&] {
+      make_current(static_cast<int>(env_long("DRV_DEVICE", rank)));
+      poll_ready("poll", c);
+    });
+    t.join();
+  }
+  if (g) {
+    if (g->stream) cuStreamSynchronize(g->stream);
+    out("init_group_ag.data_ok", g->data_ok());
+    delete g;
+  }
+  stats("ready");
+  out("ready.channel_files", channel_count());
+  return c;
+}
+
+void end_comm(ncclComm_t c, const std::string& tag) {
+  const std::string how = env_str("DRV_END", "destroy");
+  drv::log_marker((g_prefix + "end-" + tag).c_str());
+  if (how == "destroy") {
+    out(tag + ".destroy", ncclCommDestroy(c));
+  } else if (how == "finalize") {
+    out(tag + ".finalize", ncclCommFinalize(c));
+    out(tag + ".destroy", ncclCommDestroy(c));
+  } else if (how == "abort") {
+    out(tag + ".abort", ncclCommAbort(c));
+  } else if (how == "kill") {
+    kill(getpid(), SIGKILL);
+  }
+}
+
+void rank_basic(int rank, int nranks) {
+  ncclComm_t c = init_world(rank, nranks);
+  if (c == nullptr) return;
+  if (long ms = env_long("DRV_KILL_AFTER_INIT_MS", -1); ms >= 0) {
+    usleep(static_cast<useconds_t>(ms) * 1000);
+    kill(getpid(), SIGKILL);
+  }
+  if (env_long("DRV_AG", 1)) {
+    all_gather("ag", c, rank, nranks, env_long("DRV_AG_GROUP", 0) == 1);
+    stats("ag");
+  }
+  end_comm(c, "world");
+  report("end");
+  cuda_live("end");
+}
+
+void rank_split(int rank, int nranks) {
+  ncclComm_t c = init_world(rank, nranks);
+  if (c == nullptr) return;
+  const std::string color_text = env_str("DRV_COLOR", "0");
+  const int color = color_text == "nocolor" ? NCCL_SPLIT_NOCOLOR : atoi(color_text.c_str());
+  ncclComm_t child = nullptr;
+  out("split.rc",
+      ncclCommSplit(c, color, static_cast<int>(env_long("DRV_KEY", 0)), &child, nullptr));
+  out("split.child", child != nullptr ? 1 : 0);
+  if (child != nullptr) {
+    int r = -1, n = -1;
+    ncclCommUserRank(child, &r);
+    ncclCommCount(child, &n);
+    out("child.rank", r);
+    out("child.count", n);
+    stats("split");
+    all_gather("child_ag", child, r, n);
+    stats("child_ag");
+    out("child.destroy", ncclCommDestroy(child));
+  }
+  if (env_long("DRV_AG", 1)) all_gather("world_ag", c, rank, nranks);
+  end_comm(c, "world");
+  report("end");
+  cuda_live("end");
+}
+
+void rank_shrink(int rank, int nranks) {
+  ncclComm_t c = init_world(rank, nranks);
+  if (c == nullptr) return;
+  std::vector<int> excluded;
+  const std::string list = env_str("DRV_EXCLUDE", "");
+  for (size_t at = 0; at < list.size();) {
+    excluded.push_back(atoi(list.c_str() + at));
+    const size_t comma = list.find(',', at);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  bool me_excluded = false;
+  for (int x : excluded) me_excluded = me_excluded || x == rank;
+  if (!me_excluded) {
+    ncclComm_t child = nullptr;
+    out("shrink.rc", ncclCommShrink(c, excluded.data(), static_cast<int>(excluded.size()), &child,
+                                    nullptr, NCCL_SHRINK_DEFAULT));
+    if (child != nullptr) {
+      int r = -1, n = -1;
+      ncclCommUserRank(child, &r);
+      ncclCommCount(child, &n);
+      out("child.rank", r);
+      out("child.count", n);
+      stats("shrink");
+      all_gather("child_ag", child, r, n);
+      stats("child_ag");
+      out("child.destroy", ncclCommDestroy(child));
+    }
+  }
+  end_comm(c, "world");
+  report("end");
+  cuda_live("end");
+}
+
+void rank_fork(int rank, int nranks) {
+  ncclComm_t c = init_world(rank, nranks);
+  if (c == nullptr) return;
+  all_gather("ag", c, rank, nranks);
+  report("before_fork");
+  const std::string parent_prefix = g_prefix;
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(static_cast<unsigned>(env_long("DRV_TIMEOUT_S", 20)));
+    g_prefix = parent_prefix + "child.";
+    out("pid", getpid());
+    out("fd_threads_at_start", fd_threads());
+    setenv("FAKE_NCCL_COMM_ID", (env_str("FAKE_NCCL_COMM_ID", "x") + "-child").c_str(), 1);
+    ncclComm_t cc = init_world(rank, nranks);
+    if (cc != nullptr) {
+      all_gather("ag", cc, rank, nranks);
+      stats("ag");
+      out("destroy", ncclCommDestroy(cc));
+    }
+    report("end");
+    _exit(0);
+  }
+  all_gather("after_fork_ag", c, rank, nranks);
+  stats("after_fork");
+  int status = 0;
+  waitpid(pid, &status, 0);
+  out("child_exit", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  end_comm(c, "world");
+  report("end");
+}
+
+void rank_hang(int rank, int nranks) {
+  const long ms = env_long("DRV_KILL_MS", 300);
+  std::thread([ms] {
+    usleep(static_cast<useconds_t>(ms) * 1000);
+    kill(getpid(), SIGKILL);
+  }).detach();
+  init_world(rank, nranks);  // never completes: the other ranks never come
+}
+
+int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < nranks; ++rank) {
+    pid_t pid = fork();
+    if (pid < 0) return 3;
+    if (pid == 0) {
+      alarm(static_cast<unsigned>(env_long("DRV_TIMEOUT_S", 20)));
+      g_prefix = "r" + std::to_string(rank) + ".";
+      const std::string mine = "r" + std::to_string(rank) + ":";
+      for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a.rfind(mine, 0) != 0) continue;
+        a = a.substr(mine.size());
+        const size_t eq = a.find('=');
+        if (eq != std::string::npos) setenv(a.substr(0, eq).c_str(), a.substr(eq + 1).c_str(), 1);
+      }
+      out("pid", getpid());
+      make_current(static_cast<int>(env_long("DRV_DEVICE", rank)));
+      if (scenario == "basic")
+        rank_basic(rank, nranks);
+      else if (scenario == "split")
+        rank_split(rank, nranks);
+      else if (scenario == "shrink")
+        rank_shrink(rank, nranks);
+      else if (scenario == "fork")
+        rank_fork(rank, nranks);
+      else if (scenario == "hang")
+        rank_hang(rank, nranks);
+      else
+        out("unknown_scenario", scenario);
+      out("done", 1);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (int rank = 0; rank < nranks; ++rank) {
+    int status = 0;
+    waitpid(pids[static_cast<size_t>(rank)], &status, 0);
+    drv::out("r" + std::to_string(rank) + ".exit",
+             WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return 0;
+}
+
+// ---- Single-process scenarios ----
+
+cudaStream_t fake_stream() { return static_cast<cudaStream_t>(drv::fake_stream(1)); }
+
+// Every creation path of the default mode, with the collectives and registrations a program
+// makes on them. The ids come from FAKE_NCCL_COMM_ID (no renumbering when the shim rebuilds
+// ncclCommInitAll with an id of its own).
+int default_log() {
+  make_current(0);
+  ncclUniqueId id = unique_id();
+  void* b = drv::fake_buffer(1);
+  auto ag = [&](ncclComm_t c) { return ncclAllGather(b, b, 64, ncclFloat32, c, fake_stream()); };
+
+  drv::log_marker("init-rank");
+  ncclComm_t a = nullptr;
+  out("a.init", ncclCommInitRank(&a, 2, id, 0));
+  out("a.ag", ag(a));
+  out("a.ar", ncclAllReduce(b, b, 64, ncclFloat32, ncclSum, a, fake_stream()));
+  void* mem = nullptr;
+  out("a.memalloc", ncclMemAlloc(&mem, 1 << 16));
+  ncclWindow_t win = nullptr;
+  out("a.winreg", ncclCommWindowRegister(a, mem, 1 << 16, &win, NCCL_WIN_COLL_SYMMETRIC));
+  out("a.win_ag",
+      ncclAllGather(mem, static_cast<char*>(mem) + 4096, 256, ncclFloat32, a, fake_stream()));
+  out("a.windereg", ncclCommWindowDeregister(a, win));
+  out("a.memfree", ncclMemFree(mem));
+
+  drv::log_marker("split-one");
+  ncclComm_t sa = nullptr, none = nullptr;
+  out("sa.split", ncclCommSplit(a, 0, 0, &sa, nullptr));
+  out("none.split", ncclCommSplit(a, NCCL_SPLIT_NOCOLOR, 0, &none, nullptr));
+  if (sa) {
+    out("sa.ag", ag(sa));
+    out("sa.a2a", ncclAlltoAll(b, b, 16, ncclFloat32, sa, fake_stream()));
+    out("sa.destroy", ncclCommDestroy(sa));
+  }
+
+  drv::log_marker("init-all");
+  ncclComm_t all[2] = {};
+  out("all.init", ncclCommInitAll(all, 2, nullptr));
+  drv::log_marker("split");
+  ncclComm_t kids[2] = {};
+  ncclGroupStart();
+  out("split0", ncclCommSplit(all[0], 0, 1, &kids[0], nullptr));
+  out("split1", ncclCommSplit(all[1], 0, 0, &kids[1], nullptr));
+  out("split.end", ncclGroupEnd());
+  ncclGroupStart();
+  for (ncclComm_t k : kids)
+    if (k) out("kid.ag", ag(k));
+  out("kid.ag.end", ncclGroupEnd());
+  for (ncclComm_t k : kids)
+    if (k) out("kid.ar", ncclAllReduce(b, b, 64, ncclFloat32, ncclSum, k, fake_stream()));
+
+  drv::log_marker("grouped-init");
+  ncclComm_t g[2] = {};
+  ncclGroupStart();
+  for (int i = 0; i < 2; ++i) {
+    make_current(i);
+    out("g.init", ncclCommInitRank(&g[i], 2, id, i));
+  }
+  for (ncclComm_t c : g)
+    if (c) out("g.ag", ag(c));
+  out("g.end", ncclGroupEnd());
+  make_current(0);
+
+  drv::log_marker("nonblocking");
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t nb = nullptr;
+  out("nb.init", ncclCommInitRankConfig(&nb, 2, id, 0, &cfg));
+  ncclGroupStart();
+  ncclResult_t state = ncclInProgress;
+  for (int i = 0; i < 100 && nb; ++i) {
+    state = ncclInProgress;
+    if (ncclCommGetAsyncError(nb, &state) != ncclSuccess || state != ncclInProgress) break;
+  }
+  out("nb.async", state);
+  out("nb.end", ncclGroupEnd());
+  if (nb) out("nb.ag", ag(nb));
+
+  drv::log_marker("never-polled");
+  ncclComm_t np = nullptr;
+  out("np.init", ncclCommInitRankConfig(&np, 2, id, 0, &cfg));
+  if (np) {
+    out("np.finalize", ncclCommFinalize(np));
+    out("np.destroy", ncclCommDestroy(np));
+    out("np.abort", ncclCommAbort(np));
+  }
+
+  drv::log_marker("teardown");
+  for (ncclComm_t c : {nb, g[0], g[1], kids[0], kids[1], all[0], all[1], a})
+    if (c) ncclCommDestroy(c);
+  drv::log_marker("end");
+  out("fd_threads", fd_threads());
+  out("channel_files", channel_count());
+  stats("end");
+  return 0;
+}
+
+// One thread creates two ranks of one communicator in one group, then all-gathers on both in
+// another group (the single-process multi-GPU pattern).
+int grouped_init() {
+  make_current(0);
+  const ncclUniqueId id = unique_id();
+  ncclComm_t c[2] = {};
+  ncclGroupStart();
+  for (int i = 0; i < 2; ++i) {
+    make_current(i);
+    out("init" + std::to_string(i), ncclCommInitRank(&c[i], 2, id, i));
+    int r = -77;
+    ncclCommUserRank(c[i], &r);
+    out("in_group.rank" + std::to_string(i), r);
+  }
+  out("group_end", ncclGroupEnd());
+  stats("init");
+  out("init.channel_files", channel_count());
+  if (!c[0] || !c[1]) return 0;
+  {
+    const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
+    Gather g0(0, 2, bytes), g1(1, 2, bytes);
+    make_current(0);
+    ncclGroupStart();
+    out("ag0", g0.issue(c[0]));
+    make_current(1);
+    out("ag1", g1.issue(c[1]));
+    out("ag.end", ncclGroupEnd());
+    out("ag0.data_ok", g0.data_ok());
+    out("ag1.data_ok", g1.data_ok());
+    stats("ag");
+  }
+  for (ncclComm_t x : c) out("destroy", ncclCommDestroy(x));
+  report("end");
+  cuda_live("end");
+  return 0;
+}
+
+// ncclCommInitAll(2) and a split of both comms into one child with reversed keys: in one group
+// from one thread, or (DRV_SPLIT_THREADS=1) one thread per comm without a group.
+int initall_split() {
+  make_current(0);
+  ncclComm_t all[2] = {};
+  out("initall", ncclCommInitAll(all, 2, nullptr));
+  stats("initall");
+  if (!all[0] || !all[1]) return 0;
+  ncclComm_t kids[2] = {};
+  if (env_long("DRV_SPLIT_THREADS", 0)) {
+    std::thread t[2];
+    ncclResult_t rc[2] = {};
+    for (int i = 0; i < 2; ++i)
+      t[i] = std::thread([&, i] {
+        make_current(i);
+        rc[i] = ncclCommSplit(all[i], 0, 1 - i, &kids[i], nullptr);
+      });
+    for (auto& th : t) th.join();
+    out("split0", rc[0]);
+    out("split1", rc[1]);
+  } else {
+    ncclGroupStart();
+    out("split0", ncclCommSplit(all[0], 0, 1, &kids[0], nullptr));
+    out("split1", ncclCommSplit(all[1], 0, 0, &kids[1], nullptr));
+    out("split.end", ncclGroupEnd());
+  }
+  stats("split");
+  if (!kids[0] || !kids[1]) {
+    out("children", 0);
+    return 0;
+  }
+  int r[2] = {-1, -1};
+  for (int i = 0; i < 2; ++i) {
+    ncclCommUserRank(kids[i], &r[i]);
+    out("kid" + std::to_string(i) + ".rank", r[i]);
+  }
+  {
+    const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
+    Gather g0(r[0], 2, bytes), g1(r[1], 2, bytes);
+    ncclGroupStart();
+    make_current(0);
+    out("ag0", g0.issue(kids[0]));
+    make_current(1);
+    out("ag1", g1.issue(kids[1]));
+    out("ag.end", ncclGroupEnd());
+    out("ag0.data_ok", g0.data_ok());
+    out("ag1.data_ok", g1.data_ok());
+    stats("ag");
+  }
+  for (ncclComm_t x : {kids[0], kids[1], all[0], all[1]}) out("destroy", ncclCommDestroy(x));
+  report("end");
+  cuda_live("end");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: drv_route SCENARIO | ranks N SCENARIO [rK:VAR=VALUE ...]\n");
+    return 64;
+  }
+  const std::string s = argv[1];
+  if (s == "ranks" && argc >= 4) {
+    alarm(static_cast<unsigned>(env_long("DRV_TIMEOUT_S", 20) + 5));
+    return run_ranks(atoi(argv[2]), argv[3], argc - 4, argv + 4);
+  }
+  alarm(static_cast<unsigned>(env_long("DRV_TIMEOUT_S", 20)));
+  if (s == "default-log") return default_log();
+  if (s == "grouped-init") return grouped_init();
+  if (s == "initall-split") return initall_split();
+  fprintf(stderr, "drv_route: unknown scenario %s\n", argv[1]);
+  return 64;
+}

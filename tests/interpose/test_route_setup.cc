@@ -1,0 +1,1002 @@
+// The copy-engine route's set-up (src/route_setup.h: join, freeze, prepare, teardown) against
+// the hazards it was rebuilt for, on the CPU: drivers/drv_route.cc under LD_PRELOAD of the
+// shim, the fake NCCL (cross-process rendezvous, non-blocking model) and the fake CUDA driver
+// with FAKE_CUDA_CE=1 (memfd-backed memory really shared between processes, copies run at
+// once, FAKE_CUDA_WAIT_MS: a wait polls the flag a peer process writes, so a CE all-gather on
+// two ranks moves real data and a route that diverged between ranks shows as "not_satisfied").
+//
+// Every test gets its own channel directory (ZEROCTA_CHANNEL_DIR), rendezvous directory and
+// unique id. Ranks are fork()ed by the driver and report as r<K>.<key>; the shim's log lines
+// are told apart by pid.
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+
+namespace itest {
+namespace {
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+std::string unique_id_text() {
+  static std::atomic<int> n{0};
+  return "route-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+}
+
+// The settings of the route tests: auto for any size, a small pool (1 MiB, slots of 128 KiB),
+// INFO logs, the fake's copy-engine API, real waits.
+Env route_env(const Scratch& chan, const Scratch& rdv, const std::string& id) {
+  return {{"FAKE_CUDA_CE", "1"},
+          {"FAKE_CUDA_WAIT_MS", "2000"},
+          {"ZEROCTA_LOG", "info"},
+          {"ZEROCTA_ALLGATHER", "auto"},
+          {"ZEROCTA_MIN_BYTES", "0"},
+          {"ZEROCTA_POOL_BYTES", "1M"},
+          {"ZEROCTA_CHUNK_BYTES", "128K"},
+          {"ZEROCTA_CHANNEL_DIR", chan.dir()},
+          {"FAKE_NCCL_RENDEZVOUS_DIR", rdv.dir()},
+          {"FAKE_NCCL_RENDEZVOUS_TIMEOUT_MS", "5000"},
+          {"FAKE_NCCL_COMM_ID", id},
+          {"DRV_TIMEOUT_S", "20"}};
+}
+
+Env with(Env env, const Env& more) {
+  for (const auto& kv : more) {
+    auto it =
+        std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == kv.first; });
+    if (it != env.end())
+      it->second = kv.second;
+    else
+      env.push_back(kv);
+  }
+  return env;
+}
+
+RunResult run_route(const std::vector<std::string>& args, const Env& env, const Scratch& s,
+                    bool preload = true) {
+  RunSpec spec;
+  spec.argv = {driver("drv_route")};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.env = env;
+  spec.preload = preload;
+  spec.timeout_s = 40;
+  return run(spec, s);
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// The shim's lines of one process at one level ("INFO", "WARN").
+std::vector<std::string> shim_lines(const RunResult& r, const std::string& pid,
+                                    const std::string& level) {
+  std::vector<std::string> out;
+  for (const std::string& line : r.err_lines())
+    if (contains(line, ":" + pid + ":") && contains(line, " zerocta " + level + " "))
+      out.push_back(line);
+  return out;
+}
+
+// Its WARN lines, less the one about ZEROCTA_CHANNEL_DIR (its own test below).
+std::vector<std::string> warns(const RunResult& r, const std::string& pid) {
+  std::vector<std::string> out;
+  for (const std::string& line : shim_lines(r, pid, "WARN"))
+    if (!contains(line, "ZEROCTA_CHANNEL_DIR is not a zerocta variable")) out.push_back(line);
+  return out;
+}
+
+// The decision lines ("route: rank ...") of one process.
+std::vector<std::string> decisions(const RunResult& r, const std::string& pid) {
+  std::vector<std::string> out;
+  for (const std::string& line : shim_lines(r, pid, "INFO"))
+    if (contains(line, "zerocta INFO route: rank ")) out.push_back(line);
+  return out;
+}
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return contains(l, needle); });
+}
+
+std::string pid_of(const RunResult& r, int rank) {
+  return r.kv()["r" + std::to_string(rank) + ".pid"];
+}
+long long rnum(const RunResult& r, int rank, const std::string& key) {
+  return r.num("r" + std::to_string(rank) + "." + key);
+}
+
+// Fake CUDA lines of one process for one entry point that succeeded.
+int cuda_calls(const RunResult& r, const std::string& fn, const std::string& pid) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("cuda " + fn + " ", 0) == 0 && contains(line, " pid=" + pid + " -> 0")) ++n;
+  return n;
+}
+
+int waits_not_satisfied(const RunResult& r) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("cuda cuStreamWaitValue32 ", 0) == 0 && contains(line, " not_satisfied")) ++n;
+  return n;
+}
+
+const std::vector<std::string> kCollectives = {
+    "ncclAllGather", "ncclAllReduce", "ncclBroadcast", "ncclReduceScatter",
+    "ncclReduce",    "ncclSend",      "ncclRecv",      "ncclAlltoAll",
+    "ncclGather",    "ncclScatter",   "ncclBcast",     "ncclGroupEnd:launch"};
+
+int nccl_collective_lines(const RunResult& r) {
+  int n = 0;
+  for (const std::string& line : r.log_lines()) {
+    const std::string fn = log_fields(line)["fn"];
+    if (std::find(kCollectives.begin(), kCollectives.end(), fn) != kCollectives.end()) ++n;
+  }
+  return n;
+}
+
+// Both ranks ran to the end, nothing left in the channel directory.
+void expect_clean_pair(const RunResult& r, const Scratch& chan, int nranks = 2) {
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  for (int k = 0; k < nranks; ++k) {
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << "rank " << k << "\n" << r.describe();
+    EXPECT_EQ(r.kv()["r" + std::to_string(k) + ".done"], "1") << "rank " << k << "\n"
+                                                              << r.describe();
+  }
+  EXPECT_EQ(joined(files_in(chan.dir())), "") << "left in the channel directory";
+}
+
+// Every rank committed and its all-gather took the route, moving real data.
+void expect_committed_pair(const RunResult& r, const std::string& ag = "ag") {
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_TRUE(any_contains(decisions(r, pid), "rank " + std::to_string(k) + "/2 dev " +
+                                                    std::to_string(k) +
+                                                    ": copy-engine all-gather engaged"))
+        << r.describe();
+    EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, ag + ".rc"), 0);
+    EXPECT_EQ(rnum(r, k, ag + ".ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, ag + ".ag_pass"), 0);
+    EXPECT_EQ(rnum(r, k, ag + ".data_ok"), 1) << "the copy-engine all-gather moved wrong data";
+  }
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+// Every rank passed through for a reason containing `why`, logged at INFO (and WARN if
+// `warned`), and forwarded its all-gather to NCCL.
+void expect_passthrough_pair(const RunResult& r, const std::string& why, bool warned) {
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_TRUE(any_contains(decisions(r, pid), "not engaged: ")) << r.describe();
+    EXPECT_TRUE(any_contains(decisions(r, pid), why)) << "no decision naming \"" << why << "\"\n"
+                                                      << r.describe();
+    if (warned)
+      EXPECT_TRUE(any_contains(warns(r, pid), why)) << r.describe();
+    else
+      EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
+    EXPECT_EQ(rnum(r, k, "init.ce_ready"), 0);
+    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+  }
+  EXPECT_EQ(static_cast<int>(log_calls(r, "ncclAllGather").size()), 2) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0);
+}
+
+// ---- The fake CUDA driver ----
+
+TEST(RouteSetup, FakeCudaOffersTheCopyEngineApiOnlyWithFakeCudaCe) {
+  Scratch s, chan, rdv;
+  Env env = route_env(chan, rdv, unique_id_text());
+  RunResult off = run_route({"ranks", "2", "basic"}, with(env, {{"FAKE_CUDA_CE", "0"}}), s);
+  expect_clean_pair(off, chan);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(decisions(off, pid_of(off, k)), std::vector<std::string>{}) << off.describe();
+    EXPECT_EQ(rnum(off, k, "ag.ag_pass"), 1);
+  }
+  EXPECT_TRUE(
+      contains(off.log, "cuGetProcAddress symbol=cuMemCreate version=12000 flags=1 not_found"))
+      << off.describe();
+  EXPECT_FALSE(contains(off.log, "cuda cuMemCreate ")) << off.describe();
+}
+
+// ---- 1. The default mode makes no call of its own ----
+
+// The fake's log without volatile parts: heap and stack addresses, config bytes (the policy
+// patches them), ncclCommInitRank turned into ncclCommInitRankConfig (the policy's fresh
+// config), the shim's ncclGetVersion. CUDA lines are left out (see the test of its own).
+std::vector<std::string> normalized_nccl_log(const RunResult& r) {
+  std::vector<std::string> out;
+  for (std::string line : r.log_lines()) {
+    if (line.rfind("cuda ", 0) == 0 || line.rfind("ncclGetVersion ", 0) == 0) continue;
+    std::string norm;
+    size_t at = 0;
+    // Tokens "k=v": drop config fields, mask long hex values.
+    while (at <= line.size()) {
+      size_t sp = line.find(' ', at);
+      if (sp == std::string::npos) sp = line.size();
+      std::string tok = line.substr(at, sp - at);
+      at = sp + 1;
+      const size_t eq = tok.find('=');
+      const std::string key = eq == std::string::npos ? "" : tok.substr(0, eq);
+      if (key == "config" || key == "config_size" || key == "magic" || key == "version" ||
+          key == "cta" || key == "blocking" || key == "hex")
+        continue;
+      if (eq != std::string::npos && tok.compare(eq + 1, 2, "0x") == 0 && tok.size() - eq - 3 >= 10)
+        tok = key + "=ADDR";
+      norm += (norm.empty() ? "" : " ") + tok;
+    }
+    if (norm.rfind("ncclCommInitRank ", 0) == 0) norm.replace(0, 16, "ncclCommInitRankConfig");
+    out.push_back(norm);
+  }
+  return out;
+}
+
+// Lines outside [marker from, marker to).
+std::vector<std::string> without_section(const std::vector<std::string>& lines,
+                                         const std::string& from, const std::string& to,
+                                         std::vector<std::string>* section) {
+  std::vector<std::string> out;
+  bool in = false;
+  for (const std::string& l : lines) {
+    if (l == "marker " + from) in = true;
+    if (l == "marker " + to) in = false;
+    (in ? *section : out).push_back(l);
+  }
+  return out;
+}
+
+void expect_same(const std::vector<std::string>& want, const std::vector<std::string>& got,
+                 const std::string& what, const RunResult& r) {
+  for (size_t i = 0; i < want.size() || i < got.size(); ++i) {
+    const std::string a = i < want.size() ? want[i] : "<end of log>";
+    const std::string b = i < got.size() ? got[i] : "<end of log>";
+    if (a != b) {
+      ADD_FAILURE() << what << ": line " << i + 1 << " differs\n  without shim: " << a
+                    << "\n  with shim:    " << b << "\n"
+                    << r.describe();
+      return;
+    }
+  }
+}
+
+struct DefaultRuns {
+  Scratch s0, s1, s2, chan;
+  RunResult none, zero, keep;
+  DefaultRuns() {
+    const Env env = {{"FAKE_CUDA_CE", "1"},
+                     {"FAKE_NCCL_NONBLOCKING", "1"},
+                     {"FAKE_NCCL_COMM_ID", unique_id_text()},
+                     {"ZEROCTA_CHANNEL_DIR", chan.dir()},
+                     {"DRV_TIMEOUT_S", "20"}};
+    none = run_route({"default-log"}, env, s0, /*preload=*/false);
+    zero = run_route({"default-log"}, env, s1);
+    keep = run_route({"default-log"}, with(env, {{"ZEROCTA_CTA_POLICY", "keep"}}), s2);
+  }
+};
+
+const std::vector<std::string> kQueries = {"ncclCommCount", "ncclCommUserRank", "ncclCommCuDevice"};
+bool is_query(const std::string& line) {
+  const std::string fn = log_fields(line)["fn"];
+  return std::find(kQueries.begin(), kQueries.end(), fn) != kQueries.end();
+}
+std::vector<std::string> without_queries(std::vector<std::string> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), is_query), v.end());
+  return v;
+}
+
+TEST(RouteSetup, DefaultModeForwardsEveryPathAsWithoutTheShim) {
+  DefaultRuns d;
+  ASSERT_EQ(d.none.exit_code, 0) << d.none.describe();
+  ASSERT_EQ(d.zero.exit_code, 0) << d.zero.describe();
+  EXPECT_EQ(d.zero.out.substr(0, d.zero.out.find("end.")),
+            d.none.out.substr(0, d.none.out.find("end.")))
+      << "results differ";
+  // Queries are the next test's business; here everything else must match line for line.
+  std::vector<std::string> initall_none, initall_zero;
+  const auto base = without_section(without_queries(normalized_nccl_log(d.none)), "init-all",
+                                    "split", &initall_none);
+  const auto shim = without_section(without_queries(normalized_nccl_log(d.zero)), "init-all",
+                                    "split", &initall_zero);
+  expect_same(base, shim, "default mode (zero policy)", d.zero);
+  // ncclCommInitAll is rebuilt from its parts to carry the policy (test_policy.cc): nothing else.
+  for (const std::string& line : initall_zero) {
+    const std::string fn = log_fields(line)["fn"];
+    EXPECT_TRUE(fn == "marker" || fn == "ncclGetUniqueId" || fn == "ncclGroupStart" ||
+                fn == "ncclCommInitRankConfig" || fn == "ncclGroupEnd")
+        << line;
+  }
+}
+
+TEST(RouteSetup, DefaultModeAsksNcclNoQueryOfItsOwn) {
+  // The driver itself never calls ncclCommCount/UserRank/CuDevice. The shim may ask one thing:
+  // a Split/Shrink child's size, once, at its first collective (to count all-gather bytes),
+  // when the child exists for sure; never a rank or a device, never twice.
+  DefaultRuns d;
+  ASSERT_EQ(d.none.exit_code, 0) << d.none.describe();
+  for (const RunResult* r : {&d.none, &d.zero, &d.keep}) {
+    std::vector<std::string> queries;
+    std::map<std::string, int> counts_per_comm;
+    for (const std::string& line : r->log_lines()) {
+      if (!is_query(line)) continue;
+      auto f = log_fields(line);
+      if (f["fn"] == "ncclCommCount" && ++counts_per_comm[f["comm"]] == 1) continue;
+      queries.push_back(line);
+    }
+    EXPECT_EQ(queries, std::vector<std::string>{})
+        << "NCCL calls of the shim's own in the default mode\n"
+        << r->describe();
+  }
+}
+
+TEST(RouteSetup, DefaultModeWithKeepPolicyLogIsIdentical) {
+  DefaultRuns d;
+  ASSERT_EQ(d.keep.exit_code, 0) << d.keep.describe();
+  expect_same(without_queries(normalized_nccl_log(d.none)),
+              without_queries(normalized_nccl_log(d.keep)), "default mode, keep policy", d.keep);
+}
+
+TEST(RouteSetup, DefaultModeWithKeepPolicyMakesNoCudaCall) {
+  // Nothing of the shim needs the driver here: no policy to put on another device, no route.
+  DefaultRuns d;
+  auto cuda = [](const RunResult& r) {
+    std::vector<std::string> v;
+    for (const std::string& line : r.log_lines())
+      if (line.rfind("cuda ", 0) == 0) v.push_back(line);
+    return v;
+  };
+  expect_same(cuda(d.none), cuda(d.keep), "CUDA calls, keep policy", d.keep);
+}
+
+TEST(RouteSetup, DefaultModeLeavesNoChannelNoFdServiceNoMemory) {
+  DefaultRuns d;
+  for (const RunResult* r : {&d.zero, &d.keep}) {
+    ASSERT_EQ(r->exit_code, 0) << r->describe();
+    EXPECT_EQ(r->num("fd_threads"), 0) << "a zerocta-fd thread in the default mode";
+    EXPECT_EQ(r->num("channel_files"), 0);
+    EXPECT_EQ(r->num("end.ce_ready"), 0);
+    EXPECT_EQ(r->num("end.pool_bytes"), 0);
+    EXPECT_FALSE(contains(r->log, "cuda cuMemCreate ")) << r->describe();
+    EXPECT_FALSE(contains(r->log, "cuda cuStreamCreate ")) << r->describe();
+    EXPECT_FALSE(contains(r->err, "route: ")) << r->describe();
+  }
+  EXPECT_EQ(joined(files_in(d.chan.dir())), "");
+}
+
+// ---- 2. Two processes commit ----
+
+TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  expect_committed_pair(r);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(rnum(r, k, "init.ce_ready"), 1) << "frozen when the blocking init returned";
+    EXPECT_EQ(rnum(r, k, "init.channel_files"), 0) << "the name is unlinked at the freeze";
+    EXPECT_EQ(rnum(r, k, "init.pool_bytes"), 2 << 20) << "1 MiB of slots + flags, granularity 2M";
+    // Prepare fetched the peer's arena, mapped it and read its marker.
+    EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 1) << r.describe();
+    EXPECT_GE(cuda_calls(r, "cuMemcpyDtoH", pid), 1);
+    EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", pid), 1);
+    EXPECT_EQ(rnum(r, k, "end.fd_threads"), 1) << "one fd service per process";
+    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+    for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+      EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind << " left in the driver";
+  }
+  // No NCCL call of the shim's own: the application's calls only.
+  EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
+  for (const std::string& line : r.log_lines()) {
+    if (line.rfind("cuda ", 0) == 0) continue;
+    const std::string fn = log_fields(line)["fn"];
+    EXPECT_TRUE(fn == "marker" || fn == "ncclGetUniqueId" || fn == "ncclGetVersion" ||
+                fn == "ncclCommInitRankConfig" || fn == "ncclCommDestroy")
+        << line;
+  }
+}
+
+TEST(RouteSetup, MarkerCheckFailsWhenImportedMemoryIsNotShared) {
+  // The control of the test above: with an import that maps fresh memory, prepare must notice.
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"FAKE_CUDA_IMPORT_UNSHARED", "1"}, {"FAKE_CUDA_WAIT_MS", "0"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  // The first rank to prepare finds the mismatch and poisons the comm; the other one does too,
+  // or finds the poison its peer left in the channel first (ncclRemoteError).
+  int verified = 0;
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(rnum(r, k, "ag.rc"), 0) << r.describe();
+    verified += any_contains(warns(r, pid_of(r, k)), "failed verification") ? 1 : 0;
+  }
+  EXPECT_GE(verified, 1) << r.describe();
+}
+
+TEST(RouteSetup, ZeroctaModeRoutesAnySize) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()), {{"ZEROCTA_ALLGATHER", "zerocta"},
+                                                              {"ZEROCTA_MIN_BYTES", "64M"},
+                                                              {"DRV_AG_BYTES", "1000"}}),
+                s);
+  expect_clean_pair(r, chan);
+  expect_committed_pair(r);
+}
+
+TEST(RouteSetup, AutoBelowMinBytesCommitsButForwards) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()), {{"ZEROCTA_MIN_BYTES", "64M"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "init.ce_ready"), 1);
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
+    EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", pid_of(r, k)), 0)
+        << "prepared without a routed all-gather";
+  }
+}
+
+// ---- 3. The library or the mode on one rank only ----
+
+void one_rank_differs(const std::string& var, const std::string& value) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:" + var + "=" + value},
+                          route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  const std::string pid0 = pid_of(r, 0);
+  EXPECT_TRUE(any_contains(decisions(r, pid0), "not engaged: a rank on this host did not join"))
+      << r.describe();
+  EXPECT_TRUE(any_contains(warns(r, pid0), "did not join")) << r.describe();
+  EXPECT_EQ(rnum(r, 0, "ag.ag_pass"), 1);
+  EXPECT_EQ(rnum(r, 0, "end.pool_bytes"), 0);
+  EXPECT_EQ(decisions(r, pid_of(r, 1)), std::vector<std::string>{}) << "rank 1 never joined";
+  EXPECT_EQ(static_cast<int>(log_calls(r, "ncclAllGather").size()), 2) << r.describe();
+}
+
+TEST(RouteSetup, OneRankWithShimDisabledBothPassThrough) {
+  one_rank_differs("ZEROCTA_ENABLE", "0");
+}
+
+TEST(RouteSetup, OneRankInNcclModeBothPassThrough) {
+  one_rank_differs("ZEROCTA_ALLGATHER", "nccl");
+}
+
+// ---- 4. One thread, one group, two ranks ----
+
+TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
+  Scratch s, chan, rdv;
+  // One thread issues both ranks' plans in turn: the fake's waits cannot make the first one
+  // wait for the second, so the data is not checked here (it is across processes).
+  RunResult r =
+      run_route({"grouped-init"},
+                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_WAIT_MS", "0"}}), s);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(r.num("in_group.rank1"), 0) << "the fake answers 0 until the group end";
+  EXPECT_EQ(r.num("group_end"), 0);
+  EXPECT_EQ(r.num("init.ce_ready"), 2) << r.describe();
+  EXPECT_EQ(r.num("init.channel_files"), 0);
+  const auto lines = r.err_lines();
+  EXPECT_TRUE(any_contains(lines, "route: rank 0/2 dev 0: copy-engine all-gather engaged"))
+      << r.describe();
+  EXPECT_TRUE(any_contains(lines, "route: rank 1/2 dev 1: copy-engine all-gather engaged"))
+      << r.describe();
+  EXPECT_EQ(r.num("ag.ag_ce"), 2);
+  EXPECT_EQ(r.num("ag1.data_ok"), 1) << "the second rank's plan ran after the first one's";
+  EXPECT_EQ(r.num("end.pool_bytes"), 0);
+  for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+    EXPECT_EQ(r.num(std::string("end.live_") + kind), 0) << kind;
+  EXPECT_EQ(joined(files_in(chan.dir())), "");
+  EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
+}
+
+// ---- 5. Non-blocking communicators ----
+
+TEST(RouteSetup, NonBlockingCommFreezesInThePollThatSeesSuccess) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"FAKE_NCCL_NONBLOCKING", "1"}, {"DRV_NB", "1"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "init.rc"), 7) << "ncclInProgress";
+    EXPECT_EQ(rnum(r, k, "init.ce_ready"), 0) << "frozen before NCCL said ready";
+    EXPECT_GE(rnum(r, k, "poll.polls_in_progress"), 3) << "3, more while the peer is late";
+    EXPECT_EQ(rnum(r, k, "poll.ready_before"), 0);
+    EXPECT_EQ(rnum(r, k, "poll.ready_at"), 1) << "not frozen by the poll that saw ncclSuccess";
+  }
+  expect_committed_pair(r);
+}
+
+TEST(RouteSetup, NonBlockingCommPolledFromASecondThread) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()),
+                     {{"FAKE_NCCL_NONBLOCKING", "1"}, {"DRV_NB", "1"}, {"DRV_POLL", "thread"}}),
+                s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(rnum(r, k, "poll.ready_at"), 1) << r.describe();
+  expect_committed_pair(r);
+}
+
+TEST(RouteSetup, PassThroughCommFrozenOnAnotherThreadFreesItsMemoryAtNextUse) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r1:ZEROCTA_MIN_BYTES=1"},
+                with(route_env(chan, rdv, unique_id_text()),
+                     {{"FAKE_NCCL_NONBLOCKING", "1"}, {"DRV_NB", "1"}, {"DRV_POLL", "thread"}}),
+                s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), "fingerprint differs")) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.pool_bytes"), 0) << "the arena outlived the first operation";
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
+  }
+}
+
+// An all-gather inside a group on a non-blocking comm that NCCL completed but nobody polled:
+// the route is decided at the group end, alike on every rank whether it polled or not.
+void expect_same_route(const RunResult& r) {
+  EXPECT_EQ(rnum(r, 0, "ag.ag_ce"), rnum(r, 1, "ag.ag_ce")) << "the ranks took different routes "
+                                                               "(a hang on GPUs)\n"
+                                                            << r.describe();
+  EXPECT_EQ(rnum(r, 0, "ag.ag_pass"), rnum(r, 1, "ag.ag_pass"));
+  EXPECT_EQ(rnum(r, 0, "ag.rc"), 0);
+  EXPECT_EQ(rnum(r, 1, "ag.rc"), 0);
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+TEST(RouteSetup, GroupedAllGatherBeforeAnyPollIsDecidedAtGroupEndAlikeOnEveryRank) {
+  // Without FAKE_NCCL_NONBLOCKING the fake completes a non-blocking init at once (as NCCL may):
+  // rank 0 polls (and freezes), rank 1 never polls; both all-gather inside a group.
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic", "r0:DRV_POLL=main", "r1:DRV_POLL=none"},
+      with(route_env(chan, rdv, unique_id_text()), {{"DRV_NB", "1"}, {"DRV_AG_GROUP", "1"}}), s);
+  expect_clean_pair(r, chan);
+  expect_same_route(r);
+}
+
+TEST(RouteSetup, GroupedAllGatherOnUnpolledNonBlockingCommTakesTheRoute) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"DRV_NB", "1"}, {"DRV_AG_GROUP", "1"}, {"DRV_POLL", "none"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  expect_same_route(r);
+  expect_committed_pair(r);
+}
+
+TEST(RouteSetup, InitAndAllGatherInOneGroupReachNccl) {
+  // The nccl-tests pattern with a non-blocking comm: the all-gather is part of the init's
+  // group; NCCL launches it at the group end.
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_NCCL_NONBLOCKING", "1"},
+                                                              {"DRV_NB", "1"},
+                                                              {"DRV_INIT_GROUP_AG", "1"},
+                                                              {"DRV_AG", "0"}}),
+                s);
+  expect_clean_pair(r, chan);
+  int launched = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("ncclGroupEnd:launch ncclAllGather ", 0) == 0 && contains(line, " -> 0"))
+      ++launched;
+  const long long ce = rnum(r, 0, "end.ag_ce") + rnum(r, 1, "end.ag_ce");
+  EXPECT_EQ(launched + ce, 2) << "an all-gather of the application went missing\n" << r.describe();
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(rnum(r, k, "init_group_ag.rc"), 0);
+}
+
+TEST(RouteSetup, DestroyOfANeverPolledNonBlockingCommMakesNoNcclCallOfItsOwn) {
+  // One process holding rank 0 of 2 (no rendezvous: the fake completes it alone).
+  Scratch s, chan, rdv;
+  Env env = with(route_env(chan, rdv, unique_id_text()), {{"FAKE_NCCL_NONBLOCKING", "1"},
+                                                          {"DRV_NB", "1"},
+                                                          {"DRV_NRANKS", "2"},
+                                                          {"DRV_EARLY_DESTROY", "1"},
+                                                          {"DRV_POLL", "none"},
+                                                          {"DRV_AG", "0"},
+                                                          {"DRV_END", "abort"}});
+  env.erase(std::remove_if(env.begin(), env.end(),
+                           [](const auto& e) { return e.first == "FAKE_NCCL_RENDEZVOUS_DIR"; }),
+            env.end());
+  RunResult r = run_route({"ranks", "1", "basic"}, env, s);
+  EXPECT_EQ(rnum(r, 0, "exit"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 0, "early_destroy"), 4) << "NCCL refuses a comm in progress";
+  std::vector<std::string> nccl;
+  bool in = false;
+  for (const std::string& line : r.log_lines()) {
+    if (line == "marker r0.early-destroy") in = true;
+    if (line == "marker r0.early-destroy-end") in = false;
+    if (in && line.rfind("cuda ", 0) != 0 && line.rfind("marker ", 0) != 0) nccl.push_back(line);
+  }
+  EXPECT_EQ(nccl, std::vector<std::string>{"ncclCommDestroy comm=comm#1 -> 4"}) << r.describe();
+  EXPECT_EQ(joined(files_in(chan.dir())), "");
+}
+
+TEST(RouteSetup, DestroyRefusedByNcclKeepsTheRanksOnOneRoute) {
+  // Rank 0 calls ncclCommDestroy too early (NCCL answers ncclInvalidArgument: nothing
+  // happened), then polls and uses the comm as usual, like rank 1.
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r0:DRV_EARLY_DESTROY=1", "r0:DRV_SLEEP_AFTER_INIT_MS=300"},
+                with(route_env(chan, rdv, unique_id_text()),
+                     {{"FAKE_NCCL_NONBLOCKING", "1"}, {"DRV_NB", "1"}}),
+                s);
+  expect_clean_pair(r, chan);
+  EXPECT_EQ(rnum(r, 0, "early_destroy"), 4);
+  expect_same_route(r);
+}
+
+// ---- 6. Splits and shrinks ----
+
+TEST(RouteSetup, GroupedSplitOfInitAllCommsCommitsTheChild) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"initall-split"},
+                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_WAIT_MS", "0"}}), s);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(r.num("initall.ce_ready"), 2);
+  EXPECT_EQ(r.num("kid0.rank"), 1) << "keys reversed";
+  EXPECT_EQ(r.num("kid1.rank"), 0);
+  EXPECT_EQ(r.num("split.created"), 4) << "the children were never registered\n" << r.describe();
+  EXPECT_EQ(r.num("split.ce_ready"), 4) << r.describe();
+  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 1/2 dev 0: copy-engine all-gather engaged"))
+      << r.describe();
+  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 0/2 dev 1: copy-engine all-gather engaged"));
+  EXPECT_EQ(r.num("ag.ag_ce"), 2);
+  EXPECT_EQ(joined(files_in(chan.dir())), "");
+}
+
+TEST(RouteSetup, SplitOfInitAllCommsByTwoThreadsCommitsTheChild) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"initall-split"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"FAKE_CUDA_WAIT_MS", "0"}, {"DRV_SPLIT_THREADS", "1"}}),
+                          s);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(r.num("kid0.rank"), 1);
+  EXPECT_EQ(r.num("kid1.rank"), 0);
+  EXPECT_EQ(r.num("split.ce_ready"), 4) << r.describe();
+  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 1/2 dev 0: copy-engine all-gather engaged"))
+      << r.describe();
+  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 0/2 dev 1: copy-engine all-gather engaged"));
+  EXPECT_EQ(r.num("ag.ag_ce"), 2);
+  EXPECT_EQ(r.num("end.pool_bytes"), 0);
+  for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+    EXPECT_EQ(r.num(std::string("end.live_") + kind), 0) << kind;
+  EXPECT_EQ(joined(files_in(chan.dir())), "");
+}
+
+TEST(RouteSetup, SplitAcrossProcessesWithReversedKeysCommits) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "split", "r0:DRV_KEY=1", "r1:DRV_KEY=0"},
+                          route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "child.rank"), 1 - k);
+    EXPECT_EQ(rnum(r, k, "child.count"), 2);
+    EXPECT_EQ(rnum(r, k, "split.ce_ready"), 2) << "parent and child";
+    EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), "rank " + std::to_string(1 - k) +
+                                                             "/2 dev " + std::to_string(k) +
+                                                             ": copy-engine all-gather engaged"))
+        << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
+    EXPECT_EQ(rnum(r, k, "world_ag.data_ok"), 1);
+    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+  }
+  EXPECT_EQ(waits_not_satisfied(r), 0);
+}
+
+TEST(RouteSetup, NoColorSplitInAThreeProcessWorld) {
+  // auto with ZEROCTA_AUTO_MAX_RANKS=2: the world of 3 never joins, the child of 2 commits.
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "3", "split", "r0:DRV_COLOR=nocolor", "r1:DRV_KEY=1", "r2:DRV_KEY=0"},
+                with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG", "0"}}), s);
+  expect_clean_pair(r, chan, 3);
+  EXPECT_EQ(rnum(r, 0, "split.child"), 0);
+  EXPECT_EQ(decisions(r, pid_of(r, 0)), std::vector<std::string>{}) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "child.rank"), 1);
+  EXPECT_EQ(rnum(r, 2, "child.rank"), 0);
+  for (int k : {1, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "child.count"), 2);
+    EXPECT_EQ(rnum(r, k, "split.ce_ready"), 1) << "the child only";
+    EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), "copy-engine all-gather engaged"))
+        << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
+  }
+  EXPECT_EQ(waits_not_satisfied(r), 0);
+}
+
+TEST(RouteSetup, ShrinkWithAnExcludeListCommitsTheChild) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "3", "shrink"},
+                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_EXCLUDE", "1"}}), s);
+  expect_clean_pair(r, chan, 3);
+  EXPECT_EQ(rnum(r, 0, "child.rank"), 0);
+  EXPECT_EQ(rnum(r, 2, "child.rank"), 1);
+  for (int k : {0, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "child.count"), 2);
+    EXPECT_EQ(rnum(r, k, "shrink.ce_ready"), 1);
+    EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
+  }
+  EXPECT_EQ(decisions(r, pid_of(r, 1)), std::vector<std::string>{});
+  EXPECT_EQ(waits_not_satisfied(r), 0);
+}
+
+// ---- 7. Failure paths ----
+
+// Rank 1's cuMemCreate fails (out of memory): every rank passes through and says why. Both
+// join orders: the failing rank last, then first (its peer then also finds no fd service to
+// probe; the verdict must still name the allocation, not a network namespace).
+TEST(RouteSetup, AllocationFailureOnTheLaterRankPassesThroughEverywhere) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemCreate", "r1:DRV_SLEEP_BEFORE_INIT_MS=200"},
+      route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "could not allocate or export its route memory", true);
+}
+
+TEST(RouteSetup, AllocationFailureOnTheEarlierRankPassesThroughNamingTheAllocation) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemCreate", "r0:DRV_SLEEP_BEFORE_INIT_MS=200"},
+      route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "could not allocate or export its route memory", true);
+}
+
+TEST(RouteSetup, NoP2pPassesThroughNamingP2p) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_NO_P2P", "1"}}), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "P2P", true);
+}
+
+TEST(RouteSetup, NoP2pIsSeenWhenTheRanksJoinAtTheSameTime) {
+  // Slow driver queries make both ranks read the members before either has published: each
+  // pair of ranks must still be checked by one of them.
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"FAKE_CUDA_NO_P2P", "1"}, {"FAKE_CUDA_DELAY", "cuDeviceGet:300"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "P2P", true);
+}
+
+TEST(RouteSetup, DifferentMinBytesPassesThroughNamingTheSettings) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:ZEROCTA_MIN_BYTES=1"},
+                          route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "different ZEROCTA_* settings", true);
+}
+
+TEST(RouteSetup, RankOnAnotherHostPassesThroughWithInfoOnly) {
+  // Two "hosts" of one GPU each: another channel directory, another UUID seed.
+  Scratch s, chan, chan1, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic", "r1:ZEROCTA_CHANNEL_DIR=" + chan1.dir(), "r1:FAKE_CUDA_UUID_SEED=1"},
+      with(route_env(chan, rdv, unique_id_text()),
+           {{"FAKE_CUDA_DEVICES", "1"}, {"DRV_DEVICE", "0"}}),
+      s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "spans hosts", /*warned=*/false);
+  EXPECT_EQ(joined(files_in(chan1.dir())), "");
+}
+
+// The channel name of a 2-rank world from FAKE_NCCL_COMM_ID `id`: rank 1 lists the directory
+// while rank 0 waits in its init.
+std::string channel_name_of(const std::string& id) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r1:DRV_SLEEP_BEFORE_INIT_MS=300", "r1:DRV_LIST_CHANNEL=1"},
+                with(route_env(chan, rdv, id), {{"DRV_AG", "0"}}), s);
+  EXPECT_EQ(rnum(r, 1, "exit"), 0) << r.describe();
+  const std::string name = r.kv()["r1.channel_before_init"];
+  EXPECT_EQ(name.rfind("zerocta-", 0), 0u) << "no channel while rank 0 was in its init\n"
+                                           << r.describe();
+  EXPECT_EQ(name.size(), 8u + 32u) << name;
+  return name;
+}
+
+TEST(RouteSetup, ForeignFileAtTheChannelNamePassesThrough) {
+  const std::string id = unique_id_text();
+  const std::string name = channel_name_of(id);
+  ASSERT_FALSE(name.empty());
+  Scratch s, chan, rdv;
+  const std::string path = chan.path(name);
+  const std::string text = "not a zerocta channel\n";
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  chmod(path.c_str(), 0644);
+  RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, id), s);
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
+    EXPECT_EQ(rnum(r, k, "init.ce_ready"), 0);
+    std::vector<std::string> said = shim_lines(r, pid_of(r, k), "WARN");
+    for (const std::string& l : shim_lines(r, pid_of(r, k), "INFO")) said.push_back(l);
+    EXPECT_TRUE(any_contains(said, "foreign channel segment")) << r.describe();
+  }
+  EXPECT_EQ(read_file(path), text) << "the foreign file was changed";
+  EXPECT_EQ(joined(files_in(chan.dir())), name) << "only the foreign file may remain";
+}
+
+TEST(RouteSetup, SegmentLeftByARankKilledDuringSetUpIsStaleForTheNextJob) {
+  const std::string id = unique_id_text();
+  Scratch chan;
+  {
+    Scratch s, rdv;
+    RunResult dead =
+        run_route({"ranks", "1", "hang"},
+                  with(route_env(chan, rdv, id), {{"DRV_NRANKS", "2"}, {"DRV_KILL_MS", "300"}}), s);
+    EXPECT_EQ(rnum(dead, 0, "exit"), 128 + SIGKILL) << dead.describe();
+    EXPECT_EQ(files_in(chan.dir()).size(), 1u) << "the joined segment stays: nobody froze it";
+  }
+  Scratch s, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, id), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "stale", true);
+}
+
+TEST(RouteSetup, FullChannelDirectoryPassesThrough) {
+  Scratch s, chan, rdv;
+  if (mount("tmpfs", chan.dir().c_str(), "tmpfs", 0, "size=8k,mode=0700") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << strerror(errno);
+  {
+    int fd = open(chan.path("filler").c_str(), O_WRONLY | O_CREAT, 0600);
+    char block[1024] = {};
+    while (fd >= 0 && write(fd, block, sizeof block) == static_cast<ssize_t>(sizeof block)) {
+    }
+    if (fd >= 0) close(fd);
+  }
+  RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, unique_id_text()), s);
+  EXPECT_FALSE(r.timed_out);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
+    EXPECT_TRUE(any_contains(warns(r, pid_of(r, k)), "no room")) << r.describe();
+  }
+  const std::vector<std::string> left = files_in(chan.dir());
+  unlink(chan.path("filler").c_str());
+  umount2(chan.dir().c_str(), MNT_DETACH);
+  EXPECT_EQ(joined(left), "filler") << "a temporary segment was left behind";
+}
+
+TEST(RouteSetup, ZeroctaChannelDirIsAKnownVariable) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, unique_id_text()), s);
+  EXPECT_FALSE(contains(r.err, "ZEROCTA_CHANNEL_DIR is not a zerocta variable")) << r.err;
+}
+
+// ---- 8. fork() with live communicators ----
+
+TEST(RouteSetup, ForkedChildHasNoFdServiceAndItsCommDoesNotHang) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "fork"}, route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    // The parent keeps its route across the fork.
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1);
+    EXPECT_EQ(rnum(r, k, "after_fork_ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "after_fork.ag_ce"), 2) << r.describe();
+    EXPECT_EQ(rnum(r, k, "after_fork_ag.data_ok"), 1);
+    EXPECT_EQ(rnum(r, k, "child_exit"), 0) << r.describe();
+    // The child: no service, none started, its own world passes through.
+    EXPECT_EQ(rnum(r, k, "child.fd_threads_at_start"), 0);
+    EXPECT_EQ(rnum(r, k, "child.init.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "child.end.fd_threads"), 0) << "the child started an fd service";
+    EXPECT_EQ(rnum(r, k, "child.ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "child.ag.ag_pass"), 1);
+    EXPECT_EQ(rnum(r, k, "child.ag.ag_ce"), 0);
+    EXPECT_EQ(rnum(r, k, "child.end.channel_files"), 0);
+    const std::string child_pid = r.kv()["r" + std::to_string(k) + ".child.pid"];
+    EXPECT_TRUE(any_contains(decisions(r, child_pid), "fd service")) << r.describe();
+  }
+}
+
+// ---- 9. Nothing left behind ----
+
+TEST(RouteSetup, RankKilledAfterInitLeavesNoChannelFile) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r1:DRV_KILL_AFTER_INIT_MS=0"},
+                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_WAIT_MS", "200"}}), s);
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "exit"), 128 + SIGKILL);
+  EXPECT_EQ(rnum(r, 0, "exit"), 0) << r.describe();
+  EXPECT_EQ(r.kv()["r0.done"], "1");
+  EXPECT_EQ(rnum(r, 0, "end.pool_bytes"), 0);
+  EXPECT_EQ(joined(files_in(chan.dir())), "");
+}
+
+TEST(RouteSetup, AbortLeavesNothingBehind) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_END", "abort"}}), s);
+  expect_clean_pair(r, chan);
+  expect_committed_pair(r);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "world.abort"), 0);
+    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+    for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+      EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind;
+  }
+}
+
+TEST(RouteSetup, FinalizeThenDestroyLeavesNothingBehind) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()), {{"DRV_END", "finalize"}}), s);
+  expect_clean_pair(r, chan);
+  expect_committed_pair(r);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "world.finalize"), 0);
+    EXPECT_EQ(rnum(r, k, "world.destroy"), 0);
+    for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+      EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind;
+  }
+}
+
+}  // namespace
+}  // namespace itest
