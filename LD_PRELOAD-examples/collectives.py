@@ -22,9 +22,6 @@ import torch.distributed as dist
 
 import zerocta_stats
 
-# NVLink multicast must stay off on the project's GPU machines (set before NCCL initialises).
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
 def pattern(rank, op, n, device):

@@ -22,7 +22,13 @@ preflight "$nproc"
 [[ -x $zerocta_run ]] || { echo "$0: $zerocta_run not found; build first or set ZEROCTA_RUN" >&2 && exit 2; }
 # The first run is the reference: it must not have zerocta preloaded already.
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Test-host rule, not a zerocta requirement: the project's GPU hosts must not use NVLink
+# multicast, so the examples run with it off. On your own cluster drop this line (or export
+# NCCL_NVLS_ENABLE=1 first) to keep NCCL's NVLink SHARP; zerocta needs it neither way.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+# This script's own ZEROCTA_* knobs stay in this shell: in the ranks they would be unknown
+# ZEROCTA_* variables, which zerocta reports (one WARN each).
+export -n ZEROCTA_RUN ZEROCTA_RUN_ARGS
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/zerocta-collectives.XXXXXX")
 echo "outputs in $work"

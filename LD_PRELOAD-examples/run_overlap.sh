@@ -8,13 +8,12 @@
 #   nccl-ce       NCCL alone, the application changed: zero-CTA policy + symmetric-memory
 #                 buffers registered as NCCL windows (NCCL's own copy-engine path)
 #   zerocta       plain tensors under zerocta-run --allgather zerocta
-#   zerocta-staged  plain tensors under zerocta-run --allgather nccl-staged (NCCL >= 2.28.9)
 #
 # With T_k the overlapped time on the kernel path and T_ideal = max(GEMM alone, all-gather
 # alone): recovered = (T_k - T_x) / (T_k - T_ideal) for each variant x (target for zerocta:
 # >= 0.8, and T_zerocta <= T_nccl-ce). Logs and JSON per variant in OUTDIR, the comparison in
 # OUTDIR/overlap-summary.json. Environment: ZEROCTA_BUILD (default <repo>/build), TORCHRUN,
-# PYTHON (python3), OVERLAP_VARIANTS (default "kernel nccl-ce zerocta zerocta-staged").
+# PYTHON (python3), OVERLAP_VARIANTS (default "kernel nccl-ce zerocta").
 # Exit status: 0 if every variant ran and its output was correct, 1 otherwise, 2 usage.
 set -euo pipefail
 
@@ -32,9 +31,15 @@ torchrun=()  # set by preflight
 # shellcheck disable=SC1091  # preflight.sh sits beside this script
 . "$here/preflight.sh"
 preflight "$ngpu"
-read -r -a variants <<<"${OVERLAP_VARIANTS:-kernel nccl-ce zerocta zerocta-staged}"
+read -r -a variants <<<"${OVERLAP_VARIANTS:-kernel nccl-ce zerocta}"
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Test-host rule, not a zerocta requirement: the project's GPU hosts must not use NVLink
+# multicast, so the examples run with it off. On your own cluster drop this line (or export
+# NCCL_NVLS_ENABLE=1 first) to keep NCCL's NVLink SHARP; zerocta needs it neither way.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+# This script's own ZEROCTA_* knobs stay in this shell: in the ranks they would be unknown
+# ZEROCTA_* variables, which zerocta reports (one WARN each).
+export -n ZEROCTA_BUILD
 mkdir -p "$outdir"
 outdir=$(cd -- "$outdir" && pwd)
 
@@ -46,7 +51,6 @@ for v in "${variants[@]}"; do
     # NCCL_DEBUG=INFO/INIT: NCCL says "Init CE" when its copy-engine path first runs.
     nccl-ce) extra=(--buffers nccl-windows) envs=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT) ;;
     zerocta) launcher=("$zerocta_run" --lib "$lib" --allgather zerocta --) ;;
-    zerocta-staged) launcher=("$zerocta_run" --lib "$lib" --allgather nccl-staged --) ;;
     *) echo "$0: unknown variant '$v'" >&2 && exit 2 ;;
   esac
   echo "== overlap/$v"

@@ -52,8 +52,13 @@ python=${PYTHON:-python3}
 timeout_s=${PAIR_TIMEOUT_S:-600}
 # The plain runs are the reference: zerocta must not be preloaded already.
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }
-# NVLink multicast stays off on the project's GPU machines, in every run.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Test-host rule, not a zerocta requirement: the project's GPU hosts must not use NVLink
+# multicast, so the examples run with it off. On your own cluster drop this line (or export
+# NCCL_NVLS_ENABLE=1 first) to keep NCCL's NVLink SHARP; zerocta needs it neither way.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+# This script's own ZEROCTA_* knobs stay in this shell: in the ranks they would be unknown
+# ZEROCTA_* variables, which zerocta reports (one WARN each).
+export -n ZEROCTA_BUILD ZEROCTA_RUN ZEROCTA_PAIR_ALLGATHER ZEROCTA_PAIR_ARGS ZEROCTA_FSDP_ALLGATHER
 
 dir=$outdir/$name
 mkdir -p "$dir/stats"

@@ -15,9 +15,6 @@ import os
 import statistics
 import sys
 
-# NVLink multicast must stay off on the project's GPU machines (before NCCL initialises).
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 # cuBLAS is deterministic only with a fixed workspace configuration, read when its first
 # handle is created; torch.use_deterministic_algorithms(True) refuses matmuls without it.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -10,7 +10,7 @@ import ctypes
 # zerocta.h: zerocta_op_count and zerocta_route_count. The struct's layout depends on them;
 # _load() checks them against the loaded library's name tables before trusting the layout.
 OP_COUNT = 10
-ROUTE_COUNT = 4
+ROUTE_COUNT = 3
 
 
 class Counter(ctypes.Structure):  # zerocta_counter_t

@@ -39,7 +39,6 @@ typedef enum {
   zerocta_route_passthrough = 0, /* forwarded to NCCL unchanged */
   zerocta_route_ce,              /* zerocta's own copy-engine all-gather */
   zerocta_route_nccl_ce,         /* forwarded to NCCL on symmetric windows (NCCL's CE path) */
-  zerocta_route_nccl_staged,     /* copied through the pool, NCCL's CE all-gather inside it */
   zerocta_route_count
 } zerocta_route_t;
 

@@ -2,6 +2,10 @@
 // variable cannot be documented without being read, or read without being documented.
 #include "config.h"
 
+#include <unistd.h>  // environ
+
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,8 +63,7 @@ constexpr LogLevel kLogLevels[] = {LogLevel::kNone, LogLevel::kWarn, LogLevel::k
 constexpr CtaPolicyMode kCtaPolicies[] = {CtaPolicyMode::kZero, CtaPolicyMode::kEfficiency,
                                           CtaPolicyMode::kDefault, CtaPolicyMode::kKeep};
 constexpr AllGatherMode kAllGatherModes[] = {AllGatherMode::kAuto, AllGatherMode::kZerocta,
-                                             AllGatherMode::kNccl, AllGatherMode::kNcclStaged,
-                                             AllGatherMode::kOff};
+                                             AllGatherMode::kNccl, AllGatherMode::kOff};
 
 constexpr CeDirectionMode kCeDirections[] = {CeDirectionMode::kPush, CeDirectionMode::kPull};
 
@@ -91,11 +94,11 @@ const std::vector<VarSpec>& specs() {
       {{"ZEROCTA_CTA_POLICY_FORCE", "bool", kBoolValues, "0",
         "1 lets ZEROCTA_CTA_POLICY override a CTA policy the application set explicitly."},
        [](const char* t, Config* c) { return parse_bool(t, &c->cta_policy_force); }},
-      {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|nccl-staged|off", "nccl",
-        "Route of all-gathers: nccl = NCCL decides (its CE path on application windows); auto = "
-        "zerocta's copy engines from ZEROCTA_MIN_BYTES up on up to ZEROCTA_AUTO_MAX_RANKS ranks; "
-        "zerocta = always; nccl-staged = NCCL's own CE all-gather through the pool (copy in, "
-        "copy out) from ZEROCTA_MIN_BYTES up; off = untouched."},
+      {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|off", "nccl",
+        "Route of all-gathers: nccl = NCCL decides (its CE path on application windows), the "
+        "default; auto = zerocta's copy-engine route from ZEROCTA_MIN_BYTES up on up to "
+        "ZEROCTA_AUTO_MAX_RANKS ranks, when every rank of the communicator agreed; zerocta = that "
+        "route for every all-gather; off = untouched."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
@@ -140,14 +143,23 @@ const std::vector<VarSpec>& specs() {
          c->nccl_library = t;
          return true;
        }},
+      {{"ZEROCTA_CHANNEL_DIR", "string", "a directory", "/dev/shm",
+        "Where the ranks of a communicator meet to agree on the copy-engine route (one "
+        "short-lived shared-memory file per communicator); ranks meet only if they see the same "
+        "directory."},
+       [](const char* t, Config* c) {
+         if (*t == '\0') return false;
+         c->channel_dir = t;
+         return true;
+       }},
   };
   return kSpecs;
 }
 
-// The value as it goes into an error line: quoted, escaped so it stays one printable line,
-// and shortened so a huge value cannot flood the log.
-std::string quote(const char* text) {
-  std::string q = "\"";
+// Text as it goes into a log line: escaped so it stays one printable line, and cut after
+// kMaxQuotedBytes so a huge value cannot flood the log (*cut says whether it was).
+std::string escape(const char* text, bool* cut) {
+  std::string q;
   size_t n = 0;
   for (; text[n] != '\0' && n < kMaxQuotedBytes; ++n) {
     unsigned char ch = static_cast<unsigned char>(text[n]);
@@ -162,9 +174,15 @@ std::string quote(const char* text) {
       q += static_cast<char>(ch);
     }
   }
-  q += '"';
-  if (text[n] != '\0') q += "...";
+  *cut = text[n] != '\0';
   return q;
+}
+
+// A value as it goes into an error line: escaped and shortened, in double quotes.
+std::string quote(const char* text) {
+  bool cut = false;
+  std::string q = "\"" + escape(text, &cut) + "\"";
+  return cut ? q + "..." : q;
 }
 
 std::string invalid_line(const ConfigVar& row, const char* text) {
@@ -275,6 +293,75 @@ uint64_t config_fingerprint(const Config& c) {
   return h;
 }
 
+const std::vector<const char*>& tool_var_names() {
+  static const std::vector<const char*> kNames = {"ZEROCTA_LIB"};
+  return kNames;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  // Optimal string alignment distance over three rows of the dynamic-programming table.
+  auto lower = [](char ch) {
+    return ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch - 'A' + 'a') : ch;
+  };
+  std::vector<size_t> before(b.size() + 1), prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const bool same = lower(a[i - 1]) == lower(b[j - 1]);
+      size_t best = std::min(std::min(prev[j] + 1, cur[j - 1] + 1), prev[j - 1] + (same ? 0 : 1));
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) &&
+          lower(a[i - 2]) == lower(b[j - 1]))
+        best = std::min(best, before[j - 2] + 1);
+      cur[j] = best;
+    }
+    std::swap(before, prev);
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::vector<UnknownVar> find_unknown_vars(const char* const* envp) {
+  static constexpr char kPrefix[] = "ZEROCTA_";
+  std::vector<UnknownVar> out;
+  if (envp == nullptr) return out;
+  for (const char* const* e = envp; *e != nullptr; ++e) {
+    if (std::strncmp(*e, kPrefix, sizeof(kPrefix) - 1) != 0) continue;
+    const char* eq = std::strchr(*e, '=');
+    const std::string name = eq ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
+    bool known = false;
+    for (const ConfigVar& v : config_table()) known = known || name == v.name;
+    for (const char* tool : tool_var_names()) known = known || name == tool;
+    for (const UnknownVar& seen : out) known = known || name == seen.name;
+    if (known) continue;
+    UnknownVar u;
+    u.name = name;
+    u.distance = SIZE_MAX;
+    // Ties go to the first name of the table, as in tools/zerocta-run.
+    for (const ConfigVar& v : config_table()) {
+      const size_t d = edit_distance(name, v.name);
+      if (d < u.distance) {
+        u.distance = d;
+        u.closest = v.name;
+      }
+    }
+    out.push_back(u);
+  }
+  return out;
+}
+
+std::vector<UnknownVar> find_unknown_vars_in_environment() { return find_unknown_vars(environ); }
+
+std::string unknown_var_line(const UnknownVar& u) {
+  // A name is any bytes but '=' and NUL: escaped like a bad value, so the WARN stays one line.
+  bool cut = false;
+  std::string line = escape(u.name.c_str(), &cut);
+  line += cut ? "... is not a zerocta variable and is ignored"
+              : " is not a zerocta variable and is ignored";
+  if (u.distance <= kSuggestDistance) return line + "; did you mean " + u.closest + "?";
+  return line + " (the nearest zerocta variable is " + u.closest + ")";
+}
+
 bool parse_size(const char* text, uint64_t* out) {
   if (text == nullptr || out == nullptr) return false;
   const char* p = text;
@@ -367,8 +454,6 @@ const char* to_string(AllGatherMode m) {
       return "zerocta";
     case AllGatherMode::kNccl:
       return "nccl";
-    case AllGatherMode::kNcclStaged:
-      return "nccl-staged";
     case AllGatherMode::kOff:
       return "off";
   }

@@ -3,6 +3,7 @@
 // rank; ranks compare fingerprints before using the copy-engine route.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -13,7 +14,7 @@
 namespace zc {
 
 enum class CtaPolicyMode { kZero, kEfficiency, kDefault, kKeep };
-enum class AllGatherMode { kAuto, kZerocta, kNccl, kNcclStaged, kOff };
+enum class AllGatherMode { kAuto, kZerocta, kNccl, kOff };
 enum class CeDirectionMode { kPush, kPull };
 
 // Defaults of the size variables; config_table() shows the same values as text.
@@ -43,6 +44,7 @@ struct Config {
   std::string stats;                                      // ZEROCTA_STATS: "" | "0" | "1" | a path
   bool nvtx = true;                                       // ZEROCTA_NVTX
   std::string nccl_library;                               // ZEROCTA_NCCL_LIBRARY
+  std::string channel_dir = "/dev/shm";                   // ZEROCTA_CHANNEL_DIR
 
   // One line per bad value, e.g.
   // ZEROCTA_LOG="verbose" is invalid (accepted: none|warn|info|debug); using the default "warn"
@@ -83,6 +85,37 @@ const Config& config();
 // The fingerprint of c's protocol fields (what parse_config stores in c.fingerprint).
 // Stable across processes and builds: FNV-1a over a canonical text.
 uint64_t config_fingerprint(const Config& c);
+
+// A variable named ZEROCTA_* that zerocta does not read: most likely a misspelt setting
+// (ZEROCTA_ALLGATHR=auto would otherwise run the default without a word).
+struct UnknownVar {
+  std::string name;     // "ZEROCTA_ALLGATHR"
+  std::string closest;  // "ZEROCTA_ALLGATHER": the config_table() name nearest to it
+  size_t distance = 0;  // edit_distance(name, closest)
+};
+
+// Names of ZEROCTA_* variables that zerocta's tools read, not the library (zerocta-run's and
+// zerocta-bench's ZEROCTA_LIB): known, so never reported, but not suggested either.
+const std::vector<const char*>& tool_var_names();
+
+// Pure: the ZEROCTA_* names of `envp` ("NAME=value" entries, nullptr-terminated, as environ)
+// that are neither in config_table() nor tool_var_names(), each once, in the order of envp.
+// envp == nullptr gives none.
+std::vector<UnknownVar> find_unknown_vars(const char* const* envp);
+
+// find_unknown_vars(environ): the process environment as it is now.
+std::vector<UnknownVar> find_unknown_vars_in_environment();
+
+// The one WARN line for u, e.g.
+// ZEROCTA_ALLGATHR is not a zerocta variable and is ignored; did you mean ZEROCTA_ALLGATHER?
+// ("did you mean" up to kSuggestDistance edits; beyond, it names the nearest known variable).
+// tools/zerocta-run prints the same text.
+std::string unknown_var_line(const UnknownVar& u);
+constexpr size_t kSuggestDistance = 3;
+
+// Edits (insert, delete, substitute one character, swap two adjacent ones) that turn a into
+// b, ignoring ASCII case.
+size_t edit_distance(const std::string& a, const std::string& b);
 
 // Parses a size: decimal digits with an optional K/M/G/T suffix (powers of 1024,
 // also "KiB"/"MiB"/"GiB"/"TiB", and lower-case "k"/"m"/"g"/"t"); rejects negatives, junk,

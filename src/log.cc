@@ -41,7 +41,8 @@ bool log_enabled(LogLevel level) {
          level != LogLevel::kNone;
 }
 
-void log_set_thread_device(int device) { t_device = device; }
+void log_set_device(int device) { t_device = device; }
+int log_device() { return t_device; }
 
 namespace {
 

@@ -13,8 +13,11 @@ void log_set_level(LogLevel level);
 LogLevel log_level();
 bool log_enabled(LogLevel level);
 
-// The "[dev]" field of this thread's lines (-1 until set).
-void log_set_thread_device(int device);
+// The "[dev]" field of this thread's lines: the CUDA device the thread works on, as far as
+// the caller knows it (the log itself makes no CUDA call). -1 (the default) = not known.
+// Code that makes a device current for its work sets it, and puts back what it found.
+void log_set_device(int device);
+int log_device();
 
 // printf-style; appends a newline. Thread-safe: one write(2) per line.
 void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -71,8 +71,6 @@ uint32_t route_color(zerocta_route_t route) {
       return 0xFF76B900u;  // green: zerocta's copy-engine all-gather
     case zerocta_route_nccl_ce:
       return 0xFF2196F3u;  // blue: NCCL's CE path on symmetric windows
-    case zerocta_route_nccl_staged:
-      return 0xFFFF9800u;  // orange: staged through the pool
     default:
       return 0xFF000000u;
   }

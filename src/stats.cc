@@ -42,6 +42,13 @@ std::atomic<uint64_t> g_inner_calls{0};
 // The process whose counters these are; the exit report runs only there.
 std::atomic<pid_t> g_owner_pid{0};
 
+// The last JSON file written (stats_write_now) and what it holds, so that an unchanged
+// snapshot is not written again; guarded by g_write_lock, re-initialised in a forked child.
+pthread_mutex_t g_write_lock = PTHREAD_MUTEX_INITIALIZER;
+std::string* g_last_path = nullptr;  // leaked on purpose: used by the exit handler
+zerocta_stats_t g_last_written;
+bool g_write_warned = false;
+
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
 void reset_counters() {
@@ -64,7 +71,35 @@ void on_fork_child() {
   reset_counters();
   g_pool_bytes.store(0, kRelaxed);
   g_owner_pid.store(getpid(), kRelaxed);
+  // Another thread of the parent may have held the lock at fork(); the child has one thread.
+  // The child writes its own file (its pid or rank differs), so it forgets the last one.
+  g_write_lock = PTHREAD_MUTEX_INITIALIZER;
+  if (g_last_path != nullptr) g_last_path->clear();
+  g_write_warned = false;
 }
+
+// Writes the JSON file of ZEROCTA_STATS=PATH unless it already holds this snapshot.
+void write_json_if_changed(const std::string& mode) {
+  zerocta_stats_t s;
+  stats_snapshot(&s);
+  const std::string path = stats_expand_path(mode.c_str(), stats_path_fields());
+  pthread_mutex_lock(&g_write_lock);
+  if (g_last_path == nullptr) g_last_path = new std::string();
+  if (*g_last_path != path || memcmp(&g_last_written, &s, sizeof(s)) != 0) {
+    const int err = stats_write_json(path.c_str(), s);
+    if (err == 0) {
+      *g_last_path = path;
+      g_last_written = s;
+    } else if (!g_write_warned) {
+      g_write_warned = true;
+      ZC_WARN("stats: cannot write the ZEROCTA_STATS file %s: %s", path.c_str(), strerror(err));
+    }
+  }
+  pthread_mutex_unlock(&g_write_lock);
+}
+
+// ZEROCTA_STATS names a file (not unset, empty, 0 or 1).
+bool stats_to_file(const std::string& mode) { return !mode.empty() && mode != "0" && mode != "1"; }
 
 // "3221225472" -> "3.00 GiB"; for the human table only (the JSON carries exact bytes).
 void human_bytes(uint64_t bytes, char* buf, size_t len) {
@@ -106,16 +141,13 @@ void report_at_exit() {
   // must not report (or overwrite) the counters of the process that gathered them.
   if (getpid() != g_owner_pid.load(kRelaxed)) return;
   const std::string& mode = config().stats;
-  if (mode.empty() || mode == "0") return;
   if (mode == "1") {
     zerocta_stats_t s;
     stats_snapshot(&s);
     print_table(s);
     return;
   }
-  const std::string path = stats_expand_path(mode.c_str(), getpid());
-  const int err = stats_write_json(path.c_str());
-  if (err != 0) ZC_WARN("stats: cannot write %s: %s", path.c_str(), strerror(err));
+  if (stats_to_file(mode)) write_json_if_changed(mode);
 }
 
 void append_field(std::string* out, const char* key, uint64_t value) {
@@ -165,6 +197,12 @@ void stats_install_reporter() {
     return true;
   }();
   (void)installed;
+}
+
+void stats_write_now() {
+  if (g_owner_pid.load(kRelaxed) != getpid()) return;  // not installed, or not our counters
+  const std::string& mode = config().stats;
+  if (stats_to_file(mode)) write_json_if_changed(mode);
 }
 
 void stats_snapshot(zerocta_stats_t* out) {
@@ -223,9 +261,13 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid) {
 }
 
 int stats_write_json(const char* path) {
-  if (path == nullptr || path[0] == '\0') return EINVAL;
   zerocta_stats_t s;
   stats_snapshot(&s);
+  return stats_write_json(path, s);
+}
+
+int stats_write_json(const char* path, const zerocta_stats_t& s) {
+  if (path == nullptr || path[0] == '\0') return EINVAL;
   const std::string json = stats_json(s, getpid());
 
   // O_NOFOLLOW: a planted symlink cannot redirect the write (ELOOP). O_NONBLOCK: a planted FIFO
@@ -264,20 +306,58 @@ int stats_write_json(const char* path) {
   return 0;
 }
 
-std::string stats_expand_path(const char* pattern, pid_t pid) {
+std::string stats_expand_path(const char* pattern, const StatsPathFields& fields) {
   std::string out;
   for (const char* p = pattern; *p != '\0'; ++p) {
-    if (p[0] == '%' && p[1] == 'p') {
-      out += std::to_string(static_cast<long>(pid));
-      ++p;
-    } else if (p[0] == '%' && p[1] == '%') {
-      out += '%';
-      ++p;
-    } else {
+    if (p[0] != '%') {
       out += *p;
+      continue;
     }
+    switch (p[1]) {
+      case 'h':
+        out += fields.host;
+        break;
+      case 'p':
+        out += std::to_string(fields.pid);
+        break;
+      case 'r':
+        out += fields.rank;
+        break;
+      case '%':
+        out += '%';
+        break;
+      default:  // kept as is, also a '%' at the end
+        out += '%';
+        continue;
+    }
+    ++p;
   }
   return out;
+}
+
+std::string stats_rank(const EnvLookup& getenv_fn, pid_t pid) {
+  static const char* const kRankVars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                          "SLURM_PROCID"};
+  for (const char* name : kRankVars) {
+    const char* v = getenv_fn ? getenv_fn(name) : nullptr;
+    if (v == nullptr || *v == '\0' || std::strlen(v) > 9) continue;
+    bool digits = true;
+    for (const char* c = v; *c != '\0'; ++c) digits = digits && *c >= '0' && *c <= '9';
+    if (digits) return v;
+  }
+  return std::to_string(static_cast<long>(pid));
+}
+
+StatsPathFields stats_path_fields() {
+  StatsPathFields f;
+  char host[256] = "";
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::strcpy(host, "unknown");
+  host[sizeof(host) - 1] = '\0';
+  if (char* dot = std::strchr(host, '.')) *dot = '\0';
+  f.host = host;
+  f.pid = static_cast<long>(getpid());
+  f.rank = stats_rank([](const char* name) { return getenv(name); }, getpid());
+  return f;
 }
 
 }  // namespace zc

@@ -19,4 +19,13 @@ void stats_inner_call();
 // a forked child starts from zero and reports its own.
 void stats_install_reporter();
 
+// With ZEROCTA_STATS=PATH, writes the counters to PATH now (the at-exit report writes them
+// again). Called at every ncclCommFinalize and ncclCommDestroy, so that a rank that never runs
+// its exit handlers (torchrun's SIGTERM, os._exit) still leaves its counters as of its last
+// communicator teardown. Cheap and idempotent: nothing is written when the counters did not
+// change since the last write to the same path; thread-safe; warns at most once per process
+// when the file cannot be written. Does nothing with ZEROCTA_STATS unset, 0 or 1 (stderr is
+// printed at exit only), before stats_install_reporter(), or in a child that did not fork.
+void stats_write_now();
+
 }  // namespace zc

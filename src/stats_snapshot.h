@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "config.h"
 #include "zerocta.h"
 
 namespace zc {
@@ -25,9 +26,25 @@ std::string stats_json(const zerocta_stats_t& stats, pid_t pid);
 // with mode 0600, refuses (EPERM) anything but a regular file owned by the effective user.
 // Returns 0 or an errno value.
 int stats_write_json(const char* path);
+// The same with a given snapshot.
+int stats_write_json(const char* path, const zerocta_stats_t& stats);
 
-// ZEROCTA_STATS path with every "%p" replaced by pid, so each rank of a job writes its own file
-// ("%%" is a literal '%'; any other '%' is kept as is).
-std::string stats_expand_path(const char* pattern, pid_t pid);
+// What the patterns of a ZEROCTA_STATS path stand for.
+struct StatsPathFields {
+  std::string host;  // %h: the host name up to its first '.'
+  long pid = 0;      // %p
+  std::string rank;  // %r
+};
+
+// Pure: the ZEROCTA_STATS path with %h, %p and %r replaced, so each rank of a job writes its
+// own file ("%%" is a literal '%'; any other '%' is kept as is).
+std::string stats_expand_path(const char* pattern, const StatsPathFields& fields);
+
+// Pure: the rank for %r: the first of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID that
+// is set to a number (torchrun, Open MPI, MPICH/Intel MPI, Slurm), else the pid.
+std::string stats_rank(const EnvLookup& getenv_fn, pid_t pid);
+
+// The fields of this process (host name, getpid(), stats_rank(getenv)).
+StatsPathFields stats_path_fields();
 
 }  // namespace zc

@@ -15,8 +15,12 @@ const char* const kOpNames[] = {"allgather", "allreduce", "reducescatter", "broa
                                 "alltoall",  "gather",    "scatter",       "send",      "recv"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == zerocta_op_count, "op names");
 
-const char* const kRouteNames[] = {"passthrough", "ce", "nccl-ce", "nccl-staged"};
+const char* const kRouteNames[] = {"passthrough", "ce", "nccl-ce"};
 static_assert(sizeof(kRouteNames) / sizeof(kRouteNames[0]) == zerocta_route_count, "route names");
+
+// The version as text in the file itself, what(1)-style, so that tools/zerocta-run --version
+// can read it from a library it does not load.
+__attribute__((used)) const char kVersionTag[] = "@(#)zerocta " ZEROCTA_VERSION_STRING;
 
 }  // namespace
 

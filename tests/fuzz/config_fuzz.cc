@@ -5,10 +5,13 @@
 //   - the pool/chunk cross-check adds one line exactly when the effective values conflict;
 //   - every line is one line of printable ASCII naming its variable;
 //   - accepted values land in their fields; parse_size agrees with a reference parser and
-//     format_size/parse_size round-trip.
+//     format_size/parse_size round-trip;
+//   - the same fields as ZEROCTA_<field> names: find_unknown_vars reports exactly the unknown
+//     ones, each with its nearest known name, on one printable line.
 //
 // Input layout: 2 bytes = bit mask of which variables are set (in config_table() order),
 // then '\0'-separated values, one per variable, then one more value for parse_size.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -198,6 +201,41 @@ bool split_line(const std::string& line, ErrorLine* out) {
 
 }  // namespace
 
+// The fields as environment entries "ZEROCTA_<field>": find_unknown_vars against a direct
+// reading of its contract, and unknown_var_line stays one printable line.
+void check_unknown_vars(const std::vector<std::string>& fields) {
+  const std::vector<zc::ConfigVar>& table = zc::config_table();
+  std::vector<std::string> entries;
+  for (const std::string& f : fields) entries.push_back("ZEROCTA_" + f);
+  std::vector<const char*> envp;
+  for (const std::string& e : entries) envp.push_back(e.c_str());
+  envp.push_back(nullptr);
+  const std::vector<zc::UnknownVar> unknown = zc::find_unknown_vars(envp.data());
+  std::vector<std::string> expected;
+  for (const std::string& e : entries) {
+    const std::string name = e.substr(0, e.find('='));
+    bool known = false;
+    for (const zc::ConfigVar& v : table) known = known || name == v.name;
+    for (const char* t : zc::tool_var_names()) known = known || name == t;
+    for (const std::string& seen : expected) known = known || name == seen;
+    if (!known) expected.push_back(name);
+  }
+  check(unknown.size() == expected.size(), "find_unknown_vars: count",
+        std::to_string(unknown.size()));
+  for (size_t i = 0; i < unknown.size(); ++i) {
+    const zc::UnknownVar& u = unknown[i];
+    check(u.name == expected[i], "find_unknown_vars: name/order", u.name);
+    size_t best = SIZE_MAX;
+    for (const zc::ConfigVar& v : table) best = std::min(best, zc::edit_distance(u.name, v.name));
+    check(u.distance == best && zc::edit_distance(u.name, u.closest) == best,
+          "find_unknown_vars: not the nearest name", u.name + " -> " + u.closest);
+    const std::string line = zc::unknown_var_line(u);
+    bool printable = line.size() < 400;
+    for (char ch : line) printable = printable && ch >= 0x20 && ch < 0x7f;
+    check(printable, "unknown_var_line: not one short printable line", line);
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<zc::ConfigVar>& table = zc::config_table();
   uint32_t mask = 0;
@@ -224,6 +262,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return it == env.end() ? nullptr : it->second.c_str();
   };
   zc::Config c = zc::parse_config(lookup);
+  check_unknown_vars(fields);
 
   // The oracle's view: which values are bad, and the pool/chunk values that take effect.
   zc::Config defaults;

@@ -1,6 +1,7 @@
 // 9. ZEROCTA_STATS: a table on stderr at exit, a JSON file per process, or nothing.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <regex>
@@ -225,6 +226,42 @@ TEST(Stats, WrittenAsJsonPerProcess) {
   EXPECT_TRUE(scan.has("calls", 5, {"allreduce", "passthrough"})) << json;
   EXPECT_TRUE(scan.has("bytes", 3 * 2 * 1024 * 4, {"allgather", "passthrough"})) << json;
   EXPECT_FALSE(scan.has("calls", 5, {"allgather", "passthrough"})) << json;
+}
+
+// One file per rank of a job: %r from the launcher's rank variable, %h the host.
+TEST(Stats, PerRankFileFromHostAndRankPatterns) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string short_host = host;
+  short_host = short_host.substr(0, short_host.find('.'));
+  // Every rank variable set empty (= not a rank), so the caller's environment cannot interfere.
+  const std::vector<std::string> kRankVars = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                              "SLURM_PROCID"};
+  auto env_with = [&](const std::string& pattern, const std::string& var, const std::string& v) {
+    std::vector<std::pair<std::string, std::string>> env = {{"ZEROCTA_STATS", pattern}};
+    for (const std::string& name : kRankVars) env.push_back({name, name == var ? v : ""});
+    return env;
+  };
+  Scratch scratch;
+  int value = 3;
+  for (const char* var : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    SCOPED_TRACE(var);
+    const std::string rank = std::to_string(value++);
+    RunResult r = run_counted(env_with(scratch.path("zc-%h-r%r.json"), var, rank), scratch);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    const std::string path = scratch.path("zc-" + short_host + "-r" + rank + ".json");
+    const std::string json = read_file(path);
+    ASSERT_FALSE(json.empty()) << "no " << path << "; directory has:\n"
+                               << ::testing::PrintToString(files_in(scratch.dir()));
+    EXPECT_TRUE(contains(json, "\"pid\":" + std::to_string(r.num("pid")) + ","));
+    unlink(path.c_str());
+  }
+  // No rank variable: %r is the pid.
+  RunResult r = run_counted(env_with(scratch.path("zc-r%r.json"), "", ""), scratch);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string path = scratch.path("zc-r" + std::to_string(r.num("pid")) + ".json");
+  EXPECT_FALSE(read_file(path).empty()) << ::testing::PrintToString(files_in(scratch.dir()));
+  unlink(path.c_str());
 }
 
 TEST(Stats, NothingWhenUnset) {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tests of tools/zerocta-run, one CTest per case:
-#   test_zerocta_run.sh CASE LAUNCHER STUB_LIB [BUILD_COPY] [REAL_LIB]
+#   test_zerocta_run.sh CASE LAUNCHER STUB_LIB [BUILD_COPY] [REAL_LIB] [DEMO]
 # LAUNCHER is the source script, STUB_LIB a harmless shared object the tests copy around under
-# the name libzerocta.so, BUILD_COPY the build tree's tools/zerocta-run and REAL_LIB the built
-# libzerocta.so (both may be empty: build_tree then skips). Exit 0 pass, 1 fail, 77 skip.
+# the name libzerocta.so, BUILD_COPY the build tree's tools/zerocta-run, REAL_LIB the built
+# libzerocta.so (both may be empty: build_tree then skips) and DEMO the built zerocta-demo (may
+# be empty: demo_gpu_count skips). Exit 0 pass, 1 fail, 77 skip.
 #
 # Single-quoted scripts below are expanded by the child shell, on purpose.
 # shellcheck disable=SC2016
@@ -14,12 +15,13 @@ LAUNCHER=$(readlink -f -- "$2")
 STUB=$3
 BUILD_COPY=${4:-}
 REAL_LIB=${5:-}
+DEMO=${6:-}
 
 T=$(readlink -f -- "$(mktemp -d)")
 trap 'rm -rf -- "$T"' EXIT
 # The launcher's inputs come from the environment; start every case from a known one.
-unset ZEROCTA_LIB LD_PRELOAD ZEROCTA_STATS ZEROCTA_LOG ZEROCTA_ALLGATHER NCCL_NVLS_ENABLE \
-  TORCH_SYMM_MEM_DISABLE_MULTICAST
+unset LD_PRELOAD NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST
+while IFS= read -r var; do unset "$var"; done < <(compgen -e ZEROCTA_)
 
 mkdir -p "$T/lib"
 cp -- "$STUB" "$T/lib/libzerocta.so"
@@ -111,7 +113,7 @@ case_bad_values() {
   run "$LAUNCHER" --lib "$LIB" --log=loud touch "$T/ran"
   expect_refused "'loud'"
   run "$LAUNCHER" --lib "$LIB" --allgather fast touch "$T/ran"
-  expect_refused "--allgather 'fast' is not one of: auto|zerocta|nccl|nccl-staged|off"
+  expect_refused "--allgather 'fast' is not one of: auto|zerocta|nccl|off"
   run "$LAUNCHER" --lib "$LIB" --allgather= touch "$T/ran"
   expect_refused "--allgather ''"
   run "$LAUNCHER" --lib "$LIB" --log
@@ -135,10 +137,11 @@ case_help() {
     run env ZEROCTA_LIB="$T/nope.so" "$LAUNCHER" "$opt"
     expect_rc 0
     [[ ! -s $T/err ]] || fail "$opt wrote to stderr"
-    for word in "usage: zerocta-run" --stats --stats=PATH %p --log --allgather --lib -- \
-      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1; do
+    for word in "usage: zerocta-run" --stats --stats=PATH %p %r %h --log --allgather --lib \
+      --dry-run --version -- "NCCL_* and TORCH_* variables are yours"; do
       grep -qF -- "$word" "$T/out" || fail "$opt does not mention $word"
     done
+    ! grep -qE "NCCL_NVLS_ENABLE|TORCH_SYMM_MEM" "$T/out" || fail "$opt still mentions multicast"
   done
 }
 
@@ -189,7 +192,7 @@ case_preload_reaches_children() {
   expect_env ZEROCTA_LOG info
   expect_env ZEROCTA_ALLGATHER auto
   expect_env ZEROCTA_STATS 1
-  expect_env NCCL_NVLS_ENABLE 0
+  expect_env_absent NCCL_NVLS_ENABLE
 }
 
 case_env_exported() {
@@ -199,20 +202,18 @@ case_env_exported() {
   expect_env ZEROCTA_STATS 1
   expect_env ZEROCTA_LOG info
   expect_env ZEROCTA_ALLGATHER auto
-  expect_env NCCL_NVLS_ENABLE 0
-  expect_env TORCH_SYMM_MEM_DISABLE_MULTICAST 1
 
-  run "$LAUNCHER" --lib "$LIB" --stats=/tmp/zc-%p.json --log=debug --allgather nccl-staged env
+  run "$LAUNCHER" --lib "$LIB" --stats=/tmp/zc-%p.json --log=debug --allgather zerocta env
   expect_env ZEROCTA_STATS /tmp/zc-%p.json
   expect_env ZEROCTA_LOG debug
-  expect_env ZEROCTA_ALLGATHER nccl-staged
+  expect_env ZEROCTA_ALLGATHER zerocta
 
   # Every accepted word, in any case, is exported as the library spells it.
   for word in none warn info debug; do
     run "$LAUNCHER" --lib "$LIB" --log "${word^^}" env
     expect_env ZEROCTA_LOG "$word"
   done
-  for word in auto zerocta nccl nccl-staged off; do
+  for word in auto zerocta nccl off; do
     run "$LAUNCHER" --lib "$LIB" --allgather "$word" env
     expect_env ZEROCTA_ALLGATHER "$word"
   done
@@ -228,10 +229,176 @@ case_env_exported() {
   expect_env ZEROCTA_ALLGATHER off
   expect_env NCCL_NVLS_ENABLE 1
   expect_env TORCH_SYMM_MEM_DISABLE_MULTICAST 0
-  # An option wins over the inherited value; an empty inherited value counts as unset.
+  # An option wins over the inherited value, and the summary line says what it replaced.
   run env ZEROCTA_LOG=warn NCCL_NVLS_ENABLE= "$LAUNCHER" --lib "$LIB" --log debug env
   expect_env ZEROCTA_LOG debug
-  expect_env NCCL_NVLS_ENABLE 0
+  expect_env NCCL_NVLS_ENABLE ""
+  grep -qF "ZEROCTA_LOG=debug (replacing warn from the environment)" "$T/err" ||
+    fail "the summary does not say that ZEROCTA_LOG=warn was replaced"
+}
+
+# The launcher sets LD_PRELOAD and the ZEROCTA_* variables of its options, nothing else: the
+# environment of the command is the caller's plus exactly those.
+case_sets_nothing_else() {
+  run env -i PATH="$PATH" HOME=/nowhere "$LAUNCHER" --lib "$LIB" env
+  expect_rc 0
+  [[ $(grep -cv -e '^PATH=' -e '^HOME=' -e '^LD_PRELOAD=' -e '^_=' -e '^PWD=' -e '^SHLVL=' \
+    "$T/out") == 0 ]] || fail "the launcher set variables nobody asked for"
+  run env -i PATH="$PATH" "$LAUNCHER" --lib "$LIB" --allgather auto --stats --log info env
+  expect_rc 0
+  local extra
+  extra=$(grep -v -e '^PATH=' -e '^LD_PRELOAD=' -e '^_=' -e '^PWD=' -e '^SHLVL=' "$T/out" | sort |
+    tr '\n' ' ')
+  [[ $extra == "ZEROCTA_ALLGATHER=auto ZEROCTA_LOG=info ZEROCTA_STATS=1 " ]] ||
+    fail "unexpected environment: $extra"
+  for var in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST; do
+    expect_env_absent "$var"
+  done
+  # Values the user set are passed on untouched, whatever they are.
+  run env NCCL_NVLS_ENABLE=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=0 NCCL_DEBUG=INFO \
+    "$LAUNCHER" --lib "$LIB" --allgather auto env
+  expect_env NCCL_NVLS_ENABLE 1
+  expect_env TORCH_SYMM_MEM_DISABLE_MULTICAST 0
+  expect_env NCCL_DEBUG INFO
+}
+
+# One line on stderr says what was set, before the command runs; nothing on stdout.
+case_summary_line() {
+  mkdir -p "$T/pre"
+  cp -- "$STUB" "$T/pre/libjemalloc.so"
+  run env LD_PRELOAD="$T/pre/libjemalloc.so" "$LAUNCHER" --lib "$LIB" --allgather auto \
+    --stats=/tmp/zc-%r.json true
+  expect_rc 0
+  [[ ! -s $T/out ]] || fail "the launcher wrote to stdout"
+  [[ $(wc -l <"$T/err") == 1 ]] || fail "expected exactly one line on stderr"
+  [[ $(cat "$T/err") == "zerocta-run: set LD_PRELOAD=$LIB_REAL:$T/pre/libjemalloc.so ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=/tmp/zc-%r.json" ]] ||
+    fail "unexpected summary line"
+  # A value that needs quoting is shown quoted, still on one line.
+  run "$LAUNCHER" --lib "$LIB" --stats="/tmp/a b/zc.json" true
+  expect_rc 0
+  [[ $(wc -l <"$T/err") == 1 ]] || fail "expected exactly one line on stderr"
+  grep -qF 'ZEROCTA_STATS=/tmp/a\ b/zc.json' "$T/err" || fail "the value is not quoted"
+}
+
+case_dry_run() {
+  mkdir -p "$T/pre"
+  cp -- "$STUB" "$T/pre/libtcmalloc.so"
+  # No command needed; NAME=value lines on stdout; the command, if given, does not run.
+  run env LD_PRELOAD="$T/pre/libtcmalloc.so" "$LAUNCHER" --lib "$LIB" --allgather=auto --log \
+    info --dry-run
+  expect_rc 0
+  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL:$T/pre/libtcmalloc.so"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"ZEROCTA_LOG=info" ]] ||
+    fail "unexpected --dry-run output"
+  [[ ! -s $T/err ]] || fail "--dry-run wrote to stderr without a reason"
+  run "$LAUNCHER" --lib "$LIB" --dry-run touch "$T/ran"
+  expect_rc 0
+  [[ ! -e $T/ran ]] || fail "--dry-run ran the command"
+  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL" ]] || fail "unexpected --dry-run output"
+  # Its output can be sourced: values are shell-quoted.
+  run "$LAUNCHER" --lib "$LIB" --stats='/tmp/x y/%r.json' --dry-run
+  expect_rc 0
+  cp -- "$T/out" "$T/dry.env"
+  run bash -c 'eval "$(cat "$1")"; printf "%s\n" "$ZEROCTA_STATS"' sh "$T/dry.env"
+  [[ $(cat "$T/out") == "/tmp/x y/%r.json" ]] || fail "--dry-run output does not source back"
+  # Refusals are the same as without --dry-run.
+  run "$LAUNCHER" --lib "$T/nope.so" --dry-run
+  expect_refused "$T/nope.so"
+  run "$LAUNCHER" --lib "$LIB" --log loud --dry-run
+  expect_refused "'loud'"
+}
+
+case_version() {
+  local want
+  want=$(sed -n 's/^project(zerocta VERSION \([0-9.]*\).*/\1/p' "$(dirname -- "$LAUNCHER")/../CMakeLists.txt")
+  [[ -n $want ]] || fail "no project version in CMakeLists.txt"
+  # The script's own version is the project's.
+  grep -qx "readonly VERSION=$want" "$LAUNCHER" || fail "the script's VERSION is not $want"
+  # A library with the version written in it (as src/zerocta_api.cc writes it).
+  cp -- "$STUB" "$T/tagged.so"
+  printf '\0@(#)zerocta 9.8.7\0' >>"$T/tagged.so"
+  run "$LAUNCHER" --lib "$T/tagged.so" --version
+  expect_rc 0
+  [[ $(cat "$T/out") == "zerocta 9.8.7 ($T/tagged.so)" ]] || fail "not the library's version"
+  run env ZEROCTA_LIB="$T/tagged.so" "$LAUNCHER" --version
+  [[ $(cat "$T/out") == "zerocta 9.8.7 ($T/tagged.so)" ]] || fail "ZEROCTA_LIB not used"
+  # Without a version in the library, or without a library: the script's, and why.
+  run "$LAUNCHER" --lib "$LIB" --version
+  expect_rc 0
+  [[ $(cat "$T/out") == "zerocta $want (zerocta-run; $LIB_REAL carries no version)" ]] ||
+    fail "unexpected --version output for a library without a version"
+  run "$LAUNCHER" --lib "$T/nope.so" --version
+  expect_rc 0
+  [[ $(cat "$T/out") == "zerocta $want (zerocta-run; libzerocta.so not found)" ]] ||
+    fail "unexpected --version output without a library"
+  [[ ! -s $T/err ]] || fail "--version wrote to stderr"
+  # The built library carries the project's version.
+  if [[ -n $REAL_LIB ]]; then
+    run "$LAUNCHER" --lib "$REAL_LIB" --version
+    [[ $(cat "$T/out") == "zerocta $want ($(readlink -f -- "$REAL_LIB"))" ]] ||
+      fail "the built library does not carry version $want"
+  fi
+}
+
+# Misspelt ZEROCTA_* variables: one warning each, in the library's words, before the command
+# runs and in --dry-run; known names (the library's and the tools') are not reported.
+case_unknown_vars() {
+  run env ZEROCTA_ALLGATHR=auto "$LAUNCHER" --lib "$LIB" true
+  expect_rc 0
+  [[ $(sed -n 1p "$T/err") == "zerocta-run: warning: ZEROCTA_ALLGATHR is not a zerocta variable and is ignored; did you mean ZEROCTA_ALLGATHER?" ]] ||
+    fail "no warning for ZEROCTA_ALLGATHR"
+  [[ $(wc -l <"$T/err") == 2 ]] || fail "expected the warning and the summary line"
+  run env ZEROCTA_ALLGATHR=auto "$LAUNCHER" --lib "$LIB" --dry-run
+  expect_rc 0
+  grep -qF "did you mean ZEROCTA_ALLGATHER?" "$T/err" || fail "no warning in --dry-run"
+  # The same nearest names as the library's unit tests (tests/unit/config_test.cc).
+  run env ZEROCTA_LOGG=1 ZEROCTA_MINBYTES=1 ZEROCTA_CE_DIRECTOIN=1 ZEROCTA_allgather=1 \
+    ZEROCTA_CTA_POLICY_FORCED=1 ZEROCTA_SOMETHING_ELSE_ENTIRELY=1 "$LAUNCHER" --lib "$LIB" \
+    --dry-run
+  local pair
+  for pair in ZEROCTA_LOGG:ZEROCTA_LOG ZEROCTA_MINBYTES:ZEROCTA_MIN_BYTES \
+    ZEROCTA_CE_DIRECTOIN:ZEROCTA_CE_DIRECTION ZEROCTA_allgather:ZEROCTA_ALLGATHER \
+    ZEROCTA_CTA_POLICY_FORCED:ZEROCTA_CTA_POLICY_FORCE; do
+    grep -qxF "zerocta-run: warning: ${pair%%:*} is not a zerocta variable and is ignored; did you mean ${pair#*:}?" "$T/err" ||
+      fail "no suggestion of ${pair#*:} for ${pair%%:*}"
+  done
+  grep -qE "^zerocta-run: warning: ZEROCTA_SOMETHING_ELSE_ENTIRELY is not a zerocta variable and is ignored \(the nearest zerocta variable is ZEROCTA_[A-Z_]+\)$" \
+    "$T/err" || fail "no plain warning for a far name"
+  [[ $(wc -l <"$T/err") == 6 ]] || fail "expected one warning per unknown name"
+  # Known names: silent (ZEROCTA_LIB is the launcher's own).
+  run env ZEROCTA_LIB="$LIB" ZEROCTA_LOG=info ZEROCTA_MIN_BYTES=1M ZEROCTA_NCCL_LIBRARY=/x \
+    "$LAUNCHER" --dry-run
+  expect_rc 0
+  [[ ! -s $T/err ]] || fail "a known name was reported"
+  # Unexported shell variables are nobody's business.
+  run bash -c 'ZEROCTA_TYPO=1; "$1" --lib "$2" --dry-run' sh "$LAUNCHER" "$LIB"
+  [[ ! -s $T/err ]] || fail "an unexported shell variable was reported"
+}
+
+# tools/zerocta-deps --help prints its header comment only.
+case_deps_help() {
+  local deps
+  deps=$(dirname -- "$LAUNCHER")/zerocta-deps
+  run "$deps" --help
+  expect_rc 0
+  grep -qF -- "--check" "$T/out" || fail "zerocta-deps --help does not mention --check"
+  grep -qF "zerocta-deps: installs" "$T/out" || fail "zerocta-deps --help lacks its first line"
+  ! grep -qE "set -euo|^#" "$T/out" || fail "zerocta-deps --help prints its code or comment marks"
+}
+
+# zerocta-demo counts the GPUs the CUDA runtime sees (CUDA_VISIBLE_DEVICES respected).
+case_demo_gpu_count() {
+  if [[ -z $DEMO ]]; then
+    echo "SKIP: zerocta-demo not built"
+    exit 77
+  fi
+  run env CUDA_VISIBLE_DEVICES= "$DEMO"
+  expect_rc 0
+  grep -qF "0 GPU(s) found" "$T/out" || fail "CUDA_VISIBLE_DEVICES= must hide every GPU"
+  run env CUDA_VISIBLE_DEVICES=0 "$DEMO"
+  expect_rc 0
+  grep -qE "[01] GPU\(s\) found" "$T/out" || fail "CUDA_VISIBLE_DEVICES=0 shows at most 1 GPU"
+  # The demo does not change NCCL's settings: its ranks see the caller's environment.
+  ! grep -qa "NCCL_NVLS_ENABLE" "$DEMO" || fail "zerocta-demo still sets NCCL_NVLS_ENABLE"
 }
 
 case_exit_code() {

@@ -128,20 +128,20 @@ TEST_F(NvtxRangeTest, ToolSeesDomainMessagePayloadAndBalancedRanges) {
   }
   EXPECT_EQ(domains, 1) << "the domain must be created once, shared by all threads";
   // Every (op, route) pair is registered exactly once, e.g. "allgather ce".
-  EXPECT_EQ(registered.size(), 10u * 4u);
+  EXPECT_EQ(registered.size(), 10u * 3u);
   for (const auto& r : registered) EXPECT_EQ(r.second, 1) << r.first;
   EXPECT_EQ(registered.count("allgather ce"), 1u);
-  EXPECT_EQ(registered.count("reducescatter nccl-staged"), 1u);
+  EXPECT_EQ(registered.count("reducescatter nccl-ce"), 1u);
 
   // The three in-range ranges of the probe, with their byte counts as payload; the
   // out-of-range op recorded nothing.
   ASSERT_EQ(push.size(), 3u);
   ASSERT_EQ(push.count("allgather ce"), 1u);
   ASSERT_EQ(push.count("allreduce passthrough"), 1u);
-  ASSERT_EQ(push.count("reducescatter nccl-staged"), 1u);
+  ASSERT_EQ(push.count("reducescatter nccl-ce"), 1u);
   const auto& ag = push["allgather ce"];
   const auto& ar = push["allreduce passthrough"];
-  const auto& rs = push["reducescatter nccl-staged"];
+  const auto& rs = push["reducescatter nccl-ce"];
   EXPECT_EQ(field_value(ag, "payload_u64"), "268435456");
   EXPECT_EQ(field_value(ar, "payload_u64"), "1024");
   EXPECT_EQ(field_value(rs, "payload_u64"), "4096");

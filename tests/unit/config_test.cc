@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -76,7 +78,7 @@ std::string to_upper(std::string s) {
   return s;
 }
 
-// Upper-cases every other letter: "nccl-staged" -> "NcCl-StAgEd".
+// Upper-cases every other letter: "zerocta" -> "ZeRoCtA".
 std::string mixed_case(std::string s) {
   for (size_t i = 0; i < s.size(); i += 2) {
     s[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[i])));
@@ -103,6 +105,10 @@ const std::map<std::string, uint64_t Config::*> kCountFields = {
 const std::map<std::string, std::string Config::*> kStringFields = {
     {"ZEROCTA_STATS", &Config::stats},
     {"ZEROCTA_NCCL_LIBRARY", &Config::nccl_library},
+};
+// String variables with a non-empty default, for which empty is invalid.
+const std::map<std::string, std::string Config::*> kDirFields = {
+    {"ZEROCTA_CHANNEL_DIR", &Config::channel_dir},
 };
 const std::set<std::string> kEnumNames = {"ZEROCTA_LOG", "ZEROCTA_CTA_POLICY", "ZEROCTA_ALLGATHER",
                                           "ZEROCTA_CE_DIRECTION"};
@@ -209,11 +215,13 @@ TEST(TableTest, TypedFieldMapsCoverTheTable) {
     std::string type = v.type;
     size_t in_maps = kBoolFields.count(v.name) + kSizeFields.count(v.name) +
                      kCountFields.count(v.name) + kStringFields.count(v.name) +
-                     kEnumNames.count(v.name);
+                     kDirFields.count(v.name) + kEnumNames.count(v.name);
     EXPECT_EQ(in_maps, 1u) << v.name << ": add it to the test's field maps";
     const std::map<std::string, size_t> in_typed_map = {
-        {"bool", kBoolFields.count(v.name)},   {"size", kSizeFields.count(v.name)},
-        {"count", kCountFields.count(v.name)}, {"string", kStringFields.count(v.name)},
+        {"bool", kBoolFields.count(v.name)},
+        {"size", kSizeFields.count(v.name)},
+        {"count", kCountFields.count(v.name)},
+        {"string", kStringFields.count(v.name) + kDirFields.count(v.name)},
         {"enum", kEnumNames.count(v.name)},
     };
     auto it = in_typed_map.find(type);
@@ -238,6 +246,7 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
+      {"ZEROCTA_CHANNEL_DIR", "/dev/shm"},
   };
   std::map<std::string, std::string> documented;
   for (const ConfigVar& v : config_table()) documented[v.name] = v.def;
@@ -372,8 +381,7 @@ TEST(Enums, SpecificWordsMapToTheirValues) {
   EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "Efficiency"}}).cta_policy,
             CtaPolicyMode::kEfficiency);
   EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "DEFAULT"}}).cta_policy, CtaPolicyMode::kDefault);
-  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "NCCL-Staged"}}).allgather,
-            AllGatherMode::kNcclStaged);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "Auto"}}).allgather, AllGatherMode::kAuto);
   EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "zerocta"}}).allgather, AllGatherMode::kZerocta);
   EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "nccl"}}).allgather, AllGatherMode::kNccl);
   EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "OFF"}}).allgather, AllGatherMode::kOff);
@@ -383,7 +391,7 @@ TEST(Enums, RejectsNearMisses) {
   const std::map<std::string, std::vector<const char*>> bad = {
       {"ZEROCTA_LOG", {"verbose", "warning", "warn ", "0", "3", "trace", "de bug"}},
       {"ZEROCTA_CTA_POLICY", {"zero ", "0", "none", "efficient", "zero|keep", "keepp"}},
-      {"ZEROCTA_ALLGATHER", {"nccl_staged", "ncclstaged", "nccl-staged-", "on", "1", "ce"}},
+      {"ZEROCTA_ALLGATHER", {"nccl-ce", "nccl-", "zero-cta", "on", "1", "ce"}},
       {"ZEROCTA_CE_DIRECTION", {"pushh", "read", "write", "push pull", "1", ""}},
   };
   for (const auto& [name, values] : bad) {
@@ -614,6 +622,21 @@ TEST(StringVariables, AnyValueIsKeptAndEmptyMeansUnset) {
   }
 }
 
+TEST(StringVariables, DirectoryKeepsAnyNonEmptyValueAndRejectsEmpty) {
+  for (const auto& [name, field] : kDirFields) {
+    EXPECT_EQ(parse_env({}).*field, "/dev/shm") << name;
+    for (const char* value : {"/tmp", "relative/dir", "/tmp/zerocta dir"}) {
+      Config c = parse_env({{name, value}});
+      EXPECT_TRUE(c.errors.empty()) << name << "=" << value;
+      EXPECT_EQ(c.*field, value) << name;
+    }
+    Config c = parse_env({{name, ""}});
+    ASSERT_EQ(c.errors.size(), 1u) << name;
+    EXPECT_EQ(c.errors[0], invalid_line(name, ""));
+    EXPECT_EQ(c.*field, "/dev/shm") << name;
+  }
+}
+
 // ---------------------------------------------------------------- fingerprint
 
 TEST(Fingerprint, IdenticalConfigsHashAlike) {
@@ -653,7 +676,7 @@ TEST(Fingerprint, DirectFieldChangesChangeIt) {
   c.min_bytes = base.chunk_bytes;
   EXPECT_NE(config_fingerprint(c), h);
   c = base;
-  c.allgather = AllGatherMode::kNcclStaged;
+  c.allgather = AllGatherMode::kAuto;
   EXPECT_NE(config_fingerprint(c), h);
 }
 
@@ -715,6 +738,152 @@ TEST(ProcessConfig, ReadsTheRealEnvironmentOnce) {
         setenv("ZEROCTA_LOG", "none", 1);
         bool cached = &config() == &first && config().log == LogLevel::kDebug;
         std::exit(parsed && cached ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
+// ---------------------------------------------------------------- unknown ZEROCTA_* names
+
+TEST(EditDistance, CountsInsertDeleteSubstituteAndSwap) {
+  EXPECT_EQ(edit_distance("", ""), 0u);
+  EXPECT_EQ(edit_distance("abc", ""), 3u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("ZEROCTA_ALLGATHER", "ZEROCTA_ALLGATHER"), 0u);
+  EXPECT_EQ(edit_distance("ZEROCTA_ALLGATHR", "ZEROCTA_ALLGATHER"), 1u);    // deleted
+  EXPECT_EQ(edit_distance("ZEROCTA_ALLLGATHER", "ZEROCTA_ALLGATHER"), 1u);  // inserted
+  EXPECT_EQ(edit_distance("ZEROCTA_ALLGATHEP", "ZEROCTA_ALLGATHER"), 1u);   // substituted
+  EXPECT_EQ(edit_distance("ZEROCTA_ALLGAHTER", "ZEROCTA_ALLGATHER"), 1u);   // swapped
+  EXPECT_EQ(edit_distance("zerocta_allgather", "ZEROCTA_ALLGATHER"), 0u);   // case ignored
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("ca", "abc"), 3u);  // optimal string alignment, not full Damerau
+}
+
+TEST(EditDistance, IsSymmetric) {
+  const char* const words[] = {
+      "", "a", "ZEROCTA_LOG", "ZEROCTA_LGO", "ZEROCTA_POOL_SIZE", "ZEROCTA_POOL_BYTES", "xyz"};
+  for (const char* a : words)
+    for (const char* b : words) EXPECT_EQ(edit_distance(a, b), edit_distance(b, a)) << a << b;
+}
+
+std::vector<UnknownVar> unknown_in(std::vector<const char*> env) {
+  env.push_back(nullptr);
+  return find_unknown_vars(env.data());
+}
+
+TEST(UnknownVars, AMisspeltNameGetsTheClosestKnownName) {
+  std::vector<UnknownVar> u = unknown_in({"PATH=/bin", "ZEROCTA_ALLGATHR=auto"});
+  ASSERT_EQ(u.size(), 1u);
+  EXPECT_EQ(u[0].name, "ZEROCTA_ALLGATHR");
+  EXPECT_EQ(u[0].closest, "ZEROCTA_ALLGATHER");
+  EXPECT_EQ(u[0].distance, 1u);
+  EXPECT_EQ(unknown_var_line(u[0]),
+            "ZEROCTA_ALLGATHR is not a zerocta variable and is ignored; did you mean "
+            "ZEROCTA_ALLGATHER?");
+}
+
+TEST(UnknownVars, TypicalTyposPointToTheIntendedVariable) {
+  const std::map<std::string, std::string> typos = {
+      {"ZEROCTA_LOGG", "ZEROCTA_LOG"},
+      {"ZEROCTA_STAT", "ZEROCTA_STATS"},
+      {"ZEROCTA_MINBYTES", "ZEROCTA_MIN_BYTES"},
+      {"ZEROCTA_POOL_BYTE", "ZEROCTA_POOL_BYTES"},
+      {"ZEROCTA_CE_DIRECTOIN", "ZEROCTA_CE_DIRECTION"},
+      {"ZEROCTA_AUTO_MAX_RANK", "ZEROCTA_AUTO_MAX_RANKS"},
+      {"ZEROCTA_CTA_POLCY", "ZEROCTA_CTA_POLICY"},
+      {"ZEROCTA_CTA_POLICY_FORCED", "ZEROCTA_CTA_POLICY_FORCE"},
+      {"ZEROCTA_ENABLED", "ZEROCTA_ENABLE"},
+      {"ZEROCTA_allgather", "ZEROCTA_ALLGATHER"},
+  };
+  for (const auto& t : typos) {
+    const std::string entry = t.first + "=1";
+    std::vector<UnknownVar> u = unknown_in({entry.c_str()});
+    ASSERT_EQ(u.size(), 1u) << t.first;
+    EXPECT_EQ(u[0].closest, t.second) << t.first;
+    EXPECT_LE(u[0].distance, kSuggestDistance) << t.first;
+    EXPECT_NE(unknown_var_line(u[0]).find("did you mean " + t.second + "?"), std::string::npos);
+  }
+}
+
+TEST(UnknownVars, AFarNameNamesTheNearestWithoutGuessing) {
+  std::vector<UnknownVar> u = unknown_in({"ZEROCTA_SOMETHING_ELSE_ENTIRELY=1"});
+  ASSERT_EQ(u.size(), 1u);
+  EXPECT_GT(u[0].distance, kSuggestDistance);
+  const std::string line = unknown_var_line(u[0]);
+  EXPECT_EQ(line,
+            "ZEROCTA_SOMETHING_ELSE_ENTIRELY is not a zerocta variable and is ignored (the "
+            "nearest zerocta variable is " +
+                u[0].closest + ")");
+  EXPECT_EQ(line.find("did you mean"), std::string::npos);
+}
+
+TEST(UnknownVars, KnownToolAndForeignNamesAreNotReported) {
+  std::vector<const char*> env;
+  std::vector<std::string> keep;
+  for (const ConfigVar& v : config_table()) keep.push_back(std::string(v.name) + "=x");
+  for (const char* tool : tool_var_names()) keep.push_back(std::string(tool) + "=x");
+  for (const std::string& e : keep) env.push_back(e.c_str());
+  for (const char* other : {"NCCL_DEBUG=INFO", "zerocta_log=info", "ZEROCTA=1", "XZEROCTA_LOG=1",
+                            "LD_PRELOAD=/x/libzerocta.so", "=", ""})
+    env.push_back(other);
+  EXPECT_TRUE(unknown_in(env).empty());
+  EXPECT_TRUE(find_unknown_vars(nullptr).empty());
+  EXPECT_NE(std::find(tool_var_names().begin(), tool_var_names().end(), std::string("ZEROCTA_LIB")),
+            tool_var_names().end());
+}
+
+TEST(UnknownVars, EachNameOnceInEnvironmentOrder) {
+  std::vector<UnknownVar> u = unknown_in(
+      {"ZEROCTA_B=1", "ZEROCTA_LOG=info", "ZEROCTA_A=2", "ZEROCTA_B=3", "ZEROCTA_NOVALUE"});
+  ASSERT_EQ(u.size(), 3u);
+  EXPECT_EQ(u[0].name, "ZEROCTA_B");
+  EXPECT_EQ(u[1].name, "ZEROCTA_A");
+  EXPECT_EQ(u[2].name, "ZEROCTA_NOVALUE");
+  // A bare prefix is a name too.
+  ASSERT_EQ(unknown_in({"ZEROCTA_=1"}).size(), 1u);
+}
+
+TEST(UnknownVars, TiesGoToTheFirstNameOfTheTable) {
+  // The closest name at the smallest distance, the table's first among equals.
+  for (const char* name : {"ZEROCTA_X", "ZEROCTA_", "ZEROCTA_QQQQQQQQQQQQQQQQQQQQQQQQQQQQ"}) {
+    std::vector<UnknownVar> u = unknown_in({name});
+    ASSERT_EQ(u.size(), 1u);
+    size_t best = SIZE_MAX;
+    std::string first;
+    for (const ConfigVar& v : config_table()) {
+      size_t d = edit_distance(name, v.name);
+      if (d < best) best = d, first = v.name;
+    }
+    EXPECT_EQ(u[0].closest, first) << name;
+    EXPECT_EQ(u[0].distance, best) << name;
+  }
+}
+
+TEST(UnknownVars, OddNamesStayOnOnePrintableLine) {
+  const std::string huge = "ZEROCTA_" + std::string(5000, 'Q');
+  std::vector<UnknownVar> u = unknown_in({"ZEROCTA_A\nB=1", "ZEROCTA_\x1b[31mRED=1", huge.c_str()});
+  ASSERT_EQ(u.size(), 3u);
+  EXPECT_EQ(unknown_var_line(u[0]).rfind("ZEROCTA_A\\x0aB is not a zerocta variable", 0), 0u)
+      << unknown_var_line(u[0]);
+  for (const UnknownVar& v : u) {
+    const std::string line = unknown_var_line(v);
+    EXPECT_LT(line.size(), 200u) << line;
+    for (char ch : line) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << line;
+  }
+  EXPECT_NE(unknown_var_line(u[2]).find("QQQ... is not a zerocta variable"), std::string::npos);
+}
+
+TEST(UnknownVars, ReadsTheProcessEnvironment) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("ZEROCTA_ALLGATHR", "auto", 1);
+        std::vector<UnknownVar> u = find_unknown_vars_in_environment();
+        bool found = false;
+        for (const UnknownVar& v : u) found = found || v.name == "ZEROCTA_ALLGATHR";
+        unsetenv("ZEROCTA_ALLGATHR");
+        for (const UnknownVar& v : find_unknown_vars_in_environment())
+          found = found && v.name != "ZEROCTA_ALLGATHR";
+        std::exit(found ? 0 : 1);
       },
       testing::ExitedWithCode(0), "");
 }

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -152,7 +153,6 @@ TEST(StatsApi, Names) {
   EXPECT_STREQ(zerocta_route_name(zerocta_route_passthrough), "passthrough");
   EXPECT_STREQ(zerocta_route_name(zerocta_route_ce), "ce");
   EXPECT_STREQ(zerocta_route_name(zerocta_route_nccl_ce), "nccl-ce");
-  EXPECT_STREQ(zerocta_route_name(zerocta_route_nccl_staged), "nccl-staged");
   EXPECT_EQ(zerocta_op_name(zerocta_op_count), nullptr);
   EXPECT_EQ(zerocta_op_name(static_cast<zerocta_op_t>(-1)), nullptr);
   EXPECT_EQ(zerocta_route_name(zerocta_route_count), nullptr);
@@ -166,17 +166,68 @@ TEST(StatsApi, VersionEncodesHeaderMacros) {
   EXPECT_EQ(v % 100, ZEROCTA_VERSION_PATCH);
 }
 
-TEST(Stats, ExpandPathReplacesPid) {
-  EXPECT_EQ(zc::stats_expand_path("/tmp/s-%p.json", 4242), "/tmp/s-4242.json");
-  EXPECT_EQ(zc::stats_expand_path("%p/%p", 7), "7/7");
-  EXPECT_EQ(zc::stats_expand_path("a%%p-%r-%", 7), "a%p-%r-%");
-  EXPECT_EQ(zc::stats_expand_path("plain", 7), "plain");
+TEST(StatsPath, ExpandsHostPidRankAndPercent) {
+  zc::StatsPathFields f;
+  f.host = "node7";
+  f.pid = 4242;
+  f.rank = "3";
+  EXPECT_EQ(zc::stats_expand_path("/tmp/s-%p.json", f), "/tmp/s-4242.json");
+  EXPECT_EQ(zc::stats_expand_path("/tmp/zc-%h-r%r.json", f), "/tmp/zc-node7-r3.json");
+  EXPECT_EQ(zc::stats_expand_path("%p/%p", f), "4242/4242");
+  EXPECT_EQ(zc::stats_expand_path("%h%r%p", f), "node734242");
+  EXPECT_EQ(zc::stats_expand_path("a%%p-%%r-%%h", f), "a%p-%r-%h");
+  EXPECT_EQ(zc::stats_expand_path("plain", f), "plain");
+  EXPECT_EQ(zc::stats_expand_path("", f), "");
+}
+
+TEST(StatsPath, KeepsOtherPercentSequences) {
+  zc::StatsPathFields f;
+  f.host = "h";
+  f.pid = 7;
+  f.rank = "0";
+  EXPECT_EQ(zc::stats_expand_path("%", f), "%");
+  EXPECT_EQ(zc::stats_expand_path("x-%", f), "x-%");
+  EXPECT_EQ(zc::stats_expand_path("%x%d%s", f), "%x%d%s");
+  EXPECT_EQ(zc::stats_expand_path("%%%p", f), "%7");
+  EXPECT_EQ(zc::stats_expand_path("%%%", f), "%%");
+  EXPECT_EQ(zc::stats_expand_path("100%-%r", f), "100%-0");
+}
+
+zc::EnvLookup env_of(const std::map<std::string, std::string>& env) {
+  return [env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(StatsPath, RankComesFromTheLaunchersVariablesInOrder) {
+  EXPECT_EQ(zc::stats_rank(env_of({}), 99), "99");
+  EXPECT_EQ(zc::stats_rank(nullptr, 99), "99");
+  EXPECT_EQ(zc::stats_rank(env_of({{"SLURM_PROCID", "4"}}), 99), "4");
+  EXPECT_EQ(zc::stats_rank(env_of({{"SLURM_PROCID", "4"}, {"PMI_RANK", "3"}}), 99), "3");
+  EXPECT_EQ(zc::stats_rank(env_of({{"PMI_RANK", "3"}, {"OMPI_COMM_WORLD_RANK", "2"}}), 99), "2");
+  EXPECT_EQ(zc::stats_rank(env_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"RANK", "1"}}), 99), "1");
+  EXPECT_EQ(zc::stats_rank(env_of({{"RANK", "0"}}), 99), "0");
+  // Not a number (or absurdly long): the next variable, else the pid; never a path piece.
+  EXPECT_EQ(zc::stats_rank(env_of({{"RANK", "../x"}, {"PMI_RANK", "5"}}), 99), "5");
+  EXPECT_EQ(zc::stats_rank(env_of({{"RANK", ""}}), 99), "99");
+  EXPECT_EQ(zc::stats_rank(env_of({{"RANK", "-1"}}), 99), "99");
+  EXPECT_EQ(zc::stats_rank(env_of({{"RANK", "12345678901"}}), 99), "99");
+}
+
+TEST(StatsPath, ProcessFields) {
+  const zc::StatsPathFields f = zc::stats_path_fields();
+  EXPECT_EQ(f.pid, static_cast<long>(getpid()));
+  EXPECT_FALSE(f.host.empty());
+  EXPECT_EQ(f.host.find('.'), std::string::npos);
+  EXPECT_EQ(f.host.find('/'), std::string::npos);
+  EXPECT_FALSE(f.rank.empty());
 }
 
 TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 100);
   zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 200);
-  zc::stats_count(zerocta_op_allgather, zerocta_route_nccl_staged, 5);
+  zc::stats_count(zerocta_op_allgather, zerocta_route_nccl_ce, 5);
   zc::stats_count(zerocta_op_recv, zerocta_route_passthrough, 9);
   zc::stats_comm_created(true);
   zc::stats_comm_created(false);
@@ -205,13 +256,13 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   EXPECT_NE(json.find("\"pool_bytes\":" + std::to_string(pool) + ","), std::string::npos) << json;
   EXPECT_NE(json.find("\"inner_calls\":2,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"ops\":{\"allgather\":{\"ce\":{\"calls\":2,\"bytes\":300},"
-                      "\"nccl-staged\":{\"calls\":1,\"bytes\":5}},"
+                      "\"nccl-ce\":{\"calls\":1,\"bytes\":5}},"
                       "\"recv\":{\"passthrough\":{\"calls\":1,\"bytes\":9}}}"),
             std::string::npos)
       << json;
   // Pairs never counted are left out.
   EXPECT_EQ(json.find("allreduce"), std::string::npos) << json;
-  EXPECT_EQ(json.find("nccl-ce"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"calls\":0,"), std::string::npos) << json;
   EXPECT_EQ(json.find("\"allgather\":{\"passthrough\""), std::string::npos) << json;
   // Well-formed enough for any parser: balanced braces, no dangling commas.
   int depth = 0;
@@ -356,24 +407,86 @@ TEST(StatsExitReportChild, Run) {
   ASSERT_TRUE(WIFEXITED(status));
 }
 
+// Runs only inside the re-executed binary (StatsWriteNow tests below): ZEROCTA_STATS names a
+// file; stats_write_now() must write it without any exit handler (the child leaves by _exit).
+TEST(StatsWriteNowChild, Run) {
+  if (getenv("ZEROCTA_STATS_TEST_WRITE_NOW") == nullptr) {
+    GTEST_SKIP() << "runs only as the child of the StatsWriteNow tests";
+  }
+  const std::string file = getenv("ZEROCTA_STATS_TEST_WRITE_NOW");
+  if (getenv("ZEROCTA_STATS_TEST_UNWRITABLE") != nullptr) {
+    // Every write fails: one WARN for the process, however many teardowns and the exit.
+    zc::stats_install_reporter();
+    for (int i = 0; i < 3; ++i) {
+      zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1);
+      zc::stats_write_now();
+    }
+    zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1);
+    exit(0);  // and the exit report tries once more
+  }
+  zc::stats_write_now();  // before stats_install_reporter(): does nothing
+  if (access(file.c_str(), F_OK) == 0) _exit(10);
+  zc::stats_install_reporter();
+  zerocta_reset_stats();
+  zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
+  zc::stats_write_now();
+  if (read_file(file).find("\"allgather\":{\"ce\":{\"calls\":1,") == std::string::npos) _exit(11);
+  // Unchanged counters: not written again (the file removed stays removed) ...
+  if (unlink(file.c_str()) != 0) _exit(12);
+  zc::stats_write_now();
+  if (access(file.c_str(), F_OK) == 0) _exit(13);
+  // ... changed ones are.
+  zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
+  zc::stats_write_now();
+  if (read_file(file).find("\"allgather\":{\"ce\":{\"calls\":2,") == std::string::npos) _exit(14);
+  // A forked child writes its own file (here the same %r/%p-less name) with its own counters.
+  const pid_t pid = fork();
+  if (pid < 0) _exit(15);
+  if (pid == 0) {
+    zc::stats_count(zerocta_op_send, zerocta_route_passthrough, 1);
+    zc::stats_write_now();
+    _exit(0);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) _exit(16);
+  if (read_file(file).find("\"send\":{\"passthrough\"") == std::string::npos) _exit(17);
+  if (read_file(file).find("\"allgather\"") != std::string::npos) _exit(18);
+  _exit(0);  // no atexit report: what is on disk is what stats_write_now() wrote
+}
+
 class StatsExitReport : public StatsFileTest {
  protected:
   // Re-runs this binary's StatsExitReportChild.Run with ZEROCTA_STATS=stats; its stderr goes to
   // the file stderr_path(). Returns the child's pid after it exited with status 0, or -1.
-  pid_t run_child(const std::string& stats, bool log_none = false) {
+  // write_now: run StatsWriteNowChild.Run instead, which checks the file of that name itself.
+  pid_t run_child(const std::string& stats, bool log_none = false,
+                  const std::vector<std::string>& extra_env = {},
+                  const std::string& write_now = "") {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
-      if (strncmp(*e, "ZEROCTA_", 8) != 0) env.emplace_back(*e);
+      if (strncmp(*e, "ZEROCTA_", 8) == 0) continue;
+      // The rank variables steer %r; the tests set them as they need.
+      bool rank_var = false;
+      for (const char* v : {"RANK=", "OMPI_COMM_WORLD_RANK=", "PMI_RANK=", "SLURM_PROCID="})
+        rank_var = rank_var || strncmp(*e, v, strlen(v)) == 0;
+      if (!rank_var) env.emplace_back(*e);
     }
     env.push_back("ZEROCTA_STATS=" + stats);
-    env.push_back("ZEROCTA_STATS_TEST_CHILD=1");
+    if (write_now.empty()) {
+      env.push_back("ZEROCTA_STATS_TEST_CHILD=1");
+    } else {
+      env.push_back("ZEROCTA_STATS_TEST_WRITE_NOW=" + write_now);
+    }
     if (log_none) env.push_back("ZEROCTA_STATS_TEST_LOG_NONE=1");
+    for (const std::string& extra : extra_env) env.push_back(extra);
     std::vector<char*> envp;
     for (std::string& var : env) envp.push_back(var.data());
     envp.push_back(nullptr);
 
     char exe[] = "/proc/self/exe";
-    char filter[] = "--gtest_filter=StatsExitReportChild.Run";
+    char filter_exit[] = "--gtest_filter=StatsExitReportChild.Run";
+    char filter_now[] = "--gtest_filter=StatsWriteNowChild.Run";
+    char* filter = write_now.empty() ? filter_exit : filter_now;
     char* argv[] = {exe, filter, nullptr};
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -421,6 +534,41 @@ TEST_F(StatsExitReport, WritesJsonPerPidAtExit) {
     EXPECT_NE(grandchild.find("\"comms_created\":0,"), std::string::npos) << grandchild;
   }
   EXPECT_EQ(others, 1) << "expected one report from the forked grandchild, none from the clone";
+}
+
+TEST_F(StatsExitReport, WritesOneFilePerRankWithHostAndRankPatterns) {
+  char host[256] = "";
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  std::string short_host = host;
+  short_host = short_host.substr(0, short_host.find('.'));
+  for (const char* rank : {"0", "1"}) {
+    const pid_t child = run_child(path("zc-%h-r%r.json"), false, {std::string("RANK=") + rank});
+    ASSERT_GT(child, 0) << read_file(stderr_path());
+    const std::string json = read_file(path("zc-" + short_host + "-r" + rank + ".json"));
+    ASSERT_FALSE(json.empty()) << "no file for rank " << rank;
+    EXPECT_NE(json.find("\"pid\":" + std::to_string(child) + ","), std::string::npos) << json;
+  }
+  // Without any rank variable %r is the pid.
+  const pid_t child = run_child(path("zc-r%r.json"));
+  ASSERT_GT(child, 0) << read_file(stderr_path());
+  EXPECT_FALSE(read_file(path("zc-r" + std::to_string(child) + ".json")).empty());
+}
+
+TEST_F(StatsExitReport, WriteNowWritesWithoutExitHandlers) {
+  const std::string file = path("now.json");
+  ASSERT_GT(run_child(file, false, {}, file), 0)
+      << "StatsWriteNowChild.Run failed (see its _exit codes)\n"
+      << read_file(stderr_path());
+}
+
+TEST_F(StatsExitReport, UnwritableFileWarnsOncePerProcessNamingTheVariable) {
+  const std::string bad = path("no-such-dir/s.json");
+  ASSERT_GT(run_child(bad, false, {"ZEROCTA_STATS_TEST_UNWRITABLE=1"}, bad), 0)
+      << read_file(stderr_path());
+  const std::string err = read_file(stderr_path());
+  const size_t at = err.find("stats: cannot write the ZEROCTA_STATS file " + bad + ": ");
+  EXPECT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find("stats: cannot write", at + 1), std::string::npos) << err;
 }
 
 TEST_F(StatsExitReport, PrintsTableToStderrWithOne) {

@@ -93,15 +93,10 @@ void exchange_id(Channel* ch, int rank, PathId path) {
     fatal("unique id not forwarded intact");
 }
 
-// The shim's routing: only all-gathers of zerocta (and zerocta-auto from 16 MiB) take "ce";
-// zerocta-staged's all-gathers take "nccl-staged".
+// The shim's routing: only all-gathers of zerocta (and zerocta-auto from 16 MiB) take "ce".
 void fill_routes(PathId path, CollOp op, uint64_t bytes, uint64_t calls, bool fallback,
                  uint64_t* r) {
   if (!path_uses_shim(path)) return;
-  if (path == PathId::kZeroctaStaged && op == CollOp::kAllGather) {
-    r[zerocta_route_nccl_staged] = calls;
-    return;
-  }
   const bool ce =
       op == CollOp::kAllGather &&
       (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20)));

@@ -107,17 +107,20 @@ std::string describe_status(int status) {
 }  // namespace
 
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, PathId path,
-                                            const std::string& shim_lib) {
+                                            const std::string& shim_lib, bool test_host) {
   std::vector<std::string> env = base;
-  // Multicast must stay off on the shared GPU hosts, whatever the caller's environment says.
-  set_var(&env, "NCCL_NVLS_ENABLE", "0");
-  set_var(&env, "TORCH_SYMM_MEM_DISABLE_MULTICAST", "1");
+  // --test-host: multicast must stay off on the project's GPU hosts, whatever the caller's
+  // environment says. Never done otherwise: on the user's cluster NVLS may be what they run.
+  if (test_host) {
+    for (const char* kv : kTestHostEnv) {
+      const std::string s = kv;
+      set_var(&env, s.substr(0, s.find('=')), s.substr(s.find('=') + 1));
+    }
+  }
   const std::string rest = strip_zerocta(get_var(env, "LD_PRELOAD"));
   if (path_uses_shim(path)) {
     set_var(&env, "LD_PRELOAD", rest.empty() ? shim_lib : shim_lib + ":" + rest);
     set_var(&env, "ZEROCTA_ALLGATHER", path_allgather_mode(path));
-    // Every size of the table through the pool, like the zerocta path (not just >= 64 MiB).
-    if (path == PathId::kZeroctaStaged) set_var(&env, "ZEROCTA_MIN_BYTES", "0");
   } else if (rest.empty()) {
     env.erase(std::remove_if(env.begin(), env.end(),
                              [](const std::string& e) { return e.rfind("LD_PRELOAD=", 0) == 0; }),
@@ -147,7 +150,8 @@ LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler) {
 
   std::vector<std::string> base;
   for (char** e = environ; *e; ++e) base.emplace_back(*e);
-  const std::vector<std::string> env = worker_environment(base, spec.path, spec.shim_lib);
+  const std::vector<std::string> env =
+      worker_environment(base, spec.path, spec.shim_lib, spec.test_host);
 
   std::vector<Proc> procs(static_cast<size_t>(nprocs));
   pid_t pgid = 0;

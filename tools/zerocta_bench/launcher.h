@@ -19,6 +19,7 @@ struct LaunchSpec {
   int nranks = 0;
   std::vector<std::string> args;  // the parent's argv[1..], passed through to every worker
   std::string shim_lib;           // LD_PRELOAD for the shim paths
+  bool test_host = false;         // --test-host: kTestHostEnv in every worker
   int timeout_s = 60;
 };
 
@@ -36,11 +37,11 @@ using MessageHandler = std::function<void(uint32_t type, const std::vector<char>
 
 LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler);
 
-// The environment of a path's workers, from `base` (NAME=value entries): NCCL_NVLS_ENABLE=0 and
-// TORCH_SYMM_MEM_DISABLE_MULTICAST=1 always; for a shim path LD_PRELOAD=<shim_lib>[:rest] and
-// ZEROCTA_ALLGATHER=<mode>; for the others every libzerocta entry removed from LD_PRELOAD.
+// The environment of a path's workers, from `base` (NAME=value entries): for a shim path
+// LD_PRELOAD=<shim_lib>[:rest] and ZEROCTA_ALLGATHER=<mode>; for the others every libzerocta
+// entry removed from LD_PRELOAD; with test_host (--test-host) also kTestHostEnv.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, PathId path,
-                                            const std::string& shim_lib);
+                                            const std::string& shim_lib, bool test_host);
 
 // Installs SIGINT/SIGTERM handlers that make run_path kill its workers and return, and ignores
 // SIGPIPE. Call once in the parent.

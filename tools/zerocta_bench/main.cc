@@ -132,20 +132,15 @@ int next_limit(const Options& o, double estimate, Clock::time_point start) {
   return std::min(path_timeout_s(o, estimate), left);
 }
 
+// The route every timed all-gather of a path must take (the path forces it), or -1.
+int forced_route(PathId p) { return p == PathId::kZerocta ? zerocta_route_ce : -1; }
+
+std::string off_route_message(uint64_t calls) {
+  return std::to_string(calls) + " all-gathers did not take zerocta's ce route";
+}
+
 // zerocta-policy measures the shim's policy, so every rank must report that every
 // communicator it created got NCCL_CTA_POLICY_ZERO.
-// The route every timed all-gather of a path must take (the path forces it), or -1.
-int forced_route(PathId p) {
-  if (p == PathId::kZerocta) return zerocta_route_ce;
-  if (p == PathId::kZeroctaStaged) return zerocta_route_nccl_staged;
-  return -1;
-}
-
-std::string off_route_message(uint64_t calls, int route) {
-  return std::to_string(calls) + " all-gathers did not take zerocta's " +
-         (route == zerocta_route_ce ? "ce" : "nccl-staged") + " route";
-}
-
 bool policy_applied(const PathResult& r, int nranks) {
   return r.shim_reports == nranks && r.comms_created >= static_cast<uint64_t>(nranks) &&
          r.comms_zero_policy == r.comms_created;
@@ -164,6 +159,7 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
   spec.nranks = b->nranks;
   spec.args = args;
   spec.shim_lib = b->shim_lib;
+  spec.test_host = o.test_host;
   spec.timeout_s = limit;
   LaunchOutcome out = run_path(spec, [&](uint32_t type, const std::vector<char>& p) {
     if (type == kMsgHello && p.size() == sizeof(HelloMsg)) {
@@ -223,7 +219,7 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
     } else if (const int want = forced_route(r->path);
                want >= 0 && o.op == CollOp::kAllGather && r->off_route_calls(want) > 0) {
       const std::string msg =
-          off_route_message(r->off_route_calls(want), want) + " (see the route column)";
+          off_route_message(r->off_route_calls(want)) + " (see the route column)";
       if (o.allow_fallback)
         r->error = "WARNING: " + msg;
       else {
@@ -245,6 +241,7 @@ void run_contention_path(BenchReport* b, ContentionResult* r, const std::vector<
   spec.nranks = b->nranks;
   spec.args = args;
   spec.shim_lib = b->shim_lib;
+  spec.test_host = b->o->test_host;
   spec.timeout_s = limit;
   LaunchOutcome out = run_path(spec, [&](uint32_t type, const std::vector<char>& p) {
     if (type == kMsgHello && p.size() == sizeof(HelloMsg)) {
@@ -272,7 +269,7 @@ void run_contention_path(BenchReport* b, ContentionResult* r, const std::vector<
         if (i != want) other += c.route_calls[i];
     if (other > 0 && !b->o->allow_fallback) {
       r->status = "FAILED";
-      r->error = off_route_message(other, want);
+      r->error = off_route_message(other);
     }
   }
   printf("# Contention %s: %s (%.1f s)%s%s\n", path_name(r->path), r->status.c_str(), r->seconds,
@@ -304,31 +301,16 @@ int main(int argc, char** argv) {
   b.started_at = now_iso();
   for (int i = 0; i < argc; ++i) b.argv.push_back(argv[i]);
   b.machine = o.fake_gpus > 0 ? fake_machine(o.fake_gpus) : probe_machine(60);
-  if (b.machine.gpu_count == 0) {
-    const bool driver = access("/proc/driver/nvidia/version", R_OK) == 0;
-    printf("# zerocta-bench: no GPU found (%s%s); nothing to measure.\n",
-           driver ? "" : "no NVIDIA kernel driver loaded; ", b.machine.no_gpu_reason.c_str());
-    return kExitOk;
-  }
-  if (b.machine.gpu_count < 2 && o.ngpus == 0) {
-    printf(
-        "# zerocta-bench: only %d GPU found; the comparison needs at least 2. Nothing to "
-        "measure.\n",
-        b.machine.gpu_count);
-    return kExitOk;
+  const bool driver = access("/proc/driver/nvidia/version", R_OK) == 0;
+  std::string gpu_message;
+  const int gpu_exit = check_gpu_count(
+      o, b.machine.gpu_count,
+      (driver ? "" : "no NVIDIA kernel driver loaded; ") + b.machine.no_gpu_reason, &gpu_message);
+  if (gpu_exit >= 0) {
+    fprintf(gpu_exit == kExitOk ? stdout : stderr, "%s\n", gpu_message.c_str());
+    return gpu_exit;
   }
   b.nranks = o.ngpus > 0 ? o.ngpus : b.machine.gpu_count;
-  if (b.nranks > b.machine.gpu_count) {
-    fprintf(stderr, "zerocta-bench: -g %d but only %d GPU(s) visible\n", b.nranks,
-            b.machine.gpu_count);
-    return kExitUsage;
-  }
-  if (b.nranks < 2) {
-    // One rank has no peer: no copy engine, no communication to compare.
-    fprintf(stderr, "zerocta-bench: the comparison needs at least 2 ranks (have %d GPU(s))\n",
-            b.nranks);
-    return kExitUsage;
-  }
 
   bool need_shim = false;
   for (PathId p : o.paths) need_shim |= path_uses_shim(p);
@@ -347,6 +329,11 @@ int main(int argc, char** argv) {
   }
 
   print_machine(b);
+  if (o.test_host) {
+    printf("# --test-host: every worker runs with");
+    for (const char* kv : kTestHostEnv) printf(" %s", kv);
+    printf("\n");
+  }
   b.sizes = sweep_sizes(o);
   print_plan(o, b.nranks);
   if (o.dry_run) return kExitOk;

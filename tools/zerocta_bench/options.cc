@@ -16,15 +16,10 @@ struct PathRow {
   const char* name;
 };
 constexpr PathRow kPaths[] = {
-    {PathId::kNcclKernel, "nccl-kernel"},
-    {PathId::kNcclCe, "nccl-ce"},
-    {PathId::kZerocta, "zerocta"},
-    {PathId::kZeroctaAuto, "zerocta-auto"},
-    {PathId::kCeiling, "ceiling"},
-    {PathId::kBareCe, "bare-ce"},
-    {PathId::kNcclPolicy, "nccl-policy"},
-    {PathId::kZeroctaPolicy, "zerocta-policy"},
-    {PathId::kZeroctaStaged, "zerocta-staged"},
+    {PathId::kNcclKernel, "nccl-kernel"}, {PathId::kNcclCe, "nccl-ce"},
+    {PathId::kZerocta, "zerocta"},        {PathId::kZeroctaAuto, "zerocta-auto"},
+    {PathId::kCeiling, "ceiling"},        {PathId::kBareCe, "bare-ce"},
+    {PathId::kNcclPolicy, "nccl-policy"}, {PathId::kZeroctaPolicy, "zerocta-policy"},
 };
 
 const DataType kTypes[] = {
@@ -93,9 +88,8 @@ bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
 }
 
 const std::vector<PathId>& contention_path_set() {
-  static const std::vector<PathId> v = {PathId::kNcclKernel,    PathId::kNcclCe,
-                                        PathId::kZerocta,       PathId::kZeroctaAuto,
-                                        PathId::kZeroctaStaged, PathId::kBareCe};
+  static const std::vector<PathId> v = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta,
+                                        PathId::kZeroctaAuto, PathId::kBareCe};
   return v;
 }
 
@@ -148,7 +142,6 @@ const char* path_allgather_mode(PathId p) {
   if (p == PathId::kZerocta) return "zerocta";
   if (p == PathId::kZeroctaAuto) return "auto";
   if (p == PathId::kZeroctaPolicy) return "nccl";  // the shim changes only the CTA policy
-  if (p == PathId::kZeroctaStaged) return "nccl-staged";
   return nullptr;
 }
 
@@ -160,16 +153,45 @@ const std::vector<PathId>& sweep_path_set(CollOp op) {
   // The policy paths right after their baseline, so the policy comparison runs first.
   static const std::vector<PathId> all_gather = {
       PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
-      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kZeroctaStaged, PathId::kCeiling};
-  static const std::vector<PathId> other = {PathId::kNcclKernel,    PathId::kNcclPolicy,
+      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kCeiling};
+  static const std::vector<PathId> other = {PathId::kNcclKernel, PathId::kNcclPolicy,
                                             PathId::kZeroctaPolicy, PathId::kZerocta,
-                                            PathId::kZeroctaAuto,   PathId::kZeroctaStaged};
+                                            PathId::kZeroctaAuto};
   return op == CollOp::kAllGather ? all_gather : other;
 }
 
 std::vector<PathId> default_sweep_paths(CollOp op) {
   if (op == CollOp::kAllGather) return sweep_path_set(op);
   return {PathId::kNcclKernel, PathId::kNcclPolicy, PathId::kZeroctaPolicy};
+}
+
+const char* const kTestHostEnv[2] = {"NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"};
+
+int check_gpu_count(const Options& o, int visible, const std::string& no_gpu_reason,
+                    std::string* message) {
+  if (visible == 0 && o.ngpus == 0) {
+    *message = "# zerocta-bench: no GPU found (" + no_gpu_reason + "); nothing to measure.";
+    return kExitOk;
+  }
+  if (visible < 2 && o.ngpus == 0) {
+    *message = "# zerocta-bench: only " + std::to_string(visible) +
+               " GPU found; the comparison needs at least 2. Nothing to measure.";
+    return kExitOk;
+  }
+  const int nranks = o.ngpus > 0 ? o.ngpus : visible;
+  if (nranks > visible) {
+    *message = "zerocta-bench: -g " + std::to_string(nranks) + " but only " +
+               std::to_string(visible) + " GPU(s) visible";
+    if (visible == 0) *message += " (" + no_gpu_reason + ")";
+    return kExitUsage;
+  }
+  if (nranks < 2) {
+    // One rank has no peer: no copy engine, no communication to compare.
+    *message =
+        "zerocta-bench: the comparison needs at least 2 ranks (-g " + std::to_string(nranks) + ")";
+    return kExitUsage;
+  }
+  return -1;
 }
 
 bool parse_dtype(const std::string& name, DataType* out) {
@@ -381,6 +403,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       o->deadline_s = static_cast<int>(n);
     } else if (a == "--dry-run") {
       o->dry_run = true;
+    } else if (a == "--test-host") {
+      o->test_host = true;
     } else if (a == "--self-test") {
       o->self_test = true;
     } else if (a == "--fake-gpus") {
@@ -463,8 +487,10 @@ Paths (--paths; each runs in its own set of rank processes, one after another):
   zerocta-auto    the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
   ceiling         (allgather only) bare copy-engine writes of each GPU's chunk to every
                   peer, one cudaMemcpyBatchAsync per GPU, one process, no protocol
-Default paths: allgather: all of them; allreduce, reducescatter, broadcast: nccl-kernel,
-nccl-policy, zerocta-policy.
+  bare-ce         (--contention only) the ceiling's raw writes, overlapped with the GEMMs
+Default paths: allgather: every path but bare-ce; allreduce, reducescatter, broadcast:
+nccl-kernel, nccl-policy, zerocta-policy (zerocta and zerocta-auto can be asked for: the shim
+forwards those ops to NCCL).
 
 nccl-tests options (sizes as nccl-tests prints them: allgather total output bytes, allreduce
 and broadcast the buffer, reducescatter total input bytes):
@@ -479,10 +505,11 @@ Other options:
   --paths LIST           comma list of the paths above, "all" (every path --op can run) or
                          "none"
   --json FILE            write machine info, every row and the contention results as JSON
-  --contention           (allgather only) after the sweep, measure a cuBLAS bf16 GEMM loop overlapped with
-                         back-to-back all-gathers (per path: nccl-kernel, nccl-ce, zerocta,
-                         bare-ce; bare-ce = the ceiling's raw writes)
-  --contention-paths L   paths for --contention (adds zerocta-auto if listed)
+  --contention           (allgather only) after the sweep, measure a cuBLAS bf16 GEMM loop
+                         overlapped with back-to-back all-gathers (default paths: nccl-kernel,
+                         nccl-ce, zerocta, bare-ce)
+  --contention-paths L   paths for --contention: a comma list of nccl-kernel, nccl-ce,
+                         zerocta, zerocta-auto, bare-ce, or "all"
   --contention-bytes S   all-gather total output size (default 256 MiB per rank)
   --gemm M,N,K           GEMM shape (default 8192,8192,8192)
   --gemm-iters N         GEMMs per timed loop (default 50)
@@ -493,16 +520,20 @@ Other options:
   --timeout SEC          per path (default: from the estimate, at least 90)
   --deadline SEC         whole run (default 450); paths not started by then are SKIPPED
   --seed N               data pattern seed
+  --test-host            run every worker with NCCL_NVLS_ENABLE=0 and
+                         TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (a rule of the project's GPU test
+                         hosts, which must not use NVLink multicast; printed when used).
+                         Without it the workers get the caller's environment as it is.
   --dry-run              probe the GPUs, print the plan and the time estimate, run nothing
   --self-test            CPU self-test of parsing, math and report formatting
   -h, --help             this text
 
-Every child runs with NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1.
-Exit status: 0 all paths OK (also when fewer than 2 GPUs are found: a line says so),
+Exit status: 0 all paths OK (also when, without -g, fewer than 2 GPUs are found: a line
+               says so),
              1 a path FAILED (wrong data, a worker died or hung, a zerocta fallback,
                a zerocta-policy communicator created without the zero-CTA policy),
-             2 usage error (also -g larger than the GPUs visible, or -g 1), or
-               libzerocta.so not found while a zerocta path is requested.
+             2 usage error (also -g larger than the GPUs visible, e.g. -g 2 without a GPU,
+               or -g 1), or libzerocta.so not found while a zerocta path is requested.
 )";
   return s;
 }

@@ -15,7 +15,7 @@ namespace zcb {
 
 // Every way of running a collective the bench knows (the values index tables: append only).
 // The sweep runs the paths of sweep_path_set(op); the contention study (all-gathers) runs
-// kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto, kZeroctaStaged and kBareCe.
+// kNcclKernel, kNcclCe, kZerocta, kZeroctaAuto and kBareCe.
 enum class PathId {
   kNcclKernel,
   kNcclCe,
@@ -25,7 +25,6 @@ enum class PathId {
   kBareCe,
   kNcclPolicy,     // the application sets CTAPolicy = NCCL_CTA_POLICY_ZERO itself
   kZeroctaPolicy,  // nccl-kernel's program under the shim with ZEROCTA_ALLGATHER=nccl
-  kZeroctaStaged,  // nccl-kernel's program under the shim with ZEROCTA_ALLGATHER=nccl-staged
 };
 
 const char* path_name(PathId p);
@@ -91,6 +90,9 @@ struct Options {
   int deadline_s = 450;  // whole run; paths not started by then are SKIPPED
 
   bool quick = false;
+  // --test-host: the workers run with kTestHostEnv (the project's GPU hosts must not use NVLink
+  // multicast); off by default, so the bench measures what the caller's environment gives.
+  bool test_host = false;
   bool dry_run = false;    // probe, print the plan and the estimate, run nothing
   bool self_test = false;  // CPU self-test of parsing, math and report formatting
   int fake_gpus = 0;       // testing: pretend N GPUs, workers produce synthetic rows, no CUDA
@@ -107,6 +109,15 @@ struct Options {
   // Per-rank chunk of the contention all-gather for nranks ranks.
   uint64_t contention_total_bytes(int nranks) const;
 };
+
+// What --test-host sets in every worker's environment (NAME=value), whatever it held.
+extern const char* const kTestHostEnv[2];
+
+// What to do with `visible` GPUs before anything runs: -1 to go on, or the exit status with
+// *message, the line to print (on stdout for kExitOk, else on stderr). No GPU or one GPU with
+// no -g is "nothing to measure" (0); asking for ranks (-g) that are not there is an error.
+int check_gpu_count(const Options& o, int visible, const std::string& no_gpu_reason,
+                    std::string* message);
 
 // Parses argv. On error returns false with *error set ("unknown option --foo"). --help sets
 // *help and returns true.

@@ -9,8 +9,7 @@ namespace zcb {
 
 namespace {
 
-const char* const kRouteNames[zerocta_route_count] = {"passthrough", "ce", "nccl_ce",
-                                                      "nccl_staged"};
+const char* const kRouteNames[zerocta_route_count] = {"passthrough", "ce", "nccl_ce"};
 
 void fold(PlaceAgg* a, const PlaceResult& p, bool first) {
   a->time_us = first ? p.mean_us : std::max(a->time_us, p.mean_us);
@@ -59,10 +58,6 @@ std::string path_description(PathId p, CollOp op) {
     case PathId::kZeroctaAuto:
       return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=auto" +
              forwards;
-    case PathId::kZeroctaStaged:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, "
-             "ZEROCTA_ALLGATHER=nccl-staged, ZEROCTA_MIN_BYTES=0 (copy in, NCCL's CE "
-             "all-gather in the pool, copy out)";
     case PathId::kCeiling:
       return "bare peer writes, one cudaMemcpyBatchAsync per GPU, one process, no protocol "
              "(per-GPU time, max)";

@@ -101,7 +101,7 @@ void test_options() {
   EXPECT(q.quick && q.iters == 9 && q.max_bytes == (64ull << 20) && q.gemm_m == 4096);
 
   Options all;
-  EXPECT(parse({"--paths", "all"}, &all) && all.paths.size() == 8);
+  EXPECT(parse({"--paths", "all"}, &all) && all.paths.size() == 7);
   Options none;
   EXPECT(parse({"--paths", "none", "--contention"}, &none) && none.paths.empty());
   EXPECT(none.contention && none.contention_paths.size() == 4);
@@ -138,15 +138,15 @@ void test_op_options() {
 
   Options ag;
   EXPECT(parse({}, &ag) && ag.op == CollOp::kAllGather);
-  EXPECT(ag.paths.size() == 8 && ag.paths[0] == PathId::kNcclKernel &&
+  EXPECT(ag.paths.size() == 7 && ag.paths[0] == PathId::kNcclKernel &&
          ag.paths[1] == PathId::kNcclPolicy && ag.paths[2] == PathId::kZeroctaPolicy &&
-         ag.paths[6] == PathId::kZeroctaStaged && ag.paths[7] == PathId::kCeiling);
+         ag.paths[6] == PathId::kCeiling);
   Options ar;
   EXPECT(parse({"--op", "allreduce"}, &ar) && ar.op == CollOp::kAllReduce);
   EXPECT(ar.paths.size() == 3 && ar.paths[0] == PathId::kNcclKernel &&
          ar.paths[1] == PathId::kNcclPolicy && ar.paths[2] == PathId::kZeroctaPolicy);
   Options bc;  // --paths before --op: resolved once the op is known
-  EXPECT(parse({"--paths", "all", "--op=broadcast"}, &bc) && bc.paths.size() == 6);
+  EXPECT(parse({"--paths", "all", "--op=broadcast"}, &bc) && bc.paths.size() == 5);
   for (PathId p : bc.paths) EXPECT(p != PathId::kNcclCe && p != PathId::kCeiling);
   Options rs;
   EXPECT(parse({"--paths", "zerocta-policy,zerocta,nccl-kernel", "--op", "reducescatter"}, &rs));
@@ -335,12 +335,12 @@ void test_bandwidth_and_rows() {
   a.size_index = 1;
   a.bytes = 1 << 20;
   a.count = 1 << 17;
-  a.oop = {100.0, 90.0, 0, {0, 26, 0, 0}};
-  a.ip = {80.0, 70.0, 2, {0, 26, 0, 0}};
+  a.oop = {100.0, 90.0, 0, {0, 26, 0}};
+  a.ip = {80.0, 70.0, 2, {0, 26, 0}};
   b = a;
   b.rank = 1;
-  b.oop = {120.0, 80.0, 0, {1, 25, 0, 0}};
-  b.ip = {60.0, 75.0, -1, {0, 26, 0, 0}};
+  b.oop = {120.0, 80.0, 0, {1, 25, 0}};
+  b.ip = {60.0, 75.0, -1, {0, 26, 0}};
   EXPECT(!add_row(&r, a, 2, CollOp::kAllGather));
   EXPECT(!r.complete(1, 2));
   EXPECT(add_row(&r, b, 2, CollOp::kAllGather));
@@ -379,27 +379,78 @@ void test_bandwidth_and_rows() {
 void test_environment() {
   std::vector<std::string> base = {"PATH=/bin", "LD_PRELOAD=/x/libzerocta.so:/y/libother.so",
                                    "NCCL_NVLS_ENABLE=1", "ZEROCTA_LOG=info"};
-  std::vector<std::string> k = worker_environment(base, PathId::kNcclKernel, "/b/libzerocta.so");
+  // Without --test-host the caller's NCCL/TORCH settings reach the workers unchanged.
+  for (PathId p : {PathId::kNcclKernel, PathId::kZerocta, PathId::kCeiling}) {
+    std::vector<std::string> e = worker_environment(base, p, "/b/libzerocta.so", false);
+    EXPECT(has(e, "NCCL_NVLS_ENABLE=1") && !has(e, "NCCL_NVLS_ENABLE=0"));
+    EXPECT(!has_prefix(e, "TORCH_SYMM_MEM_DISABLE_MULTICAST="));
+  }
+  std::vector<std::string> plain =
+      worker_environment({"PATH=/bin"}, PathId::kNcclKernel, "/l.so", false);
+  EXPECT(plain == std::vector<std::string>{"PATH=/bin"});
+  // --test-host: the two host rules, whatever the caller had.
+  std::vector<std::string> k =
+      worker_environment(base, PathId::kNcclKernel, "/b/libzerocta.so", true);
   EXPECT(has(k, "LD_PRELOAD=/y/libother.so"));  // the shim stripped from a no-shim path
   EXPECT(has(k, "NCCL_NVLS_ENABLE=0") && !has(k, "NCCL_NVLS_ENABLE=1"));
   EXPECT(has(k, "TORCH_SYMM_MEM_DISABLE_MULTICAST=1") && has(k, "PATH=/bin"));
   EXPECT(!has_prefix(k, "ZEROCTA_ALLGATHER="));
-  std::vector<std::string> z = worker_environment(base, PathId::kZerocta, "/b/libzerocta.so");
+  for (const char* kv : kTestHostEnv) EXPECT(has(k, kv));
+  std::vector<std::string> z =
+      worker_environment(base, PathId::kZerocta, "/b/libzerocta.so", false);
   EXPECT(has(z, "LD_PRELOAD=/b/libzerocta.so:/y/libother.so"));  // prepended, never twice
   EXPECT(has(z, "ZEROCTA_ALLGATHER=zerocta") && has(z, "ZEROCTA_LOG=info"));
-  std::vector<std::string> za = worker_environment({"A=1"}, PathId::kZeroctaAuto, "/l.so");
+  std::vector<std::string> za = worker_environment({"A=1"}, PathId::kZeroctaAuto, "/l.so", false);
   EXPECT(has(za, "LD_PRELOAD=/l.so") && has(za, "ZEROCTA_ALLGATHER=auto"));
   std::vector<std::string> c =
-      worker_environment({"LD_PRELOAD=libzerocta.so"}, PathId::kCeiling, "/l.so");
+      worker_environment({"LD_PRELOAD=libzerocta.so"}, PathId::kCeiling, "/l.so", false);
   EXPECT(!has_prefix(c, "LD_PRELOAD="));
   // zerocta-policy: the shim, but only its policy; nccl-policy: no shim at all.
   std::vector<std::string> zp =
-      worker_environment(base, PathId::kZeroctaPolicy, "/b/libzerocta.so");
+      worker_environment(base, PathId::kZeroctaPolicy, "/b/libzerocta.so", false);
   EXPECT(has(zp, "LD_PRELOAD=/b/libzerocta.so:/y/libother.so") &&
          has(zp, "ZEROCTA_ALLGATHER=nccl"));
-  std::vector<std::string> np = worker_environment(
-      {"LD_PRELOAD=/x/libzerocta.so", "ZEROCTA_ALLGATHER=zerocta"}, PathId::kNcclPolicy, "/l.so");
+  std::vector<std::string> np =
+      worker_environment({"LD_PRELOAD=/x/libzerocta.so", "ZEROCTA_ALLGATHER=zerocta"},
+                         PathId::kNcclPolicy, "/l.so", true);
   EXPECT(!has_prefix(np, "LD_PRELOAD=") && has(np, "NCCL_NVLS_ENABLE=0"));
+  Options o;
+  EXPECT(parse({}, &o) && !o.test_host);
+  EXPECT(parse({"--test-host"}, &o) && o.test_host);
+}
+
+// --help names every path the bench knows, and says which environment --test-host sets.
+void test_help_lists_every_path() {
+  const std::string help = usage_text("zerocta-bench");
+  for (int i = 0;; ++i) {
+    const char* name = path_name(static_cast<PathId>(i));
+    if (std::string(name) == "?") break;
+    const std::string row = std::string("\n  ") + name + " ";
+    EXPECT(help.find(row) != std::string::npos);
+    if (help.find(row) == std::string::npos) fprintf(stderr, "  (--help lacks path %s)\n", name);
+  }
+  EXPECT(help.find("--test-host") != std::string::npos);
+  for (const char* kv : kTestHostEnv)
+    EXPECT(help.find(std::string(kv).substr(0, 10)) != std::string::npos);
+}
+
+void test_gpu_count() {
+  Options any, two, one;
+  two.ngpus = 2;
+  one.ngpus = 1;
+  std::string m;
+  // Without -g: no GPU or one GPU is "nothing to measure", status 0.
+  EXPECT(check_gpu_count(any, 0, "no driver", &m) == kExitOk &&
+         m.find("no GPU found (no driver)") != std::string::npos);
+  EXPECT(check_gpu_count(any, 1, "", &m) == kExitOk);
+  EXPECT(check_gpu_count(any, 2, "", &m) == -1 && check_gpu_count(any, 8, "", &m) == -1);
+  // -g 2 asks for GPUs: without them it is an error, never a quiet 0.
+  EXPECT(check_gpu_count(two, 0, "no driver", &m) == kExitUsage &&
+         m.find("-g 2 but only 0 GPU(s) visible (no driver)") != std::string::npos);
+  EXPECT(check_gpu_count(two, 1, "", &m) == kExitUsage);
+  EXPECT(check_gpu_count(two, 2, "", &m) == -1 && check_gpu_count(two, 4, "", &m) == -1);
+  EXPECT(check_gpu_count(one, 4, "", &m) == kExitUsage &&
+         m.find("at least 2 ranks") != std::string::npos);
 }
 
 void test_json_and_misc() {
@@ -428,6 +479,8 @@ int run_self_test() {
   test_init_and_ratios();
   test_bandwidth_and_rows();
   test_environment();
+  test_help_lists_every_path();
+  test_gpu_count();
   test_json_and_misc();
   printf("zerocta-bench self-test: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? kExitOk : kExitFailed;

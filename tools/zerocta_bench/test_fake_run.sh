@@ -38,7 +38,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 names = [p["name"] for p in d["paths"]]
 assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "nccl-ce", "zerocta",
-                 "zerocta-auto", "zerocta-staged", "ceiling"], names
+                 "zerocta-auto", "ceiling"], names
 assert all(p["status"] == "OK" and len(p["rows"]) == 3 for p in d["paths"])
 assert d["result"] == "OK" and d["machine"]["nranks"] == 2 and d["options"]["op"] == "allgather"
 paths = {p["name"]: p for p in d["paths"]}
@@ -59,7 +59,7 @@ r = paths["nccl-policy"]["rows"][0]["in_place"]
 k = paths["nccl-kernel"]["rows"][0]["in_place"]
 assert abs(r["time_vs_nccl_kernel"] / (r["time_us"] / k["time_us"]) - 1) < 1e-4, (r, k)  # 6 digits
 assert {c["path"] for c in d["contention"]} == {"nccl-kernel", "nccl-ce", "zerocta", "zerocta-auto",
-                                              "zerocta-staged", "bare-ce"}
+                                              "bare-ce"}
 assert all(c["status"] == "OK" and len(c["per_rank"]) == 2 for c in d["contention"])
 PY
 
@@ -108,8 +108,7 @@ check "zerocta forwards all-reduces" python3 - "$TMP/arall.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 names = [p["name"] for p in d["paths"]]
-assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto",
-                 "zerocta-staged"], names
+assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto"], names
 for p in d["paths"][3:]:
     assert p["status"] == "OK", p
     assert all(r[pl]["routes"]["ce"] == 0 and r[pl]["routes"]["passthrough"] > 0
@@ -182,7 +181,43 @@ ZCB_FAKE_HANG=nccl-kernel "$BENCH" --fake-gpus 2 --quick --deadline 2 --paths nc
   >"$TMP/deadline.txt" 2>&1
 check "deadline skips later paths" contains "$TMP/deadline.txt" "Path ceiling: SKIPPED"
 
-# 6. The plot script: PNGs where matplotlib exists, the one-line message where it does not.
+# 5b. --test-host: the two host rules, printed; without it, none of them.
+"$BENCH" --fake-gpus 2 --quick --paths nccl-kernel --test-host >"$TMP/th.txt" 2>&1
+check "--test-host run exits 0" test $? -eq 0
+check "--test-host prints what it sets" contains "$TMP/th.txt" \
+  "# --test-host: every worker runs with NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"
+check "no --test-host line by default" bash -c "! grep -q -- '--test-host' '$TMP/ok.txt'"
+"$BENCH" --help >"$TMP/help.txt" 2>&1
+for p in nccl-kernel nccl-policy zerocta-policy nccl-ce zerocta zerocta-auto ceiling bare-ce; do
+  check "--help lists $p" grep -qE "^  $p " "$TMP/help.txt"
+done
+
+# 5c. -g N without a GPU is an error (exit 2), not "nothing to measure" (only checkable here
+# when this machine has no GPU).
+"$BENCH" --dry-run >"$TMP/nogpu.txt" 2>&1
+if grep -q "no GPU found" "$TMP/nogpu.txt"; then
+  "$BENCH" -g 2 >"$TMP/g2.txt" 2>&1
+  check "-g 2 without a GPU exits 2" test $? -eq 2
+  check "-g 2 without a GPU explained" contains "$TMP/g2.txt" "-g 2 but only 0 GPU(s) visible"
+fi
+
+# 6. The plot script: a style of its own for every path, then PNGs where matplotlib exists,
+# the one-line message where it does not.
+check "every path has its own colour" python3 - "$PLOT" "$TMP/ok.json" <<'PY'
+import importlib.machinery, importlib.util, json, sys
+loader = importlib.machinery.SourceFileLoader("zerocta_plot", sys.argv[1])
+spec = importlib.util.spec_from_loader("zerocta_plot", loader)
+plot = importlib.util.module_from_spec(spec)
+loader.exec_module(plot)
+d = json.load(open(sys.argv[2]))
+names = {p["name"] for p in d["paths"]} | {c["path"] for c in d["contention"]}
+assert names <= set(plot.PATH_STYLE), names - set(plot.PATH_STYLE)
+colors = [s["color"] for s in plot.PATH_STYLE.values()]
+assert len(set(colors)) == len(colors), colors
+styles = [(s["color"], s.get("marker"), s.get("linestyle")) for s in
+          [plot.style_for("new-%d" % i) for i in range(24)] + list(plot.PATH_STYLE.values())]
+assert len(set(styles)) == len(styles), styles
+PY
 PY=""
 for p in python3 /usr/bin/python3; do
   if command -v "$p" >/dev/null && "$p" -c "import matplotlib" 2>/dev/null; then PY=$p; break; fi

@@ -3,7 +3,6 @@
 // and through ncclAllGather (routed by zerocta when it is preloaded). Prints bus bandwidth of
 // both, the route zerocta reports, and whether the outputs are bitwise identical.
 #include <cuda_runtime.h>
-#include <dirent.h>
 #include <dlfcn.h>
 #include <nccl.h>
 #include <sys/wait.h>
@@ -14,21 +13,44 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "zerocta.h"
 
 namespace {
 
-int count_gpus_without_cuda() {
-  // The parent must not initialise CUDA before fork; ask the driver's procfs instead.
-  int n = 0;
-  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') n++;
-    closedir(d);
+// The GPUs this process may use, as the CUDA runtime counts them (CUDA_VISIBLE_DEVICES, MIG and
+// cgroups respected). Asked in a forked child: the parent must not initialise CUDA before it
+// forks the ranks. *why says what went wrong when the answer is 0 because CUDA failed.
+int count_visible_gpus(std::string* why) {
+  int fds[2];
+  if (pipe(fds) != 0) return 0;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return 0;
   }
-  return n;
+  if (pid == 0) {
+    close(fds[0]);
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    char msg[256];
+    const int len = err == cudaSuccess ? snprintf(msg, sizeof msg, "%d", n)
+                                       : snprintf(msg, sizeof msg, "0 %s", cudaGetErrorString(err));
+    if (write(fds[1], msg, static_cast<size_t>(len)) != len) _exit(1);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string answer;
+  char buf[256];
+  for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) answer.append(buf, got);
+  close(fds[0]);
+  waitpid(pid, nullptr, 0);
+  const size_t space = answer.find(' ');
+  if (space != std::string::npos) *why = answer.substr(space + 1);
+  return atoi(answer.c_str());
 }
 
 #define CK(x)                                                                               \
@@ -41,8 +63,7 @@ int count_gpus_without_cuda() {
   } while (0)
 
 // Route names as zerocta_route_name() gives them; the demo never links the shim.
-const char* const kRouteNames[zerocta_route_count] = {"passthrough", "ce", "nccl-ce",
-                                                      "nccl-staged"};
+const char* const kRouteNames[zerocta_route_count] = {"passthrough", "ce", "nccl-ce"};
 
 using AgFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
 
@@ -128,32 +149,38 @@ int run_rank(int rank, int nranks, ncclUniqueId id, const std::vector<size_t>& s
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ngpu = count_gpus_without_cuda();
   if (argc > 1 && strcmp(argv[1], "--help") == 0) {
     printf(
-        "usage: zerocta-demo [nranks] [iters]\n  Run under LD_PRELOAD=libzerocta.so to compare.\n");
+        "usage: zerocta-demo [nranks] [iters]\n  Run under LD_PRELOAD=libzerocta.so to compare.\n"
+        "  Uses the GPUs the CUDA runtime sees (CUDA_VISIBLE_DEVICES), one rank per GPU.\n");
     return 0;
   }
+  std::string why;
+  const int ngpu = count_visible_gpus(&why);
   // Said first, so that even a machine without GPUs shows whether the preload took.
   const bool preloaded = dlsym(RTLD_DEFAULT, "zerocta_version") != nullptr;
   if (ngpu < 2) {
     printf(
-        "zerocta-demo: zerocta %s; %d GPU(s) found; an all-gather comparison needs at least 2. "
-        "Nothing to do.\n",
-        preloaded ? "preloaded" : "not preloaded", ngpu);
+        "zerocta-demo: zerocta %s; %d GPU(s) found%s%s%s; an all-gather comparison needs at "
+        "least 2. Nothing to do.\n",
+        preloaded ? "preloaded" : "not preloaded", ngpu, why.empty() ? "" : " (CUDA: ", why.c_str(),
+        why.empty() ? "" : ")");
     return 0;
   }
+  // One pipe per rank below.
+  constexpr int kMaxRanks = 64;
   int nranks = argc > 1 ? atoi(argv[1]) : ngpu;
   int iters = argc > 2 ? atoi(argv[2]) : 20;
   if (nranks < 2 || nranks > ngpu) nranks = ngpu;
+  if (nranks > kMaxRanks) nranks = kMaxRanks;
+  if (iters < 1) iters = 1;
   std::vector<size_t> sizes;
   for (size_t s = 1 << 20; s <= (size_t(1) << 30); s *= 4) sizes.push_back(s);
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
   printf("zerocta-demo: %d ranks, one per GPU; zerocta %s\n", nranks,
          preloaded ? "preloaded" : "NOT preloaded (NCCL only)");
   fflush(stdout);
   // Every pipe exists before the first fork: rank 0 writes to all of them.
-  int pipes[64][2];
+  int pipes[kMaxRanks][2];
   for (int r = 0; r < nranks; ++r)
     if (pipe(pipes[r]) != 0) return 1;
   std::vector<pid_t> pids;
