@@ -132,7 +132,7 @@ CUcontext primary_context(const CudaDriver& d, int device) {
 
 }  // namespace
 
-ScopedDevice::ScopedDevice(int device) {
+ScopedDevice::ScopedDevice(int device) : log_device_(device) {
   const CudaDriver* d = cuda_driver();
   if (!d) return;
   if (d->cuCtxGetCurrent(&saved_) != CUDA_SUCCESS) saved_ = nullptr;

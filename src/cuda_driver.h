@@ -5,6 +5,8 @@
 
 #include <cuda.h>
 
+#include "log.h"
+
 namespace zc {
 
 struct CudaDriver {
@@ -76,7 +78,8 @@ int current_device();
 const char* cuda_error_string(CUresult r);
 
 // Makes `device`'s primary context current on this thread and restores the previous
-// context when destroyed: the caller's current device is never changed by zerocta.
+// context when destroyed: the caller's current device is never changed by zerocta. Log lines
+// written meanwhile carry `device` in their [dev] field.
 class ScopedDevice {
  public:
   explicit ScopedDevice(int device);
@@ -89,6 +92,7 @@ class ScopedDevice {
   CUcontext saved_ = nullptr;
   bool ok_ = false;
   bool restore_ = true;
+  LogDeviceScope log_device_;
 };
 
 }  // namespace zc

@@ -19,6 +19,20 @@ bool log_enabled(LogLevel level);
 void log_set_device(int device);
 int log_device();
 
+// Tags this thread's log lines with `device` while it lives (no CUDA call: safe in any thread).
+class LogDeviceScope {
+ public:
+  explicit LogDeviceScope(int device) : saved_(log_device()) {
+    if (device >= 0) log_set_device(device);
+  }
+  ~LogDeviceScope() { log_set_device(saved_); }
+  LogDeviceScope(const LogDeviceScope&) = delete;
+  LogDeviceScope& operator=(const LogDeviceScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 // printf-style; appends a newline. Thread-safe: one write(2) per line.
 void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -22,7 +22,9 @@ Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_br
     if (local_gpus > static_cast<int>(joined.size()))
       return no(
           "a rank on this host did not join (it runs without zerocta, with "
-          "ZEROCTA_ENABLE=0 or another ZEROCTA_ALLGATHER)",
+          "ZEROCTA_ENABLE=0 or another ZEROCTA_ALLGATHER); without zerocta its CTA policy "
+          "differs too, and NCCL's own copy-engine path on window buffers (symmetric memory) "
+          "would then be taken on some ranks only: a hang",
           true);
     return no("the communicator spans hosts (or its other ranks see other GPUs)", false);
   }

@@ -222,6 +222,7 @@ void route_join(CommState& st, const JoinPlan& plan) {
 
 void route_freeze(CommState& st, bool on_app_thread) {
   std::lock_guard<std::mutex> lock(st.route_mu);
+  LogDeviceScope tag(st.device);
   if (st.route.load() != RouteState::kJoined) return;
   Agreement a = agree(st.channel->members(), st.nranks, st.channel->broken(), st.local_gpus);
   st.channel->unlink_name();  // frozen: nobody may join any more

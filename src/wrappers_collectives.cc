@@ -84,8 +84,14 @@ bool needs_detour(bool nccl_ce, cudaStream_t stream) {
   return nccl_ce && is_legacy_stream(stream) && group_state().depth == 0 && legacy_stream_bug();
 }
 
-int poisoned_code(const std::shared_ptr<CommState>& st) {
-  return st ? st->poisoned.load(std::memory_order_relaxed) : ncclSuccess;
+// Before any collective: the comm's record, settled (comm_create.h), and its poison, if any
+// (a peer's, seen through the channel, included).
+std::shared_ptr<CommState> state_for_op(ncclComm_t comm, ncclResult_t* poison) {
+  auto st = comm_lookup(comm);
+  settle_before_use(st.get());
+  if (st && route_peer_poison(*st) != ncclSuccess) route_poison(*st, ncclRemoteError);
+  *poison = static_cast<ncclResult_t>(st ? st->poisoned.load(std::memory_order_relaxed) : 0);
+  return st;
 }
 
 // The communicator's size, for counting bytes: from the init's arguments; a child's is asked of
@@ -144,16 +150,16 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
 using namespace zc;
 
 // A forwarded collective: poisoned comms answer with their error, the rest is counted.
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)            \
-  ZC_EXPORT ncclResult_t name params {                                  \
-    ZC_PROLOGUE(e, name, args);                                         \
-    auto st = comm_lookup(comm);                                        \
-    settle_before_use(st.get());                                        \
-    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p); \
-    uint64_t bytes = (BYTES);                                           \
-    stats_count(OP, zerocta_route_passthrough, bytes);                  \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);              \
-    return e.real->name args;                                           \
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args) \
+  ZC_EXPORT ncclResult_t name params {                       \
+    ZC_PROLOGUE(e, name, args);                              \
+    ncclResult_t poison;                                     \
+    auto st = state_for_op(comm, &poison);                   \
+    if (poison != ncclSuccess) return poison;                \
+    uint64_t bytes = (BYTES);                                \
+    stats_count(OP, zerocta_route_passthrough, bytes);       \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);   \
+    return e.real->name args;                                \
   }
 
 // Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
@@ -161,9 +167,9 @@ using namespace zc;
 #define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)  \
   ZC_EXPORT ncclResult_t name params {                                                     \
     ZC_PROLOGUE(e, name, args);                                                            \
-    auto st = comm_lookup(comm);                                                           \
-    settle_before_use(st.get());                                                           \
-    if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);                    \
+    ncclResult_t poison;                                                                   \
+    auto st = state_for_op(comm, &poison);                                                 \
+    if (poison != ncclSuccess) return poison;                                              \
     uint64_t bytes = (BYTES);                                                              \
     const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                    \
     zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;   \
@@ -227,10 +233,9 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
                                      ncclDataType_t datatype, ncclComm_t comm,
                                      cudaStream_t stream) {
   ZC_PROLOGUE(e, ncclAllGather, (sendbuff, recvbuff, sendcount, datatype, comm, stream));
-  auto st = comm_lookup(comm);
-  settle_before_use(st.get());
-  if (st && route_peer_poison(*st) != ncclSuccess) route_poison(*st, ncclRemoteError);
-  if (int p = poisoned_code(st)) return static_cast<ncclResult_t>(p);
+  ncclResult_t poison;
+  auto st = state_for_op(comm, &poison);
+  if (poison != ncclSuccess) return poison;
   // Whether NCCL may take its own CE path (the application's windows) only matters for the
   // legacy-stream detour of a forwarded op; it never enters the route (placement is local).
   const bool nccl_ce = nccl_ce_capable(st, sendbuff) && nccl_ce_capable(st, recvbuff);

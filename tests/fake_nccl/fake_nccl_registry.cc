@@ -74,9 +74,10 @@ Comm* find_comm(ncclComm_t comm) {
   return reinterpret_cast<Comm*>(comm);
 }
 
-void delete_comm(ncclComm_t comm) {
-  if (unregister_object(Kind::kComm, comm)) delete reinterpret_cast<Comm*>(comm);
-}
+// A destroyed comm leaves the registry but its memory is kept: tests abort a comm while
+// another thread is inside a call on it (find_comm then ensure_ready read it), which must not
+// become a use-after-free in the fake itself.
+void delete_comm(ncclComm_t comm) { unregister_object(Kind::kComm, comm); }
 
 bool should_fail(const char* fn) {
   const char* env = getenv("FAKE_NCCL_FAIL");

@@ -237,6 +237,9 @@ int cycles_rank(const RankContext& ctx, const Knobs& k) {
     }
   }
   destroyer.drain();
+  // Every rank's last communicator is gone before anyone samples: a peer's import of this
+  // rank's route memory keeps it allocated until the peer destroys its communicator.
+  barrier();
   me->destroy_ns = destroyer.destroy_ns();
   me->wall_ns = now_ns() - start;
   me->rss_end = rss_bytes();

@@ -1,6 +1,28 @@
 # shellcheck shell=bash
 # Shared by the GPU-host scripts (run_gpu_suite.sh, run_reliability.sh); sourced, not run.
 
+# The paths every GPU-host script starts from: OUTDIR (created) as OUT, $ZEROCTA_BUILD (default
+# ./build) as BUILD, the shim, the test binaries, CUDA's libraries and the system NCCL. Exits 2
+# with a usage line when OUTDIR is missing or the build is not there.
+# shellcheck disable=SC2034  # the variables are the caller's
+host_paths() {
+  if [ $# -ne 1 ]; then
+    echo "usage: ZEROCTA_BUILD=build $0 OUTDIR" >&2
+    exit 2
+  fi
+  mkdir -p "$1" || exit 2
+  OUT=$(cd "$1" && pwd)
+  BUILD=$(cd "${ZEROCTA_BUILD:-./build}" 2>/dev/null && pwd) || {
+    echo "build directory ${ZEROCTA_BUILD:-./build} not found (set ZEROCTA_BUILD)" >&2
+    exit 2
+  }
+  SHIM=$BUILD/libzerocta.so
+  BIN=$BUILD/tests/gpu
+  CUDA_LIB=${ZEROCTA_CUDA_LIB:-/usr/local/cuda/lib64}
+  NCCL_SYSTEM_DIR=${ZEROCTA_NCCL_SYSTEM_DIR:-/usr/lib/x86_64-linux-gnu}
+  TORCHRUN=${ZEROCTA_TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
+}
+
 # Number of GPUs this process would use, without touching them beyond a query.
 count_gpus() {
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then

@@ -13,7 +13,7 @@
 #                 bitwise right: grouped init, InitAll + splits, PyTorch (blocking, and
 #                 non-blocking with the first use in a coalescing block)
 # ce-route        zerocta_gpu_ce_route_test: no kernel, NCCL's bits, graphs and the legacy stream
-# cycles-auto     1000 create/all-gather/destroy cycles with auto: memory, descriptors, threads
+# cycles-1000     1000 create/all-gather/destroy cycles with auto: memory, descriptors, threads
 #                 and /dev/shm entries flat
 # kill-mode3/1    auto, rank 1 SIGKILLs itself mid-stream under TORCH_NCCL_ASYNC_ERROR_HANDLING=3
 #                 and =1 (20 s process-group timeout): the job ends within 150 s
@@ -23,22 +23,10 @@
 # Logs go to OUTDIR; a PASS/FAIL table ends the output and OUTDIR/summary.txt.
 set -u -o pipefail
 
-[ $# -eq 1 ] || {
-  echo "usage: ZEROCTA_BUILD=build $0 OUTDIR" >&2
-  exit 2
-}
-mkdir -p "$1" || exit 2
-OUT=$(cd "$1" && pwd)
-BUILD=$(cd "${ZEROCTA_BUILD:-./build}" 2>/dev/null && pwd) || {
-  echo "build directory not found (ZEROCTA_BUILD)" >&2
-  exit 2
-}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-SHIM=$BUILD/libzerocta.so
-BIN=$BUILD/tests/gpu
-CUDA_LIB=${ZEROCTA_CUDA_LIB:-/usr/local/cuda/lib64}
-NCCL_SYSTEM_DIR=${ZEROCTA_NCCL_SYSTEM_DIR:-/usr/lib/x86_64-linux-gnu}
-TORCHRUN=${ZEROCTA_TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
+# shellcheck source=tests/gpu/gpu_host_lib.sh
+. "$HERE/gpu_host_lib.sh"
+host_paths "$@"
 ONLY=${ZEROCTA_SUITE_ONLY:-}
 # The test hosts' rule (not a product default): NVLink multicast stays off.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -46,8 +34,6 @@ unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_LOG ZEROCTA_ENABLE
 PY=${ZEROCTA_PYTHON:-$(dirname "$TORCHRUN")/python3}
 # The native test binaries take the system NCCL; PyTorch keeps its own.
 NATIVE=(env "LD_LIBRARY_PATH=$NCCL_SYSTEM_DIR:$CUDA_LIB")
-# shellcheck source=tests/gpu/gpu_host_lib.sh
-. "$HERE/gpu_host_lib.sh"
 RECORD_WIDTH=28
 NGPU=$(count_gpus)
 NPROC=$((NGPU > 8 ? 8 : NGPU))
@@ -152,10 +138,10 @@ for t in $("$BIN/zerocta_gpu_fault_test" --gtest_list_tests | awk '/^[^ ]/{s=$1}
 done
 
 # 1000 create / all-gather / destroy cycles with auto, destroys on a second thread.
-step cycles-auto 480 "${NATIVE[@]}" LD_PRELOAD="$SHIM" ZEROCTA_CYCLES_ALLGATHER=auto \
+step cycles-1000 480 "${NATIVE[@]}" LD_PRELOAD="$SHIM" ZEROCTA_CYCLES_ALLGATHER=auto \
   ZEROCTA_CYCLES="${ZEROCTA_DNH_CYCLES:-1000}" ZEROCTA_CYCLES_DESTROY_LAG=4 \
   "$BIN/zerocta_gpu_cycles_test"
-[ -f "$OUT/cycles-auto.log" ] && grep '^RELIABILITY cycles rank' "$OUT/cycles-auto.log"
+[ -f "$OUT/cycles-1000.log" ] && grep '^RELIABILITY cycles rank' "$OUT/cycles-1000.log"
 
 shm_after=$(find /dev/shm -maxdepth 1 -name 'zerocta-*' | wc -l)
 if [ "$shm_after" -le "$shm_before" ]; then

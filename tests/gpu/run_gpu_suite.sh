@@ -21,23 +21,11 @@
 #                               copy-engine route
 set -u -o pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: ZEROCTA_BUILD=build $0 OUTDIR" >&2
-  exit 2
-fi
-mkdir -p "$1" || exit 2
-OUT=$(cd "$1" && pwd)
-BUILD=$(cd "${ZEROCTA_BUILD:-./build}" 2>/dev/null && pwd) || {
-  echo "build directory ${ZEROCTA_BUILD:-./build} not found (set ZEROCTA_BUILD)" >&2
-  exit 2
-}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-SHIM=$BUILD/libzerocta.so
-BIN=$BUILD/tests/gpu
-CUDA_LIB=${ZEROCTA_CUDA_LIB:-/usr/local/cuda/lib64}
-NCCL_SYSTEM_DIR=${ZEROCTA_NCCL_SYSTEM_DIR:-/usr/lib/x86_64-linux-gnu}
+# shellcheck source=tests/gpu/gpu_host_lib.sh
+. "$HERE/gpu_host_lib.sh"
+host_paths "$@"
 NCCL_TORCH_DIR=${ZEROCTA_NCCL_TORCH_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
-TORCHRUN=${ZEROCTA_TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
 SOAK_ITERS=${ZEROCTA_SOAK_ITERS:-200}
 NOSHIM_SOAK_ITERS=${ZEROCTA_SUITE_NOSHIM_SOAK_ITERS:-50}
 ONLY=${ZEROCTA_SUITE_ONLY:-}
@@ -48,8 +36,6 @@ unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_DIGEST_FILE ZEROCTA_EXPECT_CE ZEROCTA_E
   ZEROCTA_EXPECT_NCCL_VERSION
 
 # --- GPU count, without touching the GPUs beyond a query ------------------------------------
-# shellcheck source=tests/gpu/gpu_host_lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/gpu_host_lib.sh"
 RECORD_WIDTH=34
 NGPU=$(count_gpus)
 NRANKS=$((NGPU > 8 ? 8 : NGPU))

@@ -66,6 +66,27 @@ TEST(FirstContactLog, DeviceFieldIsMinusOneUntilSetAndPerThread) {
   log_set_level(level);
 }
 
+TEST(FirstContactLog, DeviceScopeTagsLinesAndRestoresTheField) {
+  const LogLevel level = log_level();
+  log_set_level(LogLevel::kWarn);
+  log_set_device(1);
+  std::string err;
+  {
+    LogDeviceScope on(5);  // what ScopedDevice and the route's freeze use
+    err = capture_stderr([] { ZC_WARN("inside"); });
+    {
+      LogDeviceScope unknown(-1);  // an unknown device keeps the tag it finds
+      err += capture_stderr([] { ZC_WARN("unknown"); });
+    }
+  }
+  err += capture_stderr([] { ZC_WARN("after"); });
+  EXPECT_NE(err.find(" [5] zerocta WARN inside\n"), std::string::npos) << err;
+  EXPECT_NE(err.find(" [5] zerocta WARN unknown\n"), std::string::npos) << err;
+  EXPECT_NE(err.find(" [1] zerocta WARN after\n"), std::string::npos) << err;
+  log_set_device(-1);
+  log_set_level(level);
+}
+
 // The words of a bash array assignment `readonly NAME=(a b c)` in tools/zerocta-run (one line).
 std::vector<std::string> launcher_array(const std::string& name) {
   std::ifstream in(std::string(ZEROCTA_SOURCE_DIR) + "/tools/zerocta-run");

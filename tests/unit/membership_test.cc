@@ -86,6 +86,8 @@ TEST(Membership, AMissingRankIsAnotherHostUnlessAGpuHereIsLeftOver) {
   EXPECT_FALSE(a.commit);
   EXPECT_TRUE(a.warn) << a.why;
   EXPECT_NE(std::string(a.why).find("did not join"), std::string::npos) << a.why;
+  // Such a rank's CTA policy may differ: the reason names the risk to NCCL's window ops.
+  EXPECT_NE(std::string(a.why).find("window buffers"), std::string::npos) << a.why;
 }
 
 TEST(Membership, BrokenChannelsTooManyMembersAndSingleRanksNeverCommit) {
