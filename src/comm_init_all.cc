@@ -72,6 +72,8 @@ ZC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
       if (route_wanted(ndev))
         schedule_join(
             st, JoinPlan{st->key, static_cast<uint32_t>(ndev), static_cast<uint32_t>(i), i, dev});
+      else
+        route_not_joining(*st, ndev);
     }
     r = e.real->ncclCommInitRankConfig(&comm[i], ndev, id, i, p.config);
     finish_create(st, r == ncclSuccess || r == ncclInProgress ? comm[i] : nullptr, r);

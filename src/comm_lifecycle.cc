@@ -33,6 +33,8 @@ ncclResult_t init_comm(const char* fn, ncclComm_t* out, int nranks, int rank,
     if (route_wanted(nranks) && rank >= 0 && rank < nranks && st->device >= 0)
       schedule_join(st, JoinPlan{st->key, static_cast<uint32_t>(nranks),
                                  static_cast<uint32_t>(rank), rank, st->device});
+    else
+      route_not_joining(*st, nranks);
   }
   ncclResult_t r = forward(p.config);
   finish_create(st, out ? *out : nullptr, r);

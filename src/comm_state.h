@@ -71,7 +71,7 @@ struct CommState {
   // The route (route_setup.h). `route_mu` guards every change of the fields below it and is
   // taken by abort too; `route` may be read without it.
   std::atomic<RouteState> route{RouteState::kNone};
-  const char* route_why = "the copy-engine route was not requested";
+  const char* route_why = "ZEROCTA_ALLGATHER does not ask for the copy-engine route";
   std::mutex route_mu;
   std::unique_ptr<Channel> channel;  // from the join; after commit only for its poison word
   std::vector<MemberFacts> members;  // at commit: every rank's facts, in rank order

@@ -82,14 +82,16 @@ const std::vector<VarSpec>& specs() {
         "0 makes the library a pure forwarder to NCCL that changes nothing."},
        [](const char* t, Config* c) { return parse_bool(t, &c->enable); }},
       {{"ZEROCTA_STRICT", "bool", kBoolValues, "0",
-        "1 makes an NCCL call fail with ncclInvalidUsage when a ZEROCTA_* value is invalid."},
+        "1 makes every NCCL call fail with ncclInvalidUsage while a ZEROCTA_* value is "
+        "invalid (an unknown ZEROCTA_* name only warns)."},
        [](const char* t, Config* c) { return parse_bool(t, &c->strict); }},
       {{"ZEROCTA_LOG", "enum", "none|warn|info|debug", "warn",
         "How much zerocta logs to stderr, in NCCL's line format."},
        [](const char* t, Config* c) { return parse_enum(t, kLogLevels, &c->log); }},
       {{"ZEROCTA_CTA_POLICY", "enum", "zero|efficiency|default|keep", "zero",
         "CTA policy given to every communicator (keep = leave the application's config "
-        "untouched)."},
+        "untouched; NCCL_CTA_POLICY in the environment overrides it); it decides whether NCCL "
+        "may run its own copy-engine path on NCCL windows."},
        [](const char* t, Config* c) { return parse_enum(t, kCtaPolicies, &c->cta_policy); }},
       {{"ZEROCTA_CTA_POLICY_FORCE", "bool", kBoolValues, "0",
         "1 lets ZEROCTA_CTA_POLICY override a CTA policy the application set explicitly."},
@@ -98,7 +100,7 @@ const std::vector<VarSpec>& specs() {
         "Route of all-gathers: nccl = NCCL decides (its CE path on application windows), the "
         "default; auto = zerocta's copy-engine route from ZEROCTA_MIN_BYTES up on up to "
         "ZEROCTA_AUTO_MAX_RANKS ranks, when every rank of the communicator agreed; zerocta = that "
-        "route for every all-gather; off = untouched."},
+        "route for every all-gather; off = the same as nccl."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
@@ -107,10 +109,10 @@ const std::vector<VarSpec>& specs() {
         "Largest communicator whose all-gathers auto routes to the copy engines (on more "
         "ranks the route is slower than NCCL's kernel path at the default pool size)."},
        [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},
-      {{kPoolName, "size", "a size of at least 2 * ZEROCTA_CHUNK_BYTES", "1G",
-        "GPU memory of each communicator's symmetric pool (allocated when a communicator is "
-        "created with the copy-engine route on), fixed for its life; larger all-gathers are "
-        "chunked through it."},
+      {{kPoolName, "size", "bytes or K/M/G/T (binary), at least 2 * ZEROCTA_CHUNK_BYTES", "1G",
+        "GPU memory of each communicator's route arena (taken when a communicator that can take "
+        "the copy-engine route is created, outside PyTorch's allocator, until it is destroyed); "
+        "larger all-gathers are staged through it in pieces."},
        [](const char* t, Config* c) { return parse_size(t, &c->pool_bytes); }},
       {{kChunkName, "size", "a size of at least 64K that is a multiple of 4K", "128M",
         "Largest piece the copy-engine all-gather sends to one peer at once (push) or stages "
@@ -128,7 +130,8 @@ const std::vector<VarSpec>& specs() {
        [](const char* t, Config* c) { return parse_enum(t, kCeDirections, &c->ce_direction); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
         "Prints the counters at exit to stderr (1; shown whatever ZEROCTA_LOG says) or writes "
-        "them as JSON to the given path."},
+        "them as JSON to the given path (%h host, %p pid, %r rank, %% %), also at every "
+        "communicator teardown."},
        // Any text is acceptable; an empty value is the same as unset.
        [](const char* t, Config* c) {
          c->stats = t;

@@ -184,6 +184,17 @@ bool route_wanted(int nranks) {
          static_cast<uint64_t>(nranks) <= cfg.auto_max_ranks;
 }
 
+void route_not_joining(CommState& st, int nranks) {
+  const Config& cfg = config();
+  st.route_why = nranks < 2                              ? "a communicator of one rank"
+                 : nranks > kMaxRanks                    ? "more ranks than the route supports (64)"
+                 : cfg.allgather == AllGatherMode::kAuto ? "more ranks than ZEROCTA_AUTO_MAX_RANKS"
+                                                         : "this rank has no current CUDA device";
+  LogDeviceScope tag(st.device);
+  ZC_INFO("route: rank %d/%d dev %d: copy-engine all-gather not engaged: %s", st.rank, nranks,
+          st.device, st.route_why);
+}
+
 void route_join(CommState& st, const JoinPlan& plan) {
   const CudaDriver* cu = cuda_driver();
   const Config& cfg = config();

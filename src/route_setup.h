@@ -37,6 +37,10 @@ struct JoinPlan {
 // (0 = not known yet: a child). The default mode never does.
 bool route_wanted(int nranks);
 
+// A communicator of this size never joins (route_wanted() said no): records and logs why, as
+// the freeze does for those that join.
+void route_not_joining(CommState& st, int nranks);
+
 // The join phase. Leaves st.route at kJoined, or kNone (with st.route_why) when this rank
 // cannot take part; its peers then see a missing member and pass through.
 void route_join(CommState& st, const JoinPlan& plan);

@@ -738,7 +738,13 @@ TEST(RouteSetup, NoColorSplitInAThreeProcessWorld) {
                 with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG", "0"}}), s);
   expect_clean_pair(r, chan, 3);
   EXPECT_EQ(rnum(r, 0, "split.child"), 0);
-  EXPECT_EQ(decisions(r, pid_of(r, 0)), std::vector<std::string>{}) << r.describe();
+  // The world never joins, and says why (its only decision line).
+  const std::vector<std::string> world = decisions(r, pid_of(r, 0));
+  ASSERT_EQ(world.size(), 1u) << r.describe();
+  EXPECT_NE(world[0].find("rank 0/3 dev 0: copy-engine all-gather not engaged: more ranks than "
+                          "ZEROCTA_AUTO_MAX_RANKS"),
+            std::string::npos)
+      << world[0];
   EXPECT_EQ(rnum(r, 1, "child.rank"), 1);
   EXPECT_EQ(rnum(r, 2, "child.rank"), 0);
   for (int k : {1, 2}) {
@@ -767,7 +773,12 @@ TEST(RouteSetup, ShrinkWithAnExcludeListCommitsTheChild) {
     EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
     EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
   }
-  EXPECT_EQ(decisions(r, pid_of(r, 1)), std::vector<std::string>{});
+  // Rank 1 is excluded: its only decision line is its world's (3 ranks, never joined).
+  const std::vector<std::string> excluded = decisions(r, pid_of(r, 1));
+  ASSERT_EQ(excluded.size(), 1u) << r.describe();
+  EXPECT_NE(excluded[0].find("not engaged: more ranks than ZEROCTA_AUTO_MAX_RANKS"),
+            std::string::npos)
+      << excluded[0];
   EXPECT_EQ(waits_not_satisfied(r), 0);
 }
 
