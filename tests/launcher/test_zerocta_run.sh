@@ -300,6 +300,12 @@ case_dry_run() {
   cp -- "$T/out" "$T/dry.env"
   run bash -c 'eval "$(cat "$1")"; printf "%s\n" "$ZEROCTA_STATS"' sh "$T/dry.env"
   [[ $(cat "$T/out") == "/tmp/x y/%r.json" ]] || fail "--dry-run output does not source back"
+  # Inherited ZEROCTA_* values are shown too, as comments after what it sets.
+  run env ZEROCTA_POOL_BYTES=2G ZEROCTA_ALLGATHER=nccl "$LAUNCHER" --lib "$LIB" \
+    --allgather auto --dry-run
+  expect_rc 0
+  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"# inherited: ZEROCTA_POOL_BYTES=2G" ]] ||
+    fail "--dry-run does not show the inherited ZEROCTA_POOL_BYTES: $(cat "$T/out")"
   # Refusals are the same as without --dry-run.
   run "$LAUNCHER" --lib "$T/nope.so" --dry-run
   expect_refused "$T/nope.so"

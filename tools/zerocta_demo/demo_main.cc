@@ -37,8 +37,13 @@ int count_visible_gpus(std::string* why) {
     int n = 0;
     const cudaError_t err = cudaGetDeviceCount(&n);
     char msg[256];
-    const int len = err == cudaSuccess ? snprintf(msg, sizeof msg, "%d", n)
-                                       : snprintf(msg, sizeof msg, "0 %s", cudaGetErrorString(err));
+    // The runtime calls a machine without any driver "insufficient driver": say what it means.
+    const char* why = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice
+                          ? "no usable CUDA driver or GPU"
+                          : cudaGetErrorString(err);
+    const int len = err == cudaSuccess
+                        ? snprintf(msg, sizeof msg, "%d", n)
+                        : snprintf(msg, sizeof msg, "0 %s (%s)", why, cudaGetErrorName(err));
     if (write(fds[1], msg, static_cast<size_t>(len)) != len) _exit(1);
     _exit(0);
   }
