@@ -110,6 +110,7 @@ std::string field_text(const zc::Config& c, const std::string& name) {
       {"ZEROCTA_STATS", [](const zc::Config& c) { return c.stats; }},
       {"ZEROCTA_NVTX", [](const zc::Config& c) { return std::to_string(c.nvtx); }},
       {"ZEROCTA_NCCL_LIBRARY", [](const zc::Config& c) { return c.nccl_library; }},
+      {"ZEROCTA_CHANNEL_DIR", [](const zc::Config& c) { return c.channel_dir; }},
       {"ZEROCTA_CE_DIRECTION",
        [](const zc::Config& c) { return std::string(zc::to_string(c.ce_direction)); }},
   };
@@ -280,6 +281,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (type == "size") good = reference_size(value, &n);
     if (type == "count") good = reference_count(value, &n);
     if (name == "ZEROCTA_CHUNK_BYTES") good = good && chunk_ok(n);
+    if (name == "ZEROCTA_CHANNEL_DIR") good = !value.empty();  // a directory must be named
     if (good && name == "ZEROCTA_POOL_BYTES") pool = n;
     if (good && name == "ZEROCTA_CHUNK_BYTES") chunk = n;
     bad[name] = !good;
