@@ -149,13 +149,18 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
 
 using namespace zc;
 
-// A forwarded collective: poisoned comms answer with their error, the rest is counted.
+// Every collective wrapper starts so: the prologue, then the comm's state; a poisoned comm
+// answers with its error, as NCCL does with an asynchronous one.
+#define ZC_COLLECTIVE_HEAD(name, args)   \
+  ZC_PROLOGUE(e, name, args);            \
+  ncclResult_t poison;                   \
+  auto st = state_for_op(comm, &poison); \
+  if (poison != ncclSuccess) return poison
+
+// A forwarded collective, counted.
 #define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args) \
   ZC_EXPORT ncclResult_t name params {                       \
-    ZC_PROLOGUE(e, name, args);                              \
-    ncclResult_t poison;                                     \
-    auto st = state_for_op(comm, &poison);                   \
-    if (poison != ncclSuccess) return poison;                \
+    ZC_COLLECTIVE_HEAD(name, args);                          \
     uint64_t bytes = (BYTES);                                \
     stats_count(OP, zerocta_route_passthrough, bytes);       \
     NvtxRange range(OP, zerocta_route_passthrough, bytes);   \
@@ -166,10 +171,7 @@ using namespace zc;
 // legacy default stream where NCCL fails them there.
 #define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)  \
   ZC_EXPORT ncclResult_t name params {                                                     \
-    ZC_PROLOGUE(e, name, args);                                                            \
-    ncclResult_t poison;                                                                   \
-    auto st = state_for_op(comm, &poison);                                                 \
-    if (poison != ncclSuccess) return poison;                                              \
+    ZC_COLLECTIVE_HEAD(name, args);                                                        \
     uint64_t bytes = (BYTES);                                                              \
     const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                    \
     zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;   \
@@ -232,10 +234,7 @@ ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_scatter, count* nccl_type_size(datatype), nc
 ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                      ncclDataType_t datatype, ncclComm_t comm,
                                      cudaStream_t stream) {
-  ZC_PROLOGUE(e, ncclAllGather, (sendbuff, recvbuff, sendcount, datatype, comm, stream));
-  ncclResult_t poison;
-  auto st = state_for_op(comm, &poison);
-  if (poison != ncclSuccess) return poison;
+  ZC_COLLECTIVE_HEAD(ncclAllGather, (sendbuff, recvbuff, sendcount, datatype, comm, stream));
   // Whether NCCL may take its own CE path (the application's windows) only matters for the
   // legacy-stream detour of a forwarded op; it never enters the route (placement is local).
   const bool nccl_ce = nccl_ce_capable(st, sendbuff) && nccl_ce_capable(st, recvbuff);

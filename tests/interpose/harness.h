@@ -65,6 +65,8 @@ struct RunResult {
 RunResult run(const RunSpec& spec, const Scratch& scratch);
 
 std::vector<std::string> split_lines(const std::string& text);
+// The names in a directory (no "." or ".."), sorted; empty when it cannot be read.
+std::vector<std::string> files_in(const std::string& dir);
 std::string read_file(const std::string& path);
 bool contains(const std::string& haystack, const std::string& needle);
 // Output of a shell-free command (argv) run with the parent's environment; "" on failure.

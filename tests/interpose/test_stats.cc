@@ -21,18 +21,6 @@ RunResult run_counted(std::vector<std::pair<std::string, std::string>> env, cons
   return run(spec, s);
 }
 
-std::vector<std::string> files_in(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    closedir(d);
-  }
-  return names;
-}
-
 // Whether stderr carries counters: a line naming a collective next to a number.
 bool stats_on_stderr(const RunResult& r) {
   static const std::regex kCounter(R"((allgather|allreduce)\D*\d)");
