@@ -309,6 +309,20 @@ void rank_basic(int rank, int nranks) {
   cuda_live("end");
 }
 
+// A split's or shrink's child: its rank and size, stats after `made_by`, one all-gather on it,
+// its destroy.
+void use_child(ncclComm_t child, const char* made_by) {
+  int r = -1, n = -1;
+  ncclCommUserRank(child, &r);
+  ncclCommCount(child, &n);
+  out("child.rank", r);
+  out("child.count", n);
+  stats(made_by);
+  all_gather("child_ag", child, r, n);
+  stats("child_ag");
+  out("child.destroy", ncclCommDestroy(child));
+}
+
 void rank_split(int rank, int nranks) {
   ncclComm_t c = init_world(rank, nranks);
   if (c == nullptr) return;
@@ -318,17 +332,7 @@ void rank_split(int rank, int nranks) {
   out("split.rc",
       ncclCommSplit(c, color, static_cast<int>(env_long("DRV_KEY", 0)), &child, nullptr));
   out("split.child", child != nullptr ? 1 : 0);
-  if (child != nullptr) {
-    int r = -1, n = -1;
-    ncclCommUserRank(child, &r);
-    ncclCommCount(child, &n);
-    out("child.rank", r);
-    out("child.count", n);
-    stats("split");
-    all_gather("child_ag", child, r, n);
-    stats("child_ag");
-    out("child.destroy", ncclCommDestroy(child));
-  }
+  if (child != nullptr) use_child(child, "split");
   if (env_long("DRV_AG", 1)) all_gather("world_ag", c, rank, nranks);
   end_comm(c, "world");
   report("end");
@@ -352,17 +356,7 @@ void rank_shrink(int rank, int nranks) {
     ncclComm_t child = nullptr;
     out("shrink.rc", ncclCommShrink(c, excluded.data(), static_cast<int>(excluded.size()), &child,
                                     nullptr, NCCL_SHRINK_DEFAULT));
-    if (child != nullptr) {
-      int r = -1, n = -1;
-      ncclCommUserRank(child, &r);
-      ncclCommCount(child, &n);
-      out("child.rank", r);
-      out("child.count", n);
-      stats("shrink");
-      all_gather("child_ag", child, r, n);
-      stats("child_ag");
-      out("child.destroy", ncclCommDestroy(child));
-    }
+    if (child != nullptr) use_child(child, "shrink");
   }
   end_comm(c, "world");
   report("end");
