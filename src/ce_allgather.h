@@ -1,4 +1,5 @@
-// zerocta's own copy-engine all-gather on an agreed pool (see ce_plan.h for the protocol).
+// zerocta's zero-copy all-gather: one op, on the application's thread, never waiting for a peer
+// (op_exchange.h says who moves which bytes, direct_plan.h how).
 #pragma once
 
 #include <cuda.h>
@@ -8,14 +9,17 @@
 
 namespace zc {
 
-// Issues the all-gather on `stream`. On a CUDA error after the first operation was issued the
-// communicator is poisoned (peers may already wait on us) and the error is returned.
-// `capturing`: the stream is being captured into a CUDA graph; the op then uses the graph
-// slot range and the comm's capture streams, which join the capture through events.
-ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff,
-                          uint64_t bytes_per_rank, CUstream stream, bool capturing);
+// Posts the op, arrives, and either issues it on the copy engines behind `stream` or, when the
+// first rank to arrive decided so, sets *to_nccl: the caller then forwards the op to NCCL, as
+// every rank does. `capturing`: the stream is being captured into a CUDA graph (such ops go to
+// NCCL on every rank; one rank capturing where another runs eagerly is an error). Any failure
+// after the post poisons the communicator and returns the error.
+ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
+                          ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream,
+                          bool capturing, bool* to_nccl);
 
-// Whether `stream` is being captured into a CUDA graph (false when it cannot be queried).
+// Whether `stream` is being captured into a CUDA graph (true when it cannot be queried: the
+// mode tag then makes a mistaken answer an error on every rank, never a divergence).
 bool stream_is_capturing(CUstream stream);
 
 }  // namespace zc

@@ -14,13 +14,14 @@
 #include <cstring>
 #include <random>
 
+#include "op_exchange.h"
 #include "process_info.h"
 
 namespace zc {
 namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f6368616eull;  // "zerochan"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 // A child's channel has one slot per parent rank; parents beyond this size never route here.
 constexpr uint32_t kMaxCapacity = 1u << 16;
 
@@ -47,7 +48,16 @@ struct Slot {
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory words must be lock-free");
 
-size_t segment_bytes(uint32_t capacity) { return sizeof(Header) + sizeof(Slot) * capacity; }
+// The op exchange starts on a page boundary (it is registered with CUDA) after the slots, with
+// room for the ranks the exchange serves.
+constexpr size_t kPage = 4096;
+uint32_t op_ranks(uint32_t capacity) { return capacity < kOpRanks ? capacity : kOpRanks; }
+size_t op_region_offset(uint32_t capacity) {
+  return (sizeof(Header) + sizeof(Slot) * capacity + kPage - 1) / kPage * kPage;
+}
+size_t segment_bytes(uint32_t capacity) {
+  return op_region_offset(capacity) + OpExchange::region_bytes(op_ranks(capacity));
+}
 
 Header* header_of(void* map) { return static_cast<Header*>(map); }
 Slot* slot_of(void* map, uint32_t i) {
@@ -229,6 +239,12 @@ void Channel::poison(int code) {
 }
 
 int Channel::poisoned() const { return header_of(map_)->poison.load(std::memory_order_acquire); }
+
+void* Channel::op_region() const { return static_cast<char*>(map_) + op_region_offset(capacity_); }
+
+size_t Channel::op_region_bytes() const { return bytes_ - op_region_offset(capacity_); }
+
+uint32_t Channel::op_region_ranks() const { return op_ranks(capacity_); }
 
 int channel_entries(const std::string& dir) {
   DIR* d = opendir(dir.c_str());

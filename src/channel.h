@@ -9,7 +9,8 @@
 // The name is unlinked once membership is frozen; the mapping stays for the poison word.
 //
 // Layout: a header (magic, version, capacity, key, the `broken` and `poison` words), then
-// `capacity` slots of {state word, MemberFacts}. A slot is claimed by a compare-and-swap of its
+// `capacity` slots of {state word, MemberFacts}, then, page aligned, the region of the per-op
+// exchange (op_exchange.h) for min(capacity, kOpRanks) ranks. A slot is claimed by a compare-and-swap of its
 // state (empty -> writing), filled, then published (-> joined, release order); a joined slot
 // never changes again.
 #pragma once
@@ -51,6 +52,10 @@ class Channel {
   void poison(int code);
   int poisoned() const;
   const std::string& name() const { return name_; }
+  // The per-op exchange's region (page aligned, zero-filled at creation) and the ranks it serves.
+  void* op_region() const;
+  size_t op_region_bytes() const;
+  uint32_t op_region_ranks() const;
 
  private:
   Channel() = default;

@@ -9,12 +9,12 @@
 #include <mutex>
 #include <vector>
 
-#include "ce_plan.h"
 #include "channel.h"
 #include "comm_key.h"
 #include "cuda_driver.h"
 #include "membership.h"
-#include "route_memory.h"
+#include "op_exchange.h"
+#include "peer_memory.h"
 
 namespace zc {
 
@@ -26,26 +26,30 @@ enum class RouteState : int {
   kPassthrough,  // frozen without agreement: everything goes to NCCL
 };
 
-// The route's resources on this rank: its own exportable arena (from the join on), and once
-// the first routed op prepared them, the peers' arenas and the internal streams and events the
-// plan runs on.
+// The route's resources on this rank: from the join on, the channel's exchange registered for
+// the GPU; once the first routed op prepared them, the peers' imports and the streams and
+// events the plans run on (direct_plan.h).
 struct CeComm {
-  ArenaMapping own;
-  uint64_t own_token = 0;   // the arena's fd in this process's fd service
   uint32_t join_index = 0;  // this rank's slot in the channel
-  ArenaLayout layout;       // from the agreed communicator size (at commit)
-  RankView view;            // every rank's arena base in this address space (at prepare)
-  ArenaMapping peers[kMaxRanks];
+  void* registered = nullptr;  // the channel's op region, registered with CUDA (host address)
+  size_t registered_bytes = 0;
+  CUdeviceptr registered_dev = 0;  // the same region as the GPU addresses it
+  std::unique_ptr<OpExchange> ops;  // at commit, over the registered region
   bool prepared = false;
-  bool captured = false;  // an op was captured into a CUDA graph (its replays use this memory)
-  // Index 0 unused (the user's stream), then copy-in, pull, local (PlanStream order).
-  CUstream streams[kPlanStreams] = {};
-  CUevent events[kPlanEvents] = {};
-  // Captured ops: their own streams, events and slot range (a graph replay must never share
-  // a flag with an eager op in flight).
-  CUstream capture_streams[kPlanStreams] = {};
-  CUevent capture_events[kPlanEvents] = {};
-  std::vector<PlanOp> plan;  // reused buffer for building plans
+  uint64_t seq = 0;  // ops posted on this communicator so far
+  ReachNeeds needs;   // who must reach this rank's buffers (at prepare)
+  std::unique_ptr<PeerImports> imports;
+  CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
+  CUevent events[kDirectEvents] = {};
+  // Reused per op.
+  std::vector<OpPost> earlier;  // the posts of the ranks that arrived before me, by rank
+  DirectOpView view;
+  std::vector<DirectOp> plan;
+  // The GPU address of a flag in the registered region.
+  CUdeviceptr dev(const uint32_t* flag) const {
+    return registered_dev + static_cast<CUdeviceptr>(reinterpret_cast<const char*>(flag) -
+                                                     static_cast<const char*>(registered));
+  }
 };
 
 struct AppWindow {

@@ -14,8 +14,6 @@ namespace zc {
 namespace {
 
 constexpr const char* kBoolValues = "0|1|true|false|yes|no|on|off";
-constexpr const char* kPoolName = "ZEROCTA_POOL_BYTES";
-constexpr const char* kChunkName = "ZEROCTA_CHUNK_BYTES";
 // Enough of a bad value to recognize it; the rest of a line is ours.
 constexpr size_t kMaxQuotedBytes = 64;
 
@@ -65,8 +63,6 @@ constexpr CtaPolicyMode kCtaPolicies[] = {CtaPolicyMode::kZero, CtaPolicyMode::k
 constexpr AllGatherMode kAllGatherModes[] = {AllGatherMode::kAuto, AllGatherMode::kZerocta,
                                              AllGatherMode::kNccl, AllGatherMode::kOff};
 
-constexpr CeDirectionMode kCeDirections[] = {CeDirectionMode::kPush, CeDirectionMode::kPull};
-
 // Stores a variable's value into the config; false = the text is not acceptable (the config
 // is then unchanged and keeps the default).
 using Apply = bool (*)(const char* text, Config* c);
@@ -98,7 +94,7 @@ const std::vector<VarSpec>& specs() {
        [](const char* t, Config* c) { return parse_bool(t, &c->cta_policy_force); }},
       {{"ZEROCTA_ALLGATHER", "enum", "auto|zerocta|nccl|off", "nccl",
         "Route of all-gathers: nccl = NCCL decides (its CE path on application windows), the "
-        "default; auto = zerocta's copy-engine route from ZEROCTA_MIN_BYTES up on up to "
+        "default; auto = zerocta's zero-copy copy-engine route from ZEROCTA_MIN_BYTES up on up to "
         "ZEROCTA_AUTO_MAX_RANKS ranks, when every rank of the communicator agreed; zerocta = that "
         "route for every all-gather; off = the same as nccl."},
        [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
@@ -106,28 +102,9 @@ const std::vector<VarSpec>& specs() {
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
        [](const char* t, Config* c) { return parse_size(t, &c->min_bytes); }},
       {{"ZEROCTA_AUTO_MAX_RANKS", "count", "0 (any) or a number of ranks", "2",
-        "Largest communicator whose all-gathers auto routes to the copy engines (on more "
-        "ranks the route is slower than NCCL's kernel path at the default pool size)."},
+        "Largest communicator whose all-gathers auto routes to the copy engines (the largest "
+        "measured where the route beats NCCL's kernel path)."},
        [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},
-      {{kPoolName, "size", "bytes or K/M/G/T (binary), at least 2 * ZEROCTA_CHUNK_BYTES", "1G",
-        "GPU memory of each communicator's route arena (taken when a communicator that can take "
-        "the copy-engine route is created, outside PyTorch's allocator, until it is destroyed); "
-        "larger all-gathers are staged through it in pieces."},
-       [](const char* t, Config* c) { return parse_size(t, &c->pool_bytes); }},
-      {{kChunkName, "size", "a size of at least 64K that is a multiple of 4K", "128M",
-        "Largest piece the copy-engine all-gather sends to one peer at once (push) or stages "
-        "(pull); the pool keeps at least 8 slots, which may make pieces smaller."},
-       [](const char* t, Config* c) {
-         uint64_t v = 0;
-         if (!parse_size(t, &v) || v < kMinChunkBytes || v % kChunkGranule != 0) return false;
-         c->chunk_bytes = v;
-         return true;
-       }},
-      {{"ZEROCTA_CE_DIRECTION", "enum", "push|pull", "push",
-        "How the copy-engine route moves data between GPUs: push writes into the peer's pool "
-        "(fastest), pull reads from it (two local copies per op instead of one per rank: least "
-        "slowdown of overlapped compute on 4 or more GPUs, lower bandwidth)."},
-       [](const char* t, Config* c) { return parse_enum(t, kCeDirections, &c->ce_direction); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
         "Prints the counters at exit to stderr (1; shown whatever ZEROCTA_LOG says) or writes "
         "them as JSON to the given path (%h host, %p pid, %r rank, %% %), also at every "
@@ -193,28 +170,6 @@ std::string invalid_line(const ConfigVar& row, const char* text) {
          "); using the default " + quote(row.def);
 }
 
-const char* default_of(const char* name) {
-  for (const VarSpec& s : specs()) {
-    if (std::strcmp(s.row.name, name) == 0) return s.row.def;
-  }
-  return "";
-}
-
-// The pool holds two chunks so one can be copied while the next is staged. When it cannot,
-// neither value can be trusted to be the one the user meant, so both fall back.
-void check_pool_holds_two_chunks(const char* pool_text, const char* chunk_text, Config* c) {
-  if (c->chunk_bytes <= c->pool_bytes / 2) return;
-  std::string pool_shown = pool_text ? quote(pool_text) : quote(default_of(kPoolName));
-  std::string chunk_shown = chunk_text ? quote(chunk_text) : quote(default_of(kChunkName));
-  c->errors.push_back(std::string(kPoolName) + "=" + pool_shown + " is less than 2 * " +
-                      kChunkName + "=" + chunk_shown + "; using the defaults " + kPoolName + "=" +
-                      quote(default_of(kPoolName)) + " and " + kChunkName + "=" +
-                      quote(default_of(kChunkName)));
-  Config defaults;
-  c->pool_bytes = defaults.pool_bytes;
-  c->chunk_bytes = defaults.chunk_bytes;
-}
-
 // GFM table cells: '|' would end the cell, even inside a code span.
 std::string markdown_cell(const char* text) {
   std::string out;
@@ -253,8 +208,6 @@ std::string config_table_markdown() {
 
 Config parse_config(const EnvLookup& getenv_fn) {
   Config c;
-  const char* pool_text = nullptr;
-  const char* chunk_text = nullptr;
   for (const VarSpec& s : specs()) {
     const char* text = getenv_fn ? getenv_fn(s.row.name) : nullptr;
     if (text == nullptr) continue;
@@ -262,10 +215,7 @@ Config parse_config(const EnvLookup& getenv_fn) {
       c.errors.push_back(invalid_line(s.row, text));
       continue;
     }
-    if (std::strcmp(s.row.name, kPoolName) == 0) pool_text = text;
-    if (std::strcmp(s.row.name, kChunkName) == 0) chunk_text = text;
   }
-  check_pool_holds_two_chunks(pool_text, chunk_text, &c);
   c.fingerprint = config_fingerprint(c);
   return c;
 }
@@ -279,15 +229,12 @@ const Config& config() {
 uint64_t config_fingerprint(const Config& c) {
   // The canonical text uses the enum words and plain byte counts, so "16M" and "16777216"
   // hash alike, and the version tag lets a protocol change make old and new ranks differ.
-  std::string canon = "zerocta-config-v1";
+  std::string canon = "zerocta-config-v2";
   canon += " enable=" + std::to_string(c.enable ? 1 : 0);
   canon += " cta_policy=" + std::string(to_string(c.cta_policy));
   canon += " allgather=" + std::string(to_string(c.allgather));
   canon += " min_bytes=" + std::to_string(c.min_bytes);
   canon += " auto_max_ranks=" + std::to_string(c.auto_max_ranks);
-  canon += " pool_bytes=" + std::to_string(c.pool_bytes);
-  canon += " chunk_bytes=" + std::to_string(c.chunk_bytes);
-  canon += " ce_direction=" + std::string(to_string(c.ce_direction));
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis
   for (unsigned char ch : canon) {
     h ^= ch;
@@ -463,7 +410,6 @@ const char* to_string(AllGatherMode m) {
   return "unknown";
 }
 
-const char* to_string(CeDirectionMode m) { return m == CeDirectionMode::kPush ? "push" : "pull"; }
 
 const char* to_string(LogLevel l) {
   switch (l) {

@@ -15,17 +15,12 @@ namespace zc {
 
 enum class CtaPolicyMode { kZero, kEfficiency, kDefault, kKeep };
 enum class AllGatherMode { kAuto, kZerocta, kNccl, kOff };
-enum class CeDirectionMode { kPush, kPull };
 
 // Defaults of the size variables; config_table() shows the same values as text.
 constexpr uint64_t kDefaultMinBytes = 64ull << 20;
-constexpr uint64_t kDefaultPoolBytes = 1ull << 30;
-constexpr uint64_t kDefaultChunkBytes = 128ull << 20;
-// auto's copy-engine route beats NCCL's kernel path on 2 ranks only (docs/PERFORMANCE.md).
+// auto's route is measured to beat NCCL's kernel path on 2 ranks (docs/PERFORMANCE.md); more
+// GPUs were not lent to measure it.
 constexpr uint64_t kDefaultAutoMaxRanks = 2;
-// A chunk is a multiple of the copy engines' page-friendly granule and not tiny.
-constexpr uint64_t kChunkGranule = 4ull << 10;
-constexpr uint64_t kMinChunkBytes = 64ull << 10;
 
 // A default-constructed Config holds every documented default (no variable set).
 struct Config {
@@ -38,9 +33,6 @@ struct Config {
   AllGatherMode allgather = AllGatherMode::kNccl;         // ZEROCTA_ALLGATHER
   uint64_t min_bytes = kDefaultMinBytes;                  // ZEROCTA_MIN_BYTES (total output bytes)
   uint64_t auto_max_ranks = kDefaultAutoMaxRanks;         // ZEROCTA_AUTO_MAX_RANKS (0 = any)
-  uint64_t pool_bytes = kDefaultPoolBytes;                // ZEROCTA_POOL_BYTES (per communicator)
-  uint64_t chunk_bytes = kDefaultChunkBytes;              // ZEROCTA_CHUNK_BYTES (pipeline piece)
-  CeDirectionMode ce_direction = CeDirectionMode::kPush;  // ZEROCTA_CE_DIRECTION
   std::string stats;                                      // ZEROCTA_STATS: "" | "0" | "1" | a path
   bool nvtx = true;                                       // ZEROCTA_NVTX
   std::string nccl_library;                               // ZEROCTA_NCCL_LIBRARY
@@ -48,11 +40,10 @@ struct Config {
 
   // One line per bad value, e.g.
   // ZEROCTA_LOG="verbose" is invalid (accepted: none|warn|info|debug); using the default "warn"
-  // plus one line when ZEROCTA_POOL_BYTES < 2 * ZEROCTA_CHUNK_BYTES (both then keep defaults).
   // Lines never contain a newline: the bad value is escaped and shortened.
   std::vector<std::string> errors;
   // Hash of the values that change the inter-rank protocol (allgather, min_bytes,
-  // auto_max_ranks, pool_bytes, chunk_bytes, ce_direction, enable, cta_policy). Identical configs
+  // auto_max_ranks, enable, cta_policy). Identical configs
   // give identical hashes.
   uint64_t fingerprint = 0;
 };
@@ -135,7 +126,6 @@ std::string quoted(const char* text);
 
 const char* to_string(CtaPolicyMode m);
 const char* to_string(AllGatherMode m);
-const char* to_string(CeDirectionMode m);
 const char* to_string(LogLevel l);
 
 }  // namespace zc

@@ -77,6 +77,13 @@ CudaDriver* load() {
   ce &= get(gpa, "cuMemExportToShareableHandle", &d.cuMemExportToShareableHandle);
   ce &= get(gpa, "cuMemImportFromShareableHandle", &d.cuMemImportFromShareableHandle);
   ce &= get(gpa, "cuThreadExchangeStreamCaptureMode", &d.cuThreadExchangeStreamCaptureMode);
+  ce &= get(gpa, "cuPointerGetAttribute", &d.cuPointerGetAttribute);
+  ce &= get(gpa, "cuMemRetainAllocationHandle", &d.cuMemRetainAllocationHandle);
+  ce &= get(gpa, "cuMemGetAccess", &d.cuMemGetAccess);
+  ce &= get(gpa, "cuCtxEnablePeerAccess", &d.cuCtxEnablePeerAccess);
+  ce &= get(gpa, "cuMemHostRegister", &d.cuMemHostRegister);
+  ce &= get(gpa, "cuMemHostUnregister", &d.cuMemHostUnregister);
+  ce &= get(gpa, "cuMemHostGetDevicePointer", &d.cuMemHostGetDevicePointer);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   int driver = 0;
   if (d.cuDriverGetVersion && d.cuDriverGetVersion(&driver) == CUDA_SUCCESS && driver >= 13000)
@@ -131,6 +138,11 @@ CUcontext primary_context(const CudaDriver& d, int device) {
 }
 
 }  // namespace
+
+CUcontext primary_context_of(int device) {
+  const CudaDriver* d = cuda_driver();
+  return d ? primary_context(*d, device) : nullptr;
+}
 
 ScopedDevice::ScopedDevice(int device) : log_device_(device) {
   const CudaDriver* d = cuda_driver();

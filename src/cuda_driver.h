@@ -63,6 +63,15 @@ struct CudaDriver {
   CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,
                                              CUmemAllocationHandleType);
   CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode*);
+  // Reaching the applications' buffers (peer_memory.cc) and the host-mapped flags
+  // (op_exchange.h); also part of `ce_ok`.
+  CUresult (*cuPointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr);
+  CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle*, void*);
+  CUresult (*cuMemGetAccess)(unsigned long long*, const CUmemLocation*, CUdeviceptr);
+  CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
+  CUresult (*cuMemHostRegister)(void*, size_t, unsigned);
+  CUresult (*cuMemHostUnregister)(void*);
+  CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
 
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
@@ -80,6 +89,9 @@ const char* cuda_error_string(CUresult r);
 // Makes `device`'s primary context current on this thread and restores the previous
 // context when destroyed: the caller's current device is never changed by zerocta. Log lines
 // written meanwhile carry `device` in their [dev] field.
+// The primary context of `device` (retained once and kept), nullptr if it cannot be had.
+CUcontext primary_context_of(int device);
+
 class ScopedDevice {
  public:
   explicit ScopedDevice(int device);

@@ -39,13 +39,15 @@ Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_br
       return no("ranks run with different ZEROCTA_* settings (fingerprint differs)", true);
     if (m.nccl_version != first.nccl_version) return no("ranks run different NCCL versions", true);
     if (m.uid != first.uid) return no("ranks run as different users", true);
-    if (m.pool_bytes != first.pool_bytes)
-      return no("ranks disagree on the route memory size", true);
   }
   for (const MemberFacts& m : joined) {
     if (m.problems & kProblemDevice) return no("a rank had no current CUDA device", true);
-    if (m.problems & kProblemPool)
-      return no("a rank could not allocate or export its route memory (out of GPU memory?)", true);
+    if (m.problems & kProblemFlags)
+      return no("a rank could not register the channel's flags with CUDA", true);
+    if (m.problems & kProblemOneConnection)
+      return no("a rank runs with CUDA_DEVICE_MAX_CONNECTIONS=1 (a flag wait would block its "
+                "only hardware queue)",
+                false);
     if (m.problems & kProblemP2p) return no("a peer's GPU is not reachable by direct P2P", true);
     if (m.problems & kProblemFdService)
       return no("a rank could not reach a peer's fd service (another network namespace?)", true);

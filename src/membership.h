@@ -24,10 +24,13 @@ namespace zc {
 
 // Local problems a rank found before it joined; any of them means pass-through for all.
 enum MemberProblem : uint32_t {
-  kProblemPool = 1u << 0,       // could not allocate or export its route memory
+  kProblemFlags = 1u << 0,      // could not register the channel's flags for its GPU
   kProblemP2p = 1u << 1,        // an earlier member's GPU is not reachable by direct P2P
   kProblemFdService = 1u << 2,  // no fd service here, or an earlier member's is unreachable
   kProblemDevice = 1u << 3,     // no current CUDA device
+  // CUDA_DEVICE_MAX_CONNECTIONS=1: every stream shares one hardware queue, where a stream's
+  // wait on a flag would hold up the work (other ranks' ops included) queued behind it.
+  kProblemOneConnection = 1u << 4,
 };
 
 // One rank's published facts: fixed layout, copied in and out of shared memory as bytes.
@@ -42,8 +45,6 @@ struct MemberFacts {
   int32_t nccl_version = 0;
   int32_t device = -1;  // ordinal in its own process, for logs only
   unsigned char uuid[16] = {};
-  uint64_t pool_bytes = 0;
-  uint64_t pool_token = 0;  // the route memory's fd in its process's fd service
   char fd_address[kFdAddressMax] = {};
 };
 

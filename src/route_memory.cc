@@ -5,15 +5,6 @@
 namespace zc {
 namespace {
 
-CUmemAllocationProp prop_for(int device) {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = device;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
-
 // Reserves, maps and opens for `device` an allocation already held in `handle`.
 bool map_for(const CudaDriver& cu, CUmemGenericAllocationHandle handle, size_t bytes, int device,
              ArenaMapping* out) {
@@ -39,35 +30,6 @@ bool map_for(const CudaDriver& cu, CUmemGenericAllocationHandle handle, size_t b
 }
 
 }  // namespace
-
-size_t arena_bytes_for(const CudaDriver& cu, int device, size_t bytes) {
-  const CUmemAllocationProp p = prop_for(device);
-  size_t g = 0;
-  if (cu.cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) !=
-          CUDA_SUCCESS ||
-      g == 0)
-    g = size_t{2} << 20;
-  return (bytes + g - 1) / g * g;
-}
-
-bool arena_create(const CudaDriver& cu, int device, size_t bytes, ArenaMapping* out) {
-  const CUmemAllocationProp p = prop_for(device);
-  CUmemGenericAllocationHandle h = 0;
-  if (cu.cuMemCreate(&h, bytes, &p, 0) != CUDA_SUCCESS) return false;
-  if (!map_for(cu, h, bytes, device, out)) {
-    cu.cuMemRelease(h);
-    return false;
-  }
-  return true;
-}
-
-int arena_export_fd(const CudaDriver& cu, const ArenaMapping& arena) {
-  int fd = -1;
-  if (cu.cuMemExportToShareableHandle(&fd, arena.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                      0) != CUDA_SUCCESS)
-    return -1;
-  return fd;
-}
 
 bool arena_import(const CudaDriver& cu, int fd, size_t bytes, int device, ArenaMapping* out) {
   CUmemGenericAllocationHandle h = 0;

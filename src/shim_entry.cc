@@ -23,14 +23,12 @@ void announce(const Config& c) {
   ZC_INFO(
       "config: zerocta %s ZEROCTA_ENABLE=%d ZEROCTA_STRICT=%d ZEROCTA_CTA_POLICY=%s%s "
       "ZEROCTA_ALLGATHER=%s ZEROCTA_MIN_BYTES=%llu ZEROCTA_AUTO_MAX_RANKS=%llu "
-      "ZEROCTA_POOL_BYTES=%llu ZEROCTA_CHUNK_BYTES=%llu ZEROCTA_CE_DIRECTION=%s "
       "ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
       ZEROCTA_VERSION_STRING, c.enable ? 1 : 0, c.strict ? 1 : 0, to_string(c.cta_policy),
       c.cta_policy_force ? " (forced)" : "", to_string(c.allgather),
       static_cast<unsigned long long>(c.min_bytes),
       static_cast<unsigned long long>(c.auto_max_ranks),
-      static_cast<unsigned long long>(c.pool_bytes), static_cast<unsigned long long>(c.chunk_bytes),
-      to_string(c.ce_direction), c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
+      c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
       static_cast<unsigned long long>(c.fingerprint));
   if (const char* env = getenv("NCCL_CTA_POLICY"))
     if (c.enable && c.cta_policy != CtaPolicyMode::kKeep)

@@ -119,17 +119,6 @@ RouteDecision allgather_route(const std::shared_ptr<CommState>& st, size_t sendc
   return choose_allgather_route(in);
 }
 
-// The copy-engine all-gather: prepared on first use (route_setup.h), then issued.
-ncclResult_t issue_ce_allgather(const std::shared_ptr<CommState>& st, const void* sendbuff,
-                                void* recvbuff, uint64_t per_rank, uint64_t total,
-                                cudaStream_t stream) {
-  stats_count(zerocta_op_allgather, zerocta_route_ce, total);
-  NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
-  if (ncclResult_t r = route_prepare(*st); r != ncclSuccess) return r;
-  CUstream s = reinterpret_cast<CUstream>(stream);
-  return ce_allgather(*st, sendbuff, recvbuff, per_rank, s, stream_is_capturing(s));
-}
-
 ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommState>& st,
                                const void* sendbuff, void* recvbuff, size_t sendcount,
                                ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
@@ -142,6 +131,30 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
       return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
     });
   return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+}
+
+// The zero-copy all-gather: prepared on first use (route_setup.h), then posted; NCCL runs it
+// instead where the first rank to arrive said so (op_exchange.h), on every rank alike.
+ncclResult_t issue_ce_allgather(const RealNccl& real, const std::shared_ptr<CommState>& st,
+                                const void* sendbuff, void* recvbuff, size_t sendcount,
+                                ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                bool nccl_ce, uint64_t total) {
+  if (ncclResult_t r = route_prepare(*st); r != ncclSuccess) return r;
+  CUstream s = reinterpret_cast<CUstream>(stream);
+  const uint64_t per_rank = sendcount * nccl_type_size(datatype);
+  bool to_nccl = false;
+  ncclResult_t r;
+  {
+    NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
+    r = ce_allgather(*st, sendbuff, recvbuff, sendcount, datatype, per_rank, s,
+                     stream_is_capturing(s), &to_nccl);
+  }
+  if (r != ncclSuccess) return r;
+  if (to_nccl)
+    return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                             nccl_ce, total);
+  stats_count(zerocta_op_allgather, zerocta_route_ce, total);
+  return ncclSuccess;
 }
 
 }  // namespace
@@ -238,7 +251,6 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   // Whether NCCL may take its own CE path (the application's windows) only matters for the
   // legacy-stream detour of a forwarded op; it never enters the route (placement is local).
   const bool nccl_ce = nccl_ce_capable(st, sendbuff) && nccl_ce_capable(st, recvbuff);
-  const uint64_t per_rank = sendcount * nccl_type_size(datatype);
   const RealNccl& real = *e.real;
   GroupState& g = group_state();
   if (g.depth > 0 && st && st->route.load() == RouteState::kJoined) {
@@ -248,7 +260,8 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
       settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
       uint64_t total = 0;
       if (allgather_route(st, sendcount, datatype, &total).route == AgRoute::kCe)
-        return issue_ce_allgather(st, sendbuff, recvbuff, per_rank, total, stream);
+        return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                                  nccl_ce, total);
       return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                                nccl_ce, total);
     });
@@ -262,11 +275,14 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
     return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                              nccl_ce, total);
   if (g.depth > 0) {  // issued after NCCL's part of the group, in program order
-    g.pending_ops.push_back(
-        [=]() { return issue_ce_allgather(st, sendbuff, recvbuff, per_rank, total, stream); });
+    g.pending_ops.push_back([=, &real]() {
+      return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                                nccl_ce, total);
+    });
     return ncclSuccess;
   }
-  return issue_ce_allgather(st, sendbuff, recvbuff, per_rank, total, stream);
+  return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                            nccl_ce, total);
 }
 
 ZC_EXPORT ncclResult_t ncclGroupStart() {

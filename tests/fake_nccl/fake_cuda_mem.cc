@@ -19,6 +19,15 @@
 //   cuMemGetAllocationGranularity    FAKE_CUDA_GRANULARITY bytes (default 2 MiB, as on an
 //                                    H100/H200; memfds are sparse, so it costs nothing)
 //   cuMemAlloc / cuMemFree           aligned host memory
+//   cuPointerGetAttribute            memory type, legacy-IPC capability (cuMemAlloc memory),
+//                                    and for mapped cuMem memory its mapping base and size,
+//                                    block id (one per cuMemCreate/import) and handle types
+//   cuMemRetainAllocationHandle      a new handle (own dup of the memfd) for a mapped address
+//   cuMemGetAccess                   the mapping's protection, alike for every device
+//   cuCtxEnablePeerAccess            remembered per (current device, peer context); a second
+//                                    call answers PEER_ACCESS_ALREADY_ENABLED
+//   cuMemHostRegister / Unregister / GetDevicePointer   ranges remembered; the device pointer
+//                                    of registered host memory is its host address
 // So memory one process exports is really shared with the process that imports it
 // (FAKE_CUDA_IMPORT_UNSHARED=1 breaks that on purpose: an import maps fresh zeroed memory).
 //
@@ -51,7 +60,7 @@
 //
 // Every call logs "cuda <name> ... pid=<pid> -> <result>". fake_cuda_live(kind) (exported,
 // for drivers) counts what this process still holds: "alloc", "reserve", "map", "stream",
-// "event", "memalloc".
+// "event", "memalloc", "hostreg".
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -87,7 +96,9 @@ struct Alloc {
   int fd = -1;
   size_t size = 0;
   bool exportable = false;
+  uint64_t block_id = 0;  // what cuPointerGetAttribute(MEMORY_BLOCK_ID) says of its mappings
 };
+uint64_t g_next_block_id = 1;
 std::map<CUmemGenericAllocationHandle, Alloc>& allocs() {
   static auto* m = new std::map<CUmemGenericAllocationHandle, Alloc>;  // used at exit too
   return *m;
@@ -102,15 +113,40 @@ std::map<uintptr_t, size_t>& reservations() {  // base -> size
 struct Mapping {
   size_t size = 0;
   int prot = PROT_NONE;
+  int fd = -1;  // a dup of the allocation's memfd, for cuMemRetainAllocationHandle
+  bool exportable = false;
+  uint64_t block_id = 0;
 };
 std::map<uintptr_t, Mapping>& mappings() {  // base -> mapping
   static auto* m = new std::map<uintptr_t, Mapping>;
   return *m;
 }
 
+size_t size_of(size_t n) { return n; }
+size_t size_of(const Mapping& m) { return m.size; }
+
 std::map<uintptr_t, size_t>& mem_allocs() {  // cuMemAlloc
   static auto* m = new std::map<uintptr_t, size_t>;
   return *m;
+}
+
+std::map<uintptr_t, size_t>& host_registrations() {  // cuMemHostRegister: base -> size
+  static auto* m = new std::map<uintptr_t, size_t>;
+  return *m;
+}
+
+std::set<std::pair<int, const void*>>& peer_access() {  // (device, peer context)
+  static auto* s = new std::set<std::pair<int, const void*>>;
+  return *s;
+}
+
+// The entry of `m` whose [base, base + size) holds p (callers hold g_mu).
+template <typename Map>
+auto containing(Map& m, uintptr_t p) -> decltype(m.begin()) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return m.end();
+  --it;
+  return p < it->first + size_of(it->second) ? it : m.end();
 }
 
 struct FakeStream {
@@ -646,6 +682,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   a.exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
   {
     std::lock_guard<std::mutex> lock(g_mu);
+    a.block_id = g_next_block_id++;
     *handle = g_next_handle++;
     allocs()[*handle] = a;
   }
@@ -731,6 +768,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
   a.exportable = true;
   {
     std::lock_guard<std::mutex> lock(g_mu);
+    a.block_id = g_next_block_id++;
     *handle = g_next_handle++;
     allocs()[*handle] = a;
   }
@@ -816,7 +854,8 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   a->second.fd, static_cast<off_t>(offset)) == MAP_FAILED)
       problem = " mmap_failed";
     else
-      mappings()[ptr] = Mapping{size, PROT_NONE};
+      mappings()[ptr] = Mapping{size, PROT_NONE, fcntl(a->second.fd, F_DUPFD_CLOEXEC, 0),
+                                a->second.exportable, a->second.block_id};
   }
   if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
   return done(what, CUDA_SUCCESS);
@@ -831,6 +870,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     auto m = mappings().find(ptr);
     known = m != mappings().end() && m->second.size == size;
     if (known) {
+      if (m->second.fd >= 0) close(m->second.fd);
       mappings().erase(m);
       // Back to reserved, inaccessible address space.
       mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
@@ -869,6 +909,135 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   return done(what, CUDA_SUCCESS);
 }
 
+// ---- Pointer queries, peer access, host registration ----
+
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  std::string what = fake::strf("cuPointerGetAttribute attribute=%d", static_cast<int>(attribute)) +
+                     " ptr=" + addr(ptr);
+  FAKE_CUDA_FAIL_POINT("cuPointerGetAttribute", what, CUDA_ERROR_UNKNOWN);
+  if (data == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto m = containing(mappings(), ptr);
+  auto a = containing(mem_allocs(), ptr);
+  if (m == mappings().end() && a == mem_allocs().end())
+    return done(what + " unknown_memory", CUDA_ERROR_INVALID_VALUE);
+  const bool cumem = m != mappings().end();
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<unsigned*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<unsigned*>(data) = cumem ? 0 : 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      if (!cumem) return done(what + " not_cumem", CUDA_ERROR_INVALID_VALUE);
+      *static_cast<CUdeviceptr*>(data) = m->first;
+      break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      if (!cumem) return done(what + " not_cumem", CUDA_ERROR_INVALID_VALUE);
+      *static_cast<size_t*>(data) = m->second.size;
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+      if (!cumem) return done(what + " not_cumem", CUDA_ERROR_INVALID_VALUE);
+      *static_cast<unsigned long long*>(data) = m->second.block_id;
+      break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      *static_cast<unsigned long long*>(data) =
+          cumem && m->second.exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+      break;
+    default:
+      return done(what + " unsupported", CUDA_ERROR_NOT_SUPPORTED);
+  }
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* p) {
+  std::string what = "cuMemRetainAllocationHandle ptr=" + fake::hex_ptr(p);
+  FAKE_CUDA_FAIL_POINT("cuMemRetainAllocationHandle", what, CUDA_ERROR_UNKNOWN);
+  if (handle == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto m = containing(mappings(), reinterpret_cast<uintptr_t>(p));
+  if (m == mappings().end() || m->second.fd < 0)
+    return done(what + " not_mapped", CUDA_ERROR_INVALID_VALUE);
+  Alloc a;
+  a.fd = fcntl(m->second.fd, F_DUPFD_CLOEXEC, 0);
+  a.size = m->second.size;
+  a.exportable = m->second.exportable;
+  a.block_id = m->second.block_id;
+  if (a.fd < 0) return done(what + " dup_failed", CUDA_ERROR_OUT_OF_MEMORY);
+  *handle = g_next_handle++;
+  allocs()[*handle] = a;
+  return done(what + fake::strf(" handle=%llu", static_cast<unsigned long long>(*handle)),
+              CUDA_SUCCESS);
+}
+
+CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                        CUdeviceptr ptr) {
+  std::string what = "cuMemGetAccess ptr=" + addr(ptr);
+  FAKE_CUDA_FAIL_POINT("cuMemGetAccess", what, CUDA_ERROR_UNKNOWN);
+  if (flags == nullptr || location == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto m = containing(mappings(), ptr);
+  if (m == mappings().end()) return done(what + " not_mapped", CUDA_ERROR_INVALID_VALUE);
+  // One protection for every device (a host process cannot tell them apart).
+  *flags = m->second.prot == (PROT_READ | PROT_WRITE) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+           : m->second.prot == PROT_READ              ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                                      : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  return done(what + fake::strf(" flags=%llu", *flags), CUDA_SUCCESS);
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  std::string what = "cuCtxEnablePeerAccess peer=" + fake::hex_ptr(peer) +
+                     fake::strf(" flags=%u", flags);
+  FAKE_CUDA_FAIL_POINT("cuCtxEnablePeerAccess", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (peer == nullptr || flags != 0) return done(what, CUDA_ERROR_INVALID_VALUE);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!peer_access().insert({fake_cuda_current_device(), peer}).second)
+    return done(what + " already_enabled", CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
+  std::string what = "cuMemHostRegister ptr=" + fake::hex_ptr(p) +
+                     fake::strf(" bytes=%zu flags=%u", bytes, flags);
+  FAKE_CUDA_FAIL_POINT("cuMemHostRegister", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (p == nullptr || bytes == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  if (containing(host_registrations(), base) != host_registrations().end())
+    return done(what + " already_registered", CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  host_registrations()[base] = bytes;
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  std::string what = "cuMemHostUnregister ptr=" + fake::hex_ptr(p);
+  FAKE_CUDA_FAIL_POINT("cuMemHostUnregister", what, CUDA_ERROR_UNKNOWN);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (host_registrations().erase(reinterpret_cast<uintptr_t>(p)) == 0)
+    return done(what + " not_registered", CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult cuMemHostGetDevicePointer(CUdeviceptr* out, void* p, unsigned int flags) {
+  std::string what = "cuMemHostGetDevicePointer ptr=" + fake::hex_ptr(p);
+  FAKE_CUDA_FAIL_POINT("cuMemHostGetDevicePointer", what, CUDA_ERROR_UNKNOWN);
+  if (out == nullptr || flags != 0) return done(what, CUDA_ERROR_INVALID_VALUE);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (containing(host_registrations(), reinterpret_cast<uintptr_t>(p)) ==
+      host_registrations().end())
+    return done(what + " not_registered", CUDA_ERROR_INVALID_VALUE);
+  *out = reinterpret_cast<CUdeviceptr>(p);  // a device pointer is a host pointer here
+  return done(what, CUDA_SUCCESS);
+}
+
 // What this process still holds, for drivers' leak checks (not a CUDA function).
 __attribute__((visibility("default"))) int fake_cuda_live(const char* kind) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -879,6 +1048,7 @@ __attribute__((visibility("default"))) int fake_cuda_live(const char* kind) {
   if (k == "stream") return static_cast<int>(streams().size());
   if (k == "event") return static_cast<int>(events().size());
   if (k == "memalloc") return static_cast<int>(mem_allocs().size());
+  if (k == "hostreg") return static_cast<int>(host_registrations().size());
   return -1;
 }
 
@@ -924,6 +1094,13 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&cuMemImportFromShareableHandle)},
       {"cuThreadExchangeStreamCaptureMode",
        reinterpret_cast<void*>(&cuThreadExchangeStreamCaptureMode)},
+      {"cuPointerGetAttribute", reinterpret_cast<void*>(&cuPointerGetAttribute)},
+      {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&cuMemRetainAllocationHandle)},
+      {"cuMemGetAccess", reinterpret_cast<void*>(&cuMemGetAccess)},
+      {"cuCtxEnablePeerAccess", reinterpret_cast<void*>(&cuCtxEnablePeerAccess)},
+      {"cuMemHostRegister", reinterpret_cast<void*>(&cuMemHostRegister)},
+      {"cuMemHostUnregister", reinterpret_cast<void*>(&cuMemHostUnregister)},
+      {"cuMemHostGetDevicePointer", reinterpret_cast<void*>(&cuMemHostGetDevicePointer)},
   };
   for (const Entry& e : kTable)
     if (strcmp(e.name, symbol) == 0) return e.fn;

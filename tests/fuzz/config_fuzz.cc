@@ -1,8 +1,8 @@
 // libFuzzer target: arbitrary bytes as the values of every ZEROCTA_* variable and as a size.
 // Besides "no crash, no sanitizer report", it checks parse_config against an independent
 // oracle built here from the table's accepted values:
+//   - the fuzzer reads exactly the variables of config_table(), no more, no fewer;
 //   - a value is rejected exactly when the oracle says it is bad, with exactly one line;
-//   - the pool/chunk cross-check adds one line exactly when the effective values conflict;
 //   - every line is one line of printable ASCII naming its variable;
 //   - accepted values land in their fields; parse_size agrees with a reference parser and
 //     format_size/parse_size round-trip;
@@ -88,11 +88,11 @@ bool reference_count(const std::string& text, uint64_t* out) {
   return true;
 }
 
-bool chunk_ok(uint64_t v) { return v >= zc::kMinChunkBytes && v % zc::kChunkGranule == 0; }
+using FieldReader = std::string (*)(const zc::Config&);
 
-// Reads a variable's field as text, to compare an accepted value with what was stored.
-std::string field_text(const zc::Config& c, const std::string& name) {
-  static const std::map<std::string, std::string (*)(const zc::Config&)> kFields = {
+// Each variable's field as text, to compare an accepted value with what was stored.
+const std::map<std::string, FieldReader>& field_readers() {
+  static const std::map<std::string, FieldReader> kFields = {
       {"ZEROCTA_ENABLE", [](const zc::Config& c) { return std::to_string(c.enable); }},
       {"ZEROCTA_STRICT", [](const zc::Config& c) { return std::to_string(c.strict); }},
       {"ZEROCTA_LOG", [](const zc::Config& c) { return std::string(zc::to_string(c.log)); }},
@@ -105,17 +105,29 @@ std::string field_text(const zc::Config& c, const std::string& name) {
       {"ZEROCTA_MIN_BYTES", [](const zc::Config& c) { return std::to_string(c.min_bytes); }},
       {"ZEROCTA_AUTO_MAX_RANKS",
        [](const zc::Config& c) { return std::to_string(c.auto_max_ranks); }},
-      {"ZEROCTA_POOL_BYTES", [](const zc::Config& c) { return std::to_string(c.pool_bytes); }},
-      {"ZEROCTA_CHUNK_BYTES", [](const zc::Config& c) { return std::to_string(c.chunk_bytes); }},
       {"ZEROCTA_STATS", [](const zc::Config& c) { return c.stats; }},
       {"ZEROCTA_NVTX", [](const zc::Config& c) { return std::to_string(c.nvtx); }},
       {"ZEROCTA_NCCL_LIBRARY", [](const zc::Config& c) { return c.nccl_library; }},
       {"ZEROCTA_CHANNEL_DIR", [](const zc::Config& c) { return c.channel_dir; }},
-      {"ZEROCTA_CE_DIRECTION",
-       [](const zc::Config& c) { return std::string(zc::to_string(c.ce_direction)); }},
   };
-  auto it = kFields.find(name);
-  check(it != kFields.end(), "a table variable unknown to the fuzzer", name);
+  return kFields;
+}
+
+// The readers name exactly the table's variables: a new variable must be taught to the
+// fuzzer, and a removed one must leave it.
+void check_readers_match_the_table() {
+  std::vector<std::string> table_names, reader_names;
+  for (const zc::ConfigVar& v : zc::config_table()) table_names.push_back(v.name);
+  for (const auto& reader : field_readers()) reader_names.push_back(reader.first);
+  std::sort(table_names.begin(), table_names.end());
+  std::string listed;
+  for (const std::string& name : reader_names) listed += name + " ";
+  check(table_names == reader_names, "the fuzzer's variables are not config_table()'s", listed);
+}
+
+std::string field_text(const zc::Config& c, const std::string& name) {
+  auto it = field_readers().find(name);
+  check(it != field_readers().end(), "a table variable unknown to the fuzzer", name);
   return it->second(c);
 }
 
@@ -238,6 +250,8 @@ void check_unknown_vars(const std::vector<std::string>& fields) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool kReadersChecked = (check_readers_match_the_table(), true);
+  (void)kReadersChecked;
   const std::vector<zc::ConfigVar>& table = zc::config_table();
   uint32_t mask = 0;
   if (size >= 2) {
@@ -265,9 +279,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zc::Config c = zc::parse_config(lookup);
   check_unknown_vars(fields);
 
-  // The oracle's view: which values are bad, and the pool/chunk values that take effect.
+  // The oracle's view: which values are bad.
   zc::Config defaults;
-  uint64_t pool = defaults.pool_bytes, chunk = defaults.chunk_bytes;
   size_t expected_errors = 0;
   std::map<std::string, bool> bad;
   for (const zc::ConfigVar& v : table) {
@@ -280,30 +293,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (type == "bool" || type == "enum") good = is_word_of(value, v.values);
     if (type == "size") good = reference_size(value, &n);
     if (type == "count") good = reference_count(value, &n);
-    if (name == "ZEROCTA_CHUNK_BYTES") good = good && chunk_ok(n);
     if (name == "ZEROCTA_CHANNEL_DIR") good = !value.empty();  // a directory must be named
-    if (good && name == "ZEROCTA_POOL_BYTES") pool = n;
-    if (good && name == "ZEROCTA_CHUNK_BYTES") chunk = n;
     bad[name] = !good;
     expected_errors += good ? 0 : 1;
   }
-  bool conflict = chunk > pool / 2;
-  expected_errors += conflict ? 1 : 0;
-  check(c.errors.size() == expected_errors, "one line per bad value plus one per conflict",
+  check(c.errors.size() == expected_errors, "one line per bad value",
         std::to_string(c.errors.size()) + " lines, expected " + std::to_string(expected_errors));
 
-  size_t conflict_lines = 0;
   std::map<std::string, size_t> invalid_lines;
   for (const std::string& line : c.errors) {
     for (char ch : line) check(ch >= 0x20 && ch < 0x7f, "error lines are printable ASCII", line);
     ErrorLine e;
     check(split_line(line, &e), "error lines start with NAME=\"escaped value\"", line);
-    if (e.rest.rfind(" is less than 2 * ", 0) == 0) {
-      check(e.name == "ZEROCTA_POOL_BYTES", "the conflict line names the pool", line);
-      ++conflict_lines;
-      continue;
-    }
-    check(e.rest.rfind(" is invalid (accepted: ", 0) == 0, "a line is invalid or conflict", line);
+    check(e.rest.rfind(" is invalid (accepted: ", 0) == 0, "every line is an invalid line", line);
     auto it = env.find(e.name);
     check(it != env.end(), "an invalid line names a variable that is set", line);
     // The line quotes the value, shortened only when it is long.
@@ -313,8 +315,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           "the line quotes the bad value", line);
     ++invalid_lines[e.name];
   }
-  check(conflict_lines == (conflict ? 1u : 0u), "the conflict line appears iff they conflict",
-        std::to_string(conflict_lines));
   for (const zc::ConfigVar& v : table) {
     auto it = bad.find(v.name);
     bool is_bad = it != bad.end() && it->second;
@@ -322,9 +322,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           v.name);
 
     std::string name = v.name;
-    bool reset_by_conflict =
-        conflict && (name == "ZEROCTA_POOL_BYTES" || name == "ZEROCTA_CHUNK_BYTES");
-    if (it == bad.end() || is_bad || reset_by_conflict) {
+    if (it == bad.end() || is_bad) {
       check(field_text(c, name) == field_text(defaults, name), "unset/bad values keep defaults",
             name);
     } else {

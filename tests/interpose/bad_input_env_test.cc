@@ -31,9 +31,6 @@ const Var kVars[] = {
     {"ZEROCTA_ALLGATHER", Kind::kWords},
     {"ZEROCTA_MIN_BYTES", Kind::kSize},
     {"ZEROCTA_AUTO_MAX_RANKS", Kind::kCount},
-    {"ZEROCTA_POOL_BYTES", Kind::kSize},
-    {"ZEROCTA_CHUNK_BYTES", Kind::kSize},
-    {"ZEROCTA_CE_DIRECTION", Kind::kWords},
     {"ZEROCTA_STATS", Kind::kString},
     {"ZEROCTA_NVTX", Kind::kWords},
     {"ZEROCTA_NCCL_LIBRARY", Kind::kString},
@@ -113,16 +110,13 @@ TEST(BadInputEnv, StrictModeRefusesEveryInvalidValue) {
 }
 
 TEST(BadInputEnv, ExtremeValidSizesChangeNothingOnThePassThroughPath) {
-  // Accepted by the parser; the copy-engine pool can never be set up on the fake driver, so
+  // Accepted by the parser; the copy-engine route can never be set up on the fake driver, so
   // what is exercised is start-up, the announcement, routing and the fingerprint.
   const std::vector<std::vector<std::pair<std::string, std::string>>> cases = {
-      {{"ZEROCTA_POOL_BYTES", "16777215T"}, {"ZEROCTA_CHUNK_BYTES", "64K"}},
-      {{"ZEROCTA_POOL_BYTES", "18446744073709551615"},
-       {"ZEROCTA_CHUNK_BYTES", "9223372036854771712"}},
-      {{"ZEROCTA_POOL_BYTES", "200G"}},
       {{"ZEROCTA_MIN_BYTES", "0"}},
       {{"ZEROCTA_MIN_BYTES", "18446744073709551615"}},
-      {{"ZEROCTA_CHUNK_BYTES", "64K"}, {"ZEROCTA_POOL_BYTES", "128K"}},
+      {{"ZEROCTA_MIN_BYTES", "16777215T"}, {"ZEROCTA_AUTO_MAX_RANKS", "0"}},
+      {{"ZEROCTA_MIN_BYTES", "0"}, {"ZEROCTA_AUTO_MAX_RANKS", "1000000"}},
   };
   Scratch scratch;
   for (const char* mode : {"auto", "zerocta"}) {

@@ -124,8 +124,6 @@ const Mode kModes[] = {
      {{"ZEROCTA_ALLGATHER", "auto"}, {"ZEROCTA_MIN_BYTES", "0"}}},
     {"ZEROCTA_ALLGATHER=zerocta", {{"ZEROCTA_ALLGATHER", "zerocta"}}},
     {"ZEROCTA_ALLGATHER=off", {{"ZEROCTA_ALLGATHER", "off"}}},
-    {"ZEROCTA_ALLGATHER=zerocta ZEROCTA_CE_DIRECTION=pull",
-     {{"ZEROCTA_ALLGATHER", "zerocta"}, {"ZEROCTA_CE_DIRECTION", "pull"}}},
     {"ZEROCTA_ENABLE=0", {{"ZEROCTA_ENABLE", "0"}}},
 };
 

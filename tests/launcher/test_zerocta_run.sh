@@ -301,11 +301,11 @@ case_dry_run() {
   run bash -c 'eval "$(cat "$1")"; printf "%s\n" "$ZEROCTA_STATS"' sh "$T/dry.env"
   [[ $(cat "$T/out") == "/tmp/x y/%r.json" ]] || fail "--dry-run output does not source back"
   # Inherited ZEROCTA_* values are shown too, as comments after what it sets.
-  run env ZEROCTA_POOL_BYTES=2G ZEROCTA_ALLGATHER=nccl "$LAUNCHER" --lib "$LIB" \
+  run env ZEROCTA_MIN_BYTES=2G ZEROCTA_ALLGATHER=nccl "$LAUNCHER" --lib "$LIB" \
     --allgather auto --dry-run
   expect_rc 0
-  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"# inherited: ZEROCTA_POOL_BYTES=2G" ]] ||
-    fail "--dry-run does not show the inherited ZEROCTA_POOL_BYTES: $(cat "$T/out")"
+  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"# inherited: ZEROCTA_MIN_BYTES=2G" ]] ||
+    fail "--dry-run does not show the inherited ZEROCTA_MIN_BYTES: $(cat "$T/out")"
   # Refusals are the same as without --dry-run.
   run "$LAUNCHER" --lib "$T/nope.so" --dry-run
   expect_refused "$T/nope.so"
@@ -357,12 +357,12 @@ case_unknown_vars() {
   expect_rc 0
   grep -qF "did you mean ZEROCTA_ALLGATHER?" "$T/err" || fail "no warning in --dry-run"
   # The same nearest names as the library's unit tests (tests/unit/config_test.cc).
-  run env ZEROCTA_LOGG=1 ZEROCTA_MINBYTES=1 ZEROCTA_CE_DIRECTOIN=1 ZEROCTA_allgather=1 \
+  run env ZEROCTA_LOGG=1 ZEROCTA_MINBYTES=1 ZEROCTA_CHANEL_DIR=1 ZEROCTA_allgather=1 \
     ZEROCTA_CTA_POLICY_FORCED=1 ZEROCTA_SOMETHING_ELSE_ENTIRELY=1 "$LAUNCHER" --lib "$LIB" \
     --dry-run
   local pair
   for pair in ZEROCTA_LOGG:ZEROCTA_LOG ZEROCTA_MINBYTES:ZEROCTA_MIN_BYTES \
-    ZEROCTA_CE_DIRECTOIN:ZEROCTA_CE_DIRECTION ZEROCTA_allgather:ZEROCTA_ALLGATHER \
+    ZEROCTA_CHANEL_DIR:ZEROCTA_CHANNEL_DIR ZEROCTA_allgather:ZEROCTA_ALLGATHER \
     ZEROCTA_CTA_POLICY_FORCED:ZEROCTA_CTA_POLICY_FORCE; do
     grep -qxF "zerocta-run: warning: ${pair%%:*} is not a zerocta variable and is ignored; did you mean ${pair#*:}?" "$T/err" ||
       fail "no suggestion of ${pair#*:} for ${pair%%:*}"

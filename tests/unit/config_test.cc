@@ -1,6 +1,6 @@
 // Tests of the ZEROCTA_* configuration (src/config.cc): defaults, every bad-input class per
-// variable type, size suffixes and boundaries, the pool/chunk cross-check, the fingerprint,
-// and that the table documents exactly the variables that are read.
+// variable type, size suffixes and boundaries, the fingerprint, and that the table documents
+// exactly the variables that are read.
 #include "config.h"
 
 #include <gtest/gtest.h>
@@ -54,11 +54,10 @@ void expect_same_values(const Config& a, const Config& b) {
   EXPECT_EQ(a.allgather, b.allgather);
   EXPECT_EQ(a.min_bytes, b.min_bytes);
   EXPECT_EQ(a.auto_max_ranks, b.auto_max_ranks);
-  EXPECT_EQ(a.pool_bytes, b.pool_bytes);
-  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
   EXPECT_EQ(a.stats, b.stats);
   EXPECT_EQ(a.nvtx, b.nvtx);
   EXPECT_EQ(a.nccl_library, b.nccl_library);
+  EXPECT_EQ(a.channel_dir, b.channel_dir);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -96,8 +95,6 @@ const std::map<std::string, bool Config::*> kBoolFields = {
 };
 const std::map<std::string, uint64_t Config::*> kSizeFields = {
     {"ZEROCTA_MIN_BYTES", &Config::min_bytes},
-    {"ZEROCTA_POOL_BYTES", &Config::pool_bytes},
-    {"ZEROCTA_CHUNK_BYTES", &Config::chunk_bytes},
 };
 const std::map<std::string, uint64_t Config::*> kCountFields = {
     {"ZEROCTA_AUTO_MAX_RANKS", &Config::auto_max_ranks},
@@ -110,8 +107,7 @@ const std::map<std::string, std::string Config::*> kStringFields = {
 const std::map<std::string, std::string Config::*> kDirFields = {
     {"ZEROCTA_CHANNEL_DIR", &Config::channel_dir},
 };
-const std::set<std::string> kEnumNames = {"ZEROCTA_LOG", "ZEROCTA_CTA_POLICY", "ZEROCTA_ALLGATHER",
-                                          "ZEROCTA_CE_DIRECTION"};
+const std::set<std::string> kEnumNames = {"ZEROCTA_LOG", "ZEROCTA_CTA_POLICY", "ZEROCTA_ALLGATHER"};
 
 // ---------------------------------------------------------------- defaults
 
@@ -126,11 +122,10 @@ TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.allgather, AllGatherMode::kNccl);
   EXPECT_EQ(c.min_bytes, 64ull << 20);
   EXPECT_EQ(c.auto_max_ranks, 2u);
-  EXPECT_EQ(c.pool_bytes, 1ull << 30);
-  EXPECT_EQ(c.chunk_bytes, 128ull << 20);
   EXPECT_EQ(c.stats, "");
   EXPECT_TRUE(c.nvtx);
   EXPECT_EQ(c.nccl_library, "");
+  EXPECT_EQ(c.channel_dir, "/dev/shm");
 }
 
 TEST(ConfigDefaults, DefaultConstructedConfigIsTheParsedEmptyEnvironment) {
@@ -238,11 +233,8 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_CTA_POLICY", "zero"},
       {"ZEROCTA_CTA_POLICY_FORCE", "0"},
       {"ZEROCTA_ALLGATHER", "nccl"},
-      {"ZEROCTA_CE_DIRECTION", "push"},
       {"ZEROCTA_MIN_BYTES", "64M"},
       {"ZEROCTA_AUTO_MAX_RANKS", "2"},
-      {"ZEROCTA_POOL_BYTES", "1G"},
-      {"ZEROCTA_CHUNK_BYTES", "128M"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
@@ -356,8 +348,6 @@ TEST(Enums, EveryDocumentedWordParsesInAnyCaseAndPrintsBack) {
       {"ZEROCTA_LOG", [](const Config& c) { return std::string(to_string(c.log)); }},
       {"ZEROCTA_CTA_POLICY", [](const Config& c) { return std::string(to_string(c.cta_policy)); }},
       {"ZEROCTA_ALLGATHER", [](const Config& c) { return std::string(to_string(c.allgather)); }},
-      {"ZEROCTA_CE_DIRECTION",
-       [](const Config& c) { return std::string(to_string(c.ce_direction)); }},
   };
   ASSERT_EQ(cases.size(), kEnumNames.size());
   for (const Case& k : cases) {
@@ -391,8 +381,7 @@ TEST(Enums, RejectsNearMisses) {
   const std::map<std::string, std::vector<const char*>> bad = {
       {"ZEROCTA_LOG", {"verbose", "warning", "warn ", "0", "3", "trace", "de bug"}},
       {"ZEROCTA_CTA_POLICY", {"zero ", "0", "none", "efficient", "zero|keep", "keepp"}},
-      {"ZEROCTA_ALLGATHER", {"nccl-ce", "nccl-", "zero-cta", "on", "1", "ce"}},
-      {"ZEROCTA_CE_DIRECTION", {"pushh", "read", "write", "push pull", "1", ""}},
+      {"ZEROCTA_ALLGATHER", {"nccl-ce", "nccl-", "zero-cta", "on", "1", "ce", "auto nccl", ""}},
   };
   for (const auto& [name, values] : bad) {
     for (const char* value : values) {
@@ -497,11 +486,11 @@ TEST(FormatSize, RoundTripsThroughParseSize) {
 
 TEST(SizeVariables, AcceptSuffixedValues) {
   for (const auto& [name, field] : kSizeFields) {
-    // Sizes that also satisfy the pool/chunk rules with the other one at its default.
-    const char* text = name == "ZEROCTA_CHUNK_BYTES" ? "16MiB" : "1g";
-    Config c = parse_env({{name, text}});
-    EXPECT_TRUE(c.errors.empty()) << name;
-    EXPECT_EQ(c.*field, size_or_die(text)) << name;
+    for (const char* text : {"1g", "16MiB", "3K", "4097"}) {
+      Config c = parse_env({{name, text}});
+      EXPECT_TRUE(c.errors.empty()) << name << "=" << text;
+      EXPECT_EQ(c.*field, size_or_die(text)) << name << "=" << text;
+    }
   }
 }
 
@@ -537,76 +526,6 @@ TEST(SizeVariables, MinBytesTakesTheWholeRange) {
   Config c = parse_env({{"ZEROCTA_MIN_BYTES", "18446744073709551615"}});
   EXPECT_TRUE(c.errors.empty());
   EXPECT_EQ(c.min_bytes, UINT64_MAX);
-}
-
-TEST(SizeVariables, ChunkIsAtLeast64KAndAMultipleOf4K) {
-  for (const char* good : {"64K", "65536", "68K", "64KiB", "128M", "32m"}) {
-    Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", good}});
-    EXPECT_TRUE(c.errors.empty()) << good;
-    EXPECT_EQ(c.chunk_bytes, size_or_die(good));
-  }
-  for (const char* bad : {"0", "4K", "60K", "65532", "65537", "66K", "1000000", "33554433"}) {
-    Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", bad}});
-    ASSERT_EQ(c.errors.size(), 1u) << bad;
-    EXPECT_EQ(c.errors[0], invalid_line("ZEROCTA_CHUNK_BYTES", bad));
-    EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
-  }
-}
-
-// ---------------------------------------------------------------- pool >= 2 * chunk
-
-TEST(PoolAndChunk, ExactlyTwoChunksFit) {
-  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "64M"}, {"ZEROCTA_CHUNK_BYTES", "32M"}});
-  EXPECT_TRUE(c.errors.empty());
-  EXPECT_EQ(c.pool_bytes, 64ull << 20);
-  EXPECT_EQ(c.chunk_bytes, 32ull << 20);
-}
-
-TEST(PoolAndChunk, OneByteShortResetsBoth) {
-  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "67108863"}, {"ZEROCTA_CHUNK_BYTES", "32M"}});
-  ASSERT_EQ(c.errors.size(), 1u);
-  EXPECT_EQ(c.pool_bytes, Config{}.pool_bytes);
-  EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
-  const std::string& line = c.errors[0];
-  EXPECT_EQ(line.rfind("ZEROCTA_POOL_BYTES=\"67108863\"", 0), 0u) << line;
-  EXPECT_NE(line.find("ZEROCTA_CHUNK_BYTES=\"32M\""), std::string::npos) << line;
-  EXPECT_NE(line.find("using the defaults ZEROCTA_POOL_BYTES=\"1G\" and "
-                      "ZEROCTA_CHUNK_BYTES=\"128M\""),
-            std::string::npos)
-      << line;
-}
-
-TEST(PoolAndChunk, ChunkTooLargeForTheDefaultPool) {
-  Config c = parse_env({{"ZEROCTA_CHUNK_BYTES", "1G"}});
-  ASSERT_EQ(c.errors.size(), 1u);
-  EXPECT_NE(c.errors[0].find("ZEROCTA_POOL_BYTES=\"1G\""), std::string::npos) << c.errors[0];
-  EXPECT_NE(c.errors[0].find("ZEROCTA_CHUNK_BYTES=\"1G\""), std::string::npos) << c.errors[0];
-  EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
-  // Just fits: the default pool holds two 512M chunks.
-  EXPECT_TRUE(parse_env({{"ZEROCTA_CHUNK_BYTES", "512M"}}).errors.empty());
-}
-
-TEST(PoolAndChunk, NoOverflowNearTheTop) {
-  // 2 * 2^63 wraps to 0 in 64 bits; the check must still see that it does not fit.
-  Config over = parse_env({{"ZEROCTA_POOL_BYTES", "18446744073709551615"},
-                           {"ZEROCTA_CHUNK_BYTES", "9223372036854775808"}});
-  ASSERT_EQ(over.errors.size(), 1u);
-  EXPECT_EQ(over.pool_bytes, Config{}.pool_bytes);
-  Config fits = parse_env({{"ZEROCTA_POOL_BYTES", "18446744073709551615"},
-                           {"ZEROCTA_CHUNK_BYTES", "9223372036854771712"}});  // 2^63 - 4K
-  EXPECT_TRUE(fits.errors.empty());
-  EXPECT_EQ(fits.chunk_bytes, (1ull << 63) - 4096);
-}
-
-TEST(PoolAndChunk, ABadValueAndTheCrossCheckEachGiveALine) {
-  // The bad chunk keeps its 128M default, which does not fit the 128M pool.
-  Config c = parse_env({{"ZEROCTA_POOL_BYTES", "128M"}, {"ZEROCTA_CHUNK_BYTES", "lots"}});
-  ASSERT_EQ(c.errors.size(), 2u);
-  EXPECT_EQ(c.errors[0], invalid_line("ZEROCTA_CHUNK_BYTES", "lots"));
-  EXPECT_NE(c.errors[1].find("is less than 2 * ZEROCTA_CHUNK_BYTES=\"128M\""), std::string::npos)
-      << c.errors[1];
-  EXPECT_EQ(c.pool_bytes, Config{}.pool_bytes);
-  EXPECT_EQ(c.chunk_bytes, Config{}.chunk_bytes);
 }
 
 // ---------------------------------------------------------------- string variables
@@ -648,17 +567,44 @@ TEST(Fingerprint, IdenticalConfigsHashAlike) {
   EXPECT_NE(a.fingerprint, 0u);
 }
 
+// Settings that change what peers expect from a rank (each value differs from the default
+// and from every other entry) ...
+const std::vector<std::pair<const char*, const char*>> kProtocolChanges = {
+    {"ZEROCTA_ENABLE", "0"},         {"ZEROCTA_CTA_POLICY", "efficiency"},
+    {"ZEROCTA_CTA_POLICY", "keep"},  {"ZEROCTA_CTA_POLICY", "default"},
+    {"ZEROCTA_ALLGATHER", "auto"},   {"ZEROCTA_ALLGATHER", "zerocta"},
+    {"ZEROCTA_ALLGATHER", "off"},    {"ZEROCTA_MIN_BYTES", "16777217"},
+    {"ZEROCTA_MIN_BYTES", "0"},      {"ZEROCTA_AUTO_MAX_RANKS", "0"},
+    {"ZEROCTA_AUTO_MAX_RANKS", "8"},
+};
+// ... and settings that stay on the rank. ZEROCTA_CHANNEL_DIR decides where ranks meet, so
+// ranks that differ in it never compare fingerprints at all.
+const std::vector<std::pair<const char*, const char*>> kLocalChanges = {
+    {"ZEROCTA_LOG", "debug"},
+    {"ZEROCTA_LOG", "none"},
+    {"ZEROCTA_STATS", "1"},
+    {"ZEROCTA_STATS", "/tmp/s.json"},
+    {"ZEROCTA_NVTX", "0"},
+    {"ZEROCTA_STRICT", "1"},
+    {"ZEROCTA_CTA_POLICY_FORCE", "1"},
+    {"ZEROCTA_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"},
+    {"ZEROCTA_CHANNEL_DIR", "/tmp"},
+};
+
+TEST(Fingerprint, EveryVariableIsEitherProtocolOrLocal) {
+  // A new variable must be sorted into one of the lists above, so its effect on the
+  // fingerprint is tested.
+  std::set<std::string> protocol, local;
+  for (const auto& change : kProtocolChanges) protocol.insert(change.first);
+  for (const auto& change : kLocalChanges) local.insert(change.first);
+  for (const ConfigVar& v : config_table())
+    EXPECT_EQ(protocol.count(v.name) + local.count(v.name), 1u) << v.name;
+  EXPECT_EQ(protocol.size() + local.size(), config_table().size());
+}
+
 TEST(Fingerprint, EveryProtocolFieldChangesIt) {
-  const std::vector<std::pair<const char*, const char*>> changes = {
-      {"ZEROCTA_ENABLE", "0"},          {"ZEROCTA_CTA_POLICY", "efficiency"},
-      {"ZEROCTA_CTA_POLICY", "keep"},   {"ZEROCTA_ALLGATHER", "auto"},
-      {"ZEROCTA_ALLGATHER", "off"},     {"ZEROCTA_MIN_BYTES", "16777217"},
-      {"ZEROCTA_MIN_BYTES", "0"},       {"ZEROCTA_POOL_BYTES", "512M"},
-      {"ZEROCTA_CHUNK_BYTES", "16M"},   {"ZEROCTA_CHUNK_BYTES", "33558528"},
-      {"ZEROCTA_CE_DIRECTION", "pull"},
-  };
   std::set<uint64_t> seen = {parse_env({}).fingerprint};
-  for (const auto& [name, value] : changes) {
+  for (const auto& [name, value] : kProtocolChanges) {
     Config c = parse_env({{name, value}});
     ASSERT_TRUE(c.errors.empty()) << name << "=" << value;
     EXPECT_TRUE(seen.insert(c.fingerprint).second) << name << "=" << value;
@@ -669,34 +615,55 @@ TEST(Fingerprint, DirectFieldChangesChangeIt) {
   const Config base;
   const uint64_t h = config_fingerprint(base);
   Config c = base;
-  c.pool_bytes += 4096;
+  c.min_bytes += 4096;
   EXPECT_NE(config_fingerprint(c), h);
   c = base;
-  c.chunk_bytes = base.min_bytes;  // swapping values between fields must not collide
-  c.min_bytes = base.chunk_bytes;
+  c.auto_max_ranks = base.min_bytes;  // swapping values between fields must not collide
+  c.min_bytes = base.auto_max_ranks;
   EXPECT_NE(config_fingerprint(c), h);
   c = base;
   c.allgather = AllGatherMode::kAuto;
+  EXPECT_NE(config_fingerprint(c), h);
+  c = base;
+  c.enable = false;
+  EXPECT_NE(config_fingerprint(c), h);
+  c = base;
+  c.cta_policy = CtaPolicyMode::kKeep;
   EXPECT_NE(config_fingerprint(c), h);
 }
 
 TEST(Fingerprint, LocalOnlySettingsDoNotChangeIt) {
   const uint64_t base = parse_env({}).fingerprint;
-  const std::vector<std::pair<const char*, const char*>> local = {
-      {"ZEROCTA_LOG", "debug"},
-      {"ZEROCTA_LOG", "none"},
-      {"ZEROCTA_STATS", "1"},
-      {"ZEROCTA_STATS", "/tmp/s.json"},
-      {"ZEROCTA_NVTX", "0"},
-      {"ZEROCTA_STRICT", "1"},
-      {"ZEROCTA_CTA_POLICY_FORCE", "1"},
-      {"ZEROCTA_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"},
-  };
-  for (const auto& [name, value] : local) {
+  for (const auto& [name, value] : kLocalChanges) {
     Config c = parse_env({{name, value}});
     ASSERT_TRUE(c.errors.empty()) << name;
     EXPECT_EQ(c.fingerprint, base) << name << "=" << value;
   }
+  Env every_local;  // later values of a repeated name win; all are local anyway
+  for (const auto& [name, value] : kLocalChanges) every_local[name] = value;
+  EXPECT_EQ(parse_env(every_local).fingerprint, base);
+}
+
+// FNV-1a 64 of a text, written out here so the test does not trust the code it checks.
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+TEST(Fingerprint, IsStableAcrossBuilds) {
+  // Ranks of different builds compare fingerprints: the canonical text is part of the
+  // protocol, and changing it (a new protocol field, a new version tag) must be deliberate.
+  EXPECT_EQ(config_fingerprint(Config{}),
+            fnv1a("zerocta-config-v2 enable=1 cta_policy=zero allgather=nccl "
+                  "min_bytes=67108864 auto_max_ranks=2"));
+  Config c = parse_env({{"ZEROCTA_ENABLE", "0"},
+                        {"ZEROCTA_CTA_POLICY", "keep"},
+                        {"ZEROCTA_ALLGATHER", "auto"},
+                        {"ZEROCTA_MIN_BYTES", "1M"},
+                        {"ZEROCTA_AUTO_MAX_RANKS", "0"}});
+  EXPECT_EQ(c.fingerprint, fnv1a("zerocta-config-v2 enable=0 cta_policy=keep allgather=auto "
+                                 "min_bytes=1048576 auto_max_ranks=0"));
 }
 
 TEST(Fingerprint, DependsOnValuesNotSpelling) {
@@ -760,7 +727,7 @@ TEST(EditDistance, CountsInsertDeleteSubstituteAndSwap) {
 
 TEST(EditDistance, IsSymmetric) {
   const char* const words[] = {
-      "", "a", "ZEROCTA_LOG", "ZEROCTA_LGO", "ZEROCTA_POOL_SIZE", "ZEROCTA_POOL_BYTES", "xyz"};
+      "", "a", "ZEROCTA_LOG", "ZEROCTA_LGO", "ZEROCTA_MIN_SIZE", "ZEROCTA_MIN_BYTES", "xyz"};
   for (const char* a : words)
     for (const char* b : words) EXPECT_EQ(edit_distance(a, b), edit_distance(b, a)) << a << b;
 }
@@ -786,8 +753,10 @@ TEST(UnknownVars, TypicalTyposPointToTheIntendedVariable) {
       {"ZEROCTA_LOGG", "ZEROCTA_LOG"},
       {"ZEROCTA_STAT", "ZEROCTA_STATS"},
       {"ZEROCTA_MINBYTES", "ZEROCTA_MIN_BYTES"},
-      {"ZEROCTA_POOL_BYTE", "ZEROCTA_POOL_BYTES"},
-      {"ZEROCTA_CE_DIRECTOIN", "ZEROCTA_CE_DIRECTION"},
+      {"ZEROCTA_MIN_BYTE", "ZEROCTA_MIN_BYTES"},
+      {"ZEROCTA_CHANEL_DIR", "ZEROCTA_CHANNEL_DIR"},
+      {"ZEROCTA_NCCL_LIBARY", "ZEROCTA_NCCL_LIBRARY"},
+      {"ZEROCTA_NVXT", "ZEROCTA_NVTX"},
       {"ZEROCTA_AUTO_MAX_RANK", "ZEROCTA_AUTO_MAX_RANKS"},
       {"ZEROCTA_CTA_POLCY", "ZEROCTA_CTA_POLICY"},
       {"ZEROCTA_CTA_POLICY_FORCED", "ZEROCTA_CTA_POLICY_FORCE"},

@@ -20,7 +20,6 @@ zc::MemberFacts member(uint32_t index, int64_t order_key = -1) {
   m.fingerprint = 0xfeed;
   m.nccl_version = 22809;
   m.uuid[0] = static_cast<unsigned char>(index + 1);
-  m.pool_bytes = 1 << 20;
   return m;
 }
 
@@ -58,8 +57,9 @@ TEST(Membership, EachWayToDisagreeIsNamed) {
       {"fingerprint", [](auto* v) { (*v)[1].fingerprint ^= 1; }, "settings", true},
       {"nccl", [](auto* v) { (*v)[2].nccl_version = 22803; }, "NCCL versions", true},
       {"uid", [](auto* v) { (*v)[0].uid = 7; }, "users", true},
-      {"pool", [](auto* v) { (*v)[3].pool_bytes *= 2; }, "memory size", true},
-      {"alloc", [](auto* v) { (*v)[1].problems = zc::kProblemPool; }, "allocate", true},
+      {"flags", [](auto* v) { (*v)[1].problems = zc::kProblemFlags; }, "flags", true},
+      {"one connection", [](auto* v) { (*v)[3].problems = zc::kProblemOneConnection; },
+       "CUDA_DEVICE_MAX_CONNECTIONS=1", false},
       {"p2p", [](auto* v) { (*v)[3].problems = zc::kProblemP2p; }, "P2P", true},
       {"fd", [](auto* v) { (*v)[2].problems = zc::kProblemFdService; }, "fd service", true},
       {"device", [](auto* v) { (*v)[2].problems = zc::kProblemDevice; }, "device", true},
@@ -74,6 +74,31 @@ TEST(Membership, EachWayToDisagreeIsNamed) {
     EXPECT_EQ(a.warn, c.warn) << c.name;
     EXPECT_TRUE(a.ranks.empty()) << c.name;
   }
+}
+
+TEST(Membership, OneHardwareQueueOnAnyRankPassesThroughWithAnInfo) {
+  // A setting the user chose, not a failure: every rank passes through, and says why at INFO.
+  for (size_t who = 0; who < 4; ++who) {
+    auto v = ranks(4);
+    v[who].problems = zc::kProblemOneConnection;
+    const zc::Agreement a = zc::agree(v, 4, 0, 4);
+    EXPECT_FALSE(a.commit) << who;
+    EXPECT_FALSE(a.warn) << who;
+    EXPECT_STREQ(a.why,
+                 "a rank runs with CUDA_DEVICE_MAX_CONNECTIONS=1 (a flag wait would block its "
+                 "only hardware queue)")
+        << who;
+    EXPECT_TRUE(a.ranks.empty()) << who;
+  }
+}
+
+TEST(Membership, FlagsThatCudaWouldNotRegisterAreAWarning) {
+  auto v = ranks(2);
+  v[0].problems = zc::kProblemFlags;
+  const zc::Agreement a = zc::agree(v, 2, 0, 2);
+  EXPECT_FALSE(a.commit);
+  EXPECT_TRUE(a.warn);
+  EXPECT_STREQ(a.why, "a rank could not register the channel's flags with CUDA");
 }
 
 TEST(Membership, AMissingRankIsAnotherHostUnlessAGpuHereIsLeftOver) {

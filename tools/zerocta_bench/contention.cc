@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
+#include <memory>
 #include <vector>
 
 #include "cuda_check.h"
-#include "host_barrier.h"
 #include "kernels.h"
-#include "nccl_rank.h"
+#include "nccl_ranks.h"
 #include "peer_push.h"
 #include "shim_stats.h"
 #include "timing.h"
@@ -63,6 +62,145 @@ struct Gemm {
   }
 };
 
+// What the study keeps per GPU: its two streams and its GEMM.
+struct GpuWork {
+  int device = 0;
+  cudaStream_t gs = nullptr;  // GEMM stream
+  cudaStream_t cs = nullptr;  // communication stream
+  std::unique_ptr<Gemm> gemm;
+};
+
+// One event timer per GPU for a phase of n operations, each on its GPU's device.
+std::vector<std::unique_ptr<IterTimer>> make_timers(const std::vector<GpuWork>& gpus, int n) {
+  std::vector<std::unique_ptr<IterTimer>> t;
+  for (const GpuWork& g : gpus) {
+    ZCB_CUDA(cudaSetDevice(g.device));
+    t.push_back(std::make_unique<IterTimer>(n));
+  }
+  return t;
+}
+
+void record(const std::vector<GpuWork>& gpus, std::vector<std::unique_ptr<IterTimer>>& timers,
+            int event, cudaStream_t GpuWork::*stream) {
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    ZCB_CUDA(cudaSetDevice(gpus[i].device));
+    timers[i]->record(event, gpus[i].*stream);
+  }
+}
+
+void synchronize(const std::vector<GpuWork>& gpus) {
+  for (const GpuWork& g : gpus) {
+    ZCB_CUDA(cudaSetDevice(g.device));
+    ZCB_CUDA(cudaStreamSynchronize(g.gs));
+    ZCB_CUDA(cudaStreamSynchronize(g.cs));
+  }
+}
+
+void run_gemms(const std::vector<GpuWork>& gpus) {
+  for (const GpuWork& g : gpus) {
+    ZCB_CUDA(cudaSetDevice(g.device));
+    g.gemm->run();
+  }
+}
+
+// The three phases of one placement on every GPU of the process; one message per GPU.
+std::vector<ContentionMsg> measure_placement(const ContentionGpus& c,
+                                             const std::vector<GpuWork>& gpus, bool in_place) {
+  const Options& o = *c.o;
+  const int m_gemm = o.gemm_iters;
+  const bool fixed = o.contention_mode == ContentionMode::kFixed;
+  std::vector<cudaStream_t> comm_streams;
+  for (const GpuWork& g : gpus) comm_streams.push_back(g.cs);
+  auto all_gather = [&] { c.enqueue_op(in_place, comm_streams); };
+
+  for (int i = 0; i < kWarmups; ++i) all_gather();
+  synchronize(gpus);
+  std::vector<ContentionMsg> out(gpus.size());
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    out[i].rank = gpus[i].device;
+    out[i].in_place = in_place ? 1 : 0;
+    out[i].gemm_iters = m_gemm;
+    out[i].ag_bytes = c.ag_bytes;
+  }
+
+  // 1. GEMMs alone, on every GPU at once.
+  c.ch->agree_max(0);
+  auto tg = make_timers(gpus, m_gemm);
+  record(gpus, tg, 0, &GpuWork::gs);
+  for (int i = 0; i < m_gemm; ++i) {
+    run_gemms(gpus);
+    record(gpus, tg, i + 1, &GpuWork::gs);
+  }
+  synchronize(gpus);
+
+  // 2. All-gathers alone: the fixed count, or (saturate) a sample to size the overlapped run.
+  const int n_alone = fixed ? o.contention_ops : std::max(5, std::min(o.iters, 20));
+  c.ch->agree_max(0);
+  auto ta = make_timers(gpus, n_alone);
+  record(gpus, ta, 0, &GpuWork::cs);
+  for (int i = 0; i < n_alone; ++i) {
+    all_gather();
+    record(gpus, ta, i + 1, &GpuWork::cs);
+  }
+  synchronize(gpus);
+  uint64_t want = 0;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    ZCB_CUDA(cudaSetDevice(gpus[i].device));
+    out[i].gemm_alone_ms = tg[i]->mean_us(m_gemm) / 1000.0;
+    out[i].ag_alone_ms = ta[i]->mean_us(n_alone) / 1000.0;
+    want = std::max(want, overlap_op_count(m_gemm, out[i].gemm_alone_ms, out[i].ag_alone_ms));
+  }
+
+  // 3. Overlapped. Every rank issues the same number of collectives (saturate: the max).
+  const int n_ag = fixed ? o.contention_ops : static_cast<int>(c.ch->agree_max(want));
+  if (fixed) c.ch->agree_max(0);
+  auto og = make_timers(gpus, m_gemm);
+  auto oc = make_timers(gpus, n_ag);
+  record(gpus, og, 0, &GpuWork::gs);
+  record(gpus, oc, 0, &GpuWork::cs);
+  // Interleave the enqueues so both streams have work from the first microsecond on.
+  int issued = 0;
+  for (int i = 0; i < m_gemm; ++i) {
+    run_gemms(gpus);
+    record(gpus, og, i + 1, &GpuWork::gs);
+    const int target = static_cast<int>(static_cast<int64_t>(i + 1) * n_ag / m_gemm);
+    while (issued < target) {
+      all_gather();
+      record(gpus, oc, ++issued, &GpuWork::cs);
+    }
+  }
+  while (issued < n_ag) {
+    all_gather();
+    record(gpus, oc, ++issued, &GpuWork::cs);
+  }
+  synchronize(gpus);
+
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    ContentionMsg& m = out[g];
+    ZCB_CUDA(cudaSetDevice(gpus[g].device));
+    const cudaEvent_t g0 = og[g]->event(0);
+    const double window = elapsed_ms(g0, og[g]->event(m_gemm));
+    m.ag_ops = n_ag;
+    m.gemm_overlap_ms = window / m_gemm;
+    // The all-gathers that ended inside the GEMM window are the contended ones.
+    double in_sum = 0;
+    int in_count = 0;
+    for (int j = 0; j < n_ag; ++j) {
+      if (elapsed_ms(g0, oc[g]->event(j + 1)) > window) continue;
+      in_sum += elapsed_ms(oc[g]->event(j), oc[g]->event(j + 1));
+      ++in_count;
+    }
+    m.ag_in_window = in_count;
+    const double ag_all = oc[g]->mean_us(n_ag) / 1000.0;
+    m.ag_overlap_ms = fixed || in_count == 0 ? ag_all : in_sum / in_count;
+    const double ag_start = elapsed_ms(g0, oc[g]->event(0));
+    const double ag_end = elapsed_ms(g0, oc[g]->event(n_ag));
+    m.covered = ag_end >= window;
+    m.makespan_ms = std::max(window, ag_end) - std::min(0.0, ag_start);
+  }
+  return out;
+}
+
 }  // namespace
 
 uint64_t overlap_op_count(int gemm_iters, double gemm_ms, double ag_ms) {
@@ -71,122 +209,64 @@ uint64_t overlap_op_count(int gemm_iters, double gemm_ms, double ag_ms) {
   return static_cast<uint64_t>(std::min<double>(std::max(want, 4.0), kMaxOverlapOps));
 }
 
-ContentionMsg run_contention_rank(const ContentionRank& c) {
+void run_contention(const ContentionGpus& c) {
   const Options& o = *c.o;
-  cudaStream_t gs, cs;  // GEMM stream, communication stream
-  ZCB_CUDA(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
-  ZCB_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-  Gemm gemm(o, o.seed + 7919 * static_cast<uint64_t>(c.rank), gs);
-  RouteCounts routes_before = shim_allgather_routes();
-
-  for (int i = 0; i < kWarmups; ++i) gemm.run();
-  for (int i = 0; i < kWarmups; ++i) c.enqueue_op(cs);
-  ZCB_CUDA(cudaStreamSynchronize(gs));
-  ZCB_CUDA(cudaStreamSynchronize(cs));
-
-  ContentionMsg m{};
-  m.rank = c.rank;
-  m.gemm_iters = o.gemm_iters;
-  m.ag_bytes = c.ag_bytes;
-
-  // 1. GEMM alone.
-  c.agree_max(0);
-  IterTimer tg(o.gemm_iters);
-  tg.record(0, gs);
-  for (int i = 0; i < o.gemm_iters; ++i) {
-    gemm.run();
-    tg.record(i + 1, gs);
+  std::vector<GpuWork> gpus(c.devices.size());
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    GpuWork& g = gpus[i];
+    g.device = c.devices[i];
+    ZCB_CUDA(cudaSetDevice(g.device));
+    ZCB_CUDA(cudaStreamCreateWithFlags(&g.gs, cudaStreamNonBlocking));
+    ZCB_CUDA(cudaStreamCreateWithFlags(&g.cs, cudaStreamNonBlocking));
+    g.gemm = std::make_unique<Gemm>(o, o.seed + 7919 * static_cast<uint64_t>(g.device), g.gs);
+    for (int k = 0; k < kWarmups; ++k) g.gemm->run();
   }
-  ZCB_CUDA(cudaStreamSynchronize(gs));
-  m.gemm_alone_ms = tg.mean_us(o.gemm_iters) / 1000.0;
-
-  // 2. All-gather alone.
-  const int ag_iters = std::max(5, std::min(o.iters, 20));
-  c.agree_max(0);
-  IterTimer ta(ag_iters);
-  ta.record(0, cs);
-  for (int i = 0; i < ag_iters; ++i) {
-    c.enqueue_op(cs);
-    ta.record(i + 1, cs);
+  synchronize(gpus);
+  for (bool in_place : contention_placements(o.contention_placement)) {
+    const RouteCounts before = shim_allgather_routes();
+    std::vector<ContentionMsg> msgs = measure_placement(c, gpus, in_place);
+    // The shim's counters are the process's: they go with its first GPU's message.
+    const RouteCounts d = shim_allgather_routes() - before;
+    for (int i = 0; i < zerocta_route_count; ++i) msgs.front().route_calls[i] = d.calls[i];
+    for (const ContentionMsg& m : msgs) c.ch->send(kMsgContention, &m, sizeof(m));
   }
-  ZCB_CUDA(cudaStreamSynchronize(cs));
-  m.ag_alone_ms = ta.mean_us(ag_iters) / 1000.0;
-
-  // 3. Overlapped. Every rank must issue the same number of collectives: agree on the max.
-  const int n_ag =
-      static_cast<int>(c.agree_max(overlap_op_count(o.gemm_iters, m.gemm_alone_ms, m.ag_alone_ms)));
-  m.ag_ops = n_ag;
-  IterTimer og(o.gemm_iters), oc(n_ag);
-  og.record(0, gs);
-  oc.record(0, cs);
-  // Interleave the enqueues so both streams have work from the first microsecond on.
-  int issued = 0;
-  for (int i = 0; i < o.gemm_iters; ++i) {
-    gemm.run();
-    og.record(i + 1, gs);
-    const int target = static_cast<int>(static_cast<int64_t>(i + 1) * n_ag / o.gemm_iters);
-    while (issued < target) {
-      c.enqueue_op(cs);
-      oc.record(++issued, cs);
-    }
+  for (GpuWork& g : gpus) {
+    ZCB_CUDA(cudaSetDevice(g.device));
+    g.gemm.reset();
+    ZCB_CUDA(cudaStreamDestroy(g.gs));
+    ZCB_CUDA(cudaStreamDestroy(g.cs));
   }
-  while (issued < n_ag) {
-    c.enqueue_op(cs);
-    oc.record(++issued, cs);
-  }
-  ZCB_CUDA(cudaStreamSynchronize(gs));
-  ZCB_CUDA(cudaStreamSynchronize(cs));
-
-  const cudaEvent_t g0 = og.event(0);
-  const double window = elapsed_ms(g0, og.event(o.gemm_iters));
-  m.gemm_overlap_ms = window / o.gemm_iters;
-  // The all-gathers that ran entirely inside the GEMM window are the contended ones.
-  double in_sum = 0, all_sum = 0;
-  int in_count = 0;
-  for (int j = 0; j < n_ag; ++j) {
-    const double d = elapsed_ms(oc.event(j), oc.event(j + 1));
-    all_sum += d;
-    if (elapsed_ms(g0, oc.event(j + 1)) <= window) {
-      in_sum += d;
-      ++in_count;
-    }
-  }
-  m.ag_in_window = in_count;
-  m.ag_overlap_ms = in_count ? in_sum / in_count : all_sum / n_ag;
-  const double ag_end = elapsed_ms(g0, oc.event(n_ag));
-  const double ag_start = elapsed_ms(g0, oc.event(0));
-  m.covered = ag_end >= window;
-  m.makespan_ms = std::max(window, ag_end) - std::min(0.0, ag_start);
-  m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + n_ag * m.ag_alone_ms;
-
-  RouteCounts d = shim_allgather_routes() - routes_before;
-  for (int i = 0; i < zerocta_route_count; ++i) m.route_calls[i] = d.calls[i];
-  ZCB_CUDA(cudaStreamDestroy(gs));
-  ZCB_CUDA(cudaStreamDestroy(cs));
-  return m;
 }
 
-void run_nccl_contention(const Options& o, PathId path, int rank, int nranks, Channel* ch) {
-  NcclRank nr(path, rank, nranks, ch);
+void run_nccl_contention(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch) {
+  NcclRanks nr(o, path, worker_rank, nranks, ch);
   const uint64_t count = per_rank_count(o.contention_total_bytes(nranks), nranks, o.dtype.bytes);
   if (count == 0) fatal("--contention-bytes is too small for %d ranks", nranks);
   const uint64_t chunk = count * o.dtype.bytes;
-  char* recv = static_cast<char*>(nr.alloc(chunk * nranks));
-  char* send = static_cast<char*>(nr.alloc(chunk));
-  launch_fill_pattern(send, chunk, o.dtype.bytes, o.seed, rank, nullptr);
-  ZCB_CUDA(cudaGetLastError());
-  ZCB_CUDA(cudaDeviceSynchronize());
-
-  ContentionRank c;
+  const CollShape shape = coll_shape(CollOp::kAllGather, chunk * nranks, nranks, o.dtype.bytes);
+  const std::vector<char*> recv = nr.alloc(chunk * nranks);
+  const std::vector<char*> send = nr.alloc(chunk);
+  ContentionGpus c;
   c.o = &o;
-  c.rank = rank;
   c.ag_bytes = chunk * nranks;
-  c.enqueue_op = [&](cudaStream_t s) { nr.allgather(send, recv, count, o.dtype.nccl, s); };
-  c.agree_max = [&](uint64_t v) { return ch->agree_max(v); };
-  ContentionMsg m = run_contention_rank(c);
+  c.ch = ch;
+  for (int i = 0; i < nr.size(); ++i) {
+    nr.set_device(i);
+    launch_fill_pattern(send[i], chunk, o.dtype.bytes, o.seed, nr.rank(i), nullptr);
+    ZCB_CUDA(cudaGetLastError());
+    ZCB_CUDA(cudaDeviceSynchronize());
+    c.devices.push_back(nr.rank(i));
+  }
+  c.enqueue_op = [&](bool in_place, const std::vector<cudaStream_t>& streams) {
+    std::vector<Placement> place;
+    for (int i = 0; i < nr.size(); ++i)
+      place.push_back(
+          place_buffers(CollOp::kAllGather, in_place, nr.rank(i), shape, send[i], recv[i]));
+    nr.collective(CollOp::kAllGather, place, count, o.dtype.nccl, streams);
+  };
+  run_contention(c);
   nr.check_async_error();
-  ch->send(kMsgContention, &m, sizeof(m));
-  send_shim_totals(ch, rank, zerocta_op_allgather);
+  send_shim_totals(ch, nr.rank(0), zerocta_op_allgather);
 }
 
 void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
@@ -194,28 +274,31 @@ void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
   const uint64_t count = per_rank_count(o.contention_total_bytes(nranks), nranks, o.dtype.bytes);
   if (count == 0) fatal("--contention-bytes is too small for %d ranks", nranks);
   const uint64_t chunk = count * o.dtype.bytes;
-  HostBarrier barrier(nranks);
   std::vector<PeerBuffers> bufs(static_cast<size_t>(nranks));
-  auto gpu = [&](int g) {
+  ContentionGpus c;
+  c.o = &o;
+  c.ag_bytes = chunk * nranks;
+  c.ch = ch;
+  for (int g = 0; g < nranks; ++g) {
     setup_peer_gpu(g, nranks, ch);
     ZCB_CUDA(cudaMalloc(&bufs[g].recv, chunk * nranks));
     ZCB_CUDA(cudaMalloc(&bufs[g].send, chunk));
-    barrier.wait();
-    ContentionRank c;
-    c.o = &o;
-    c.rank = g;
-    c.ag_bytes = chunk * nranks;
-    c.enqueue_op = [&](cudaStream_t s) { enqueue_pushes(g, bufs, chunk, false, s); };
-    c.agree_max = [&](uint64_t v) { return barrier.arrive_max(v); };
-    ContentionMsg m = run_contention_rank(c);
-    ch->send(kMsgContention, &m, sizeof(m));
-    barrier.wait();  // no GPU frees its buffers while a peer may still pull from them
+    c.devices.push_back(g);
+  }
+  // The floor: every GPU pushes its chunk (the op's per-peer size) into all n-1 peers at
+  // once, one batch per GPU and all-gather.
+  c.enqueue_op = [&](bool in_place, const std::vector<cudaStream_t>& streams) {
+    for (int g = 0; g < nranks; ++g) {
+      ZCB_CUDA(cudaSetDevice(g));
+      enqueue_pushes(g, bufs, chunk, in_place, streams[g]);
+    }
+  };
+  run_contention(c);
+  for (int g = 0; g < nranks; ++g) {  // run_contention synchronized every stream
+    ZCB_CUDA(cudaSetDevice(g));
     cudaFree(bufs[g].recv);
     cudaFree(bufs[g].send);
-  };
-  std::vector<std::thread> threads;
-  for (int g = 0; g < nranks; ++g) threads.emplace_back(gpu, g);
-  for (std::thread& t : threads) t.join();
+  }
 }
 
 }  // namespace zcb

@@ -5,9 +5,11 @@
 // communicators without the zero-CTA policy.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "channel.h"
 #include "shim_stats.h"
@@ -108,122 +110,144 @@ void fill_routes(PathId path, CollOp op, uint64_t bytes, uint64_t calls, bool fa
   }
 }
 
-void fake_rank(const Options& o, PathId path, int rank, int nranks, Channel* ch) {
-  send_hello(ch, rank, path);
-  if (o.worker_mode == "contention") {
-    const uint64_t bytes = o.contention_total_bytes(nranks);
-    ContentionMsg m{};
-    m.rank = rank;
-    m.gemm_iters = o.gemm_iters;
-    m.ag_bytes = bytes;
-    m.gemm_alone_ms = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k) / 780e9;
-    m.ag_alone_ms = model_time_us(path, bytes, 0, rank) / 1000.0;
-    const double slow = path == PathId::kNcclKernel ? 0.30 : path == PathId::kBareCe ? 0.01 : 0.08;
-    m.gemm_overlap_ms = m.gemm_alone_ms * (1 + slow);
-    m.ag_overlap_ms = m.ag_alone_ms * 1.3;
-    m.ag_ops = static_cast<int32_t>(ch->agree_max(
-        static_cast<uint64_t>(2.0 * o.gemm_iters * m.gemm_alone_ms / m.ag_alone_ms + 2 + rank)));
-    m.ag_in_window = m.ag_ops / 2;
-    m.covered = 1;
-    m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + m.ag_ops * m.ag_alone_ms;
-    m.makespan_ms = std::max(o.gemm_iters * m.gemm_overlap_ms, m.ag_ops * m.ag_overlap_ms);
-    fill_routes(path, CollOp::kAllGather, bytes, static_cast<uint64_t>(m.ag_ops) + 3 + 20, false,
-                m.route_calls);
-    ch->send(kMsgContention, &m, sizeof(m));
-    return;
+// Synthetic contention numbers for the ranks of this process, every placement: the GEMM
+// slows down most under nccl-kernel and least under bare-ce, each repeat and rank jitters a
+// little so that medians and spreads differ from plain means.
+void fake_contention(const Options& o, PathId path, const std::vector<int>& ranks, int nranks,
+                     Channel* ch) {
+  // ZCB_FAKE_CRASH=<path> in a contention run: that path's second run dies.
+  if (fault("ZCB_FAKE_CRASH", path) && o.worker_repeat == 1) abort();
+  const uint64_t bytes = o.contention_total_bytes(nranks);
+  const double slow = path == PathId::kNcclKernel ? 0.30 : path == PathId::kBareCe ? 0.01 : 0.08;
+  for (bool in_place : contention_placements(o.contention_placement)) {
+    std::vector<ContentionMsg> msgs;
+    uint64_t want = 0;
+    for (int r : ranks) {
+      const double jitter = 1.0 + 0.01 * ((std::max(o.worker_repeat, 0) * 3 + r) % 4);
+      ContentionMsg m{};
+      m.rank = r;
+      m.in_place = in_place ? 1 : 0;
+      m.gemm_iters = o.gemm_iters;
+      m.ag_bytes = bytes;
+      m.gemm_alone_ms = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k) / 780e9 * jitter;
+      m.ag_alone_ms = model_time_us(path, bytes, in_place ? 1 : 0, r) / 1000.0 * jitter;
+      m.gemm_overlap_ms = m.gemm_alone_ms * (1 + slow);
+      m.ag_overlap_ms = m.ag_alone_ms * (path == PathId::kBareCe ? 1.02 : 1.1);
+      m.covered = 1;
+      want = std::max(want, static_cast<uint64_t>(
+                                2.0 * o.gemm_iters * m.gemm_alone_ms / m.ag_alone_ms + 2 + r));
+      msgs.push_back(m);
+    }
+    const int n_ag = o.contention_mode == ContentionMode::kFixed
+                         ? o.contention_ops
+                         : static_cast<int>(ch->agree_max(want));
+    for (ContentionMsg& m : msgs) {
+      m.ag_ops = n_ag;
+      m.ag_in_window = n_ag / 2;
+      m.makespan_ms = 1.02 * std::max(o.gemm_iters * m.gemm_overlap_ms, n_ag * m.ag_overlap_ms);
+    }
+    // The shim's counters are the process's: with the first rank's message.
+    fill_routes(path, CollOp::kAllGather, bytes, 2 * static_cast<uint64_t>(n_ag) + 3, false,
+                msgs.front().route_calls);
+    for (const ContentionMsg& m : msgs) ch->send(kMsgContention, &m, sizeof(m));
   }
+}
+
+// Synthetic sweep rows of the ranks of this NCCL process (one, or every rank).
+void fake_sweep(const Options& o, PathId path, const std::vector<int>& ranks, int nranks,
+                Channel* ch) {
   ch->agree_max(0);  // the barrier before ncclCommInitRank
   std::vector<uint64_t> sizes = sweep_sizes(o);
   bool first = true;
+  const uint64_t local = ranks.size();
   uint64_t totals[zerocta_route_count] = {};  // the shim's whole-run counters
   for (size_t si = 0; si < sizes.size(); ++si) {
     const CollShape s = sweep_shape(o, sizes[si], nranks);
     if (s.count == 0) continue;
     if (first) {
-      fill_routes(path, o.op, s.bytes, 1, false, totals);
+      fill_routes(path, o.op, s.bytes, local, false, totals);
       ch->agree_max(0);  // the barrier before the first op
-      InitTimesMsg it{};
-      it.rank = rank;
-      it.first_op_bytes = s.bytes;
-      model_init(path, rank, &it);
-      ch->send(kMsgInitTimes, &it, sizeof(it));
+      for (int rank : ranks) {
+        InitTimesMsg it{};
+        it.rank = rank;
+        it.first_op_bytes = s.bytes;
+        model_init(path, rank, &it);
+        ch->send(kMsgInitTimes, &it, sizeof(it));
+      }
     }
     first = false;
-    RowMsg row{};
-    row.rank = rank;
-    row.size_index = static_cast<int32_t>(si);
-    row.count = s.count;
-    row.bytes = s.bytes;
     const uint64_t calls = (o.check ? 1 : 0) + o.warmups + o.iters;
-    for (int ip = 0; ip < 2; ++ip) {
-      PlaceResult& pr = ip ? row.ip : row.oop;
-      pr.mean_us = model_op_time_us(path, o.op, row.bytes, nranks, ip, rank);
-      pr.median_us = pr.mean_us * 0.99;
-      pr.wrong = !o.check ? -1 : (fault("ZCB_FAKE_WRONG", path) && rank == 1 && si == 0) ? 3 : 0;
-      fill_routes(path, o.op, row.bytes, calls, fault("ZCB_FAKE_FALLBACK", path), pr.route_calls);
-      for (int i = 0; i < zerocta_route_count; ++i) totals[i] += pr.route_calls[i];
+    for (int rank : ranks) {
+      RowMsg row{};
+      row.rank = rank;
+      row.size_index = static_cast<int32_t>(si);
+      row.count = s.count;
+      row.bytes = s.bytes;
+      for (int ip = 0; ip < 2; ++ip) {
+        PlaceResult& pr = ip ? row.ip : row.oop;
+        pr.mean_us = model_op_time_us(path, o.op, row.bytes, nranks, ip, rank);
+        pr.median_us = pr.mean_us * 0.99;
+        pr.wrong = !o.check ? -1 : (fault("ZCB_FAKE_WRONG", path) && rank == 1 && si == 0) ? 3 : 0;
+        // The process's counters go with its first rank's row, as in the real worker.
+        if (rank == ranks.front())
+          fill_routes(path, o.op, row.bytes, calls * local, fault("ZCB_FAKE_FALLBACK", path),
+                      pr.route_calls);
+        for (int i = 0; i < zerocta_route_count; ++i) totals[i] += pr.route_calls[i];
+      }
+      ch->send(kMsgRow, &row, sizeof(row));
     }
-    ch->send(kMsgRow, &row, sizeof(row));
-    if (si == 0 && rank == nranks - 1) {
+    if (si == 0 && ranks.back() == nranks - 1) {
       if (fault("ZCB_FAKE_HANG", path)) pause();  // until the parent's timeout kills us
       if (fault("ZCB_FAKE_CRASH", path)) abort();
     }
   }
-  ch->agree_max(static_cast<uint64_t>(rank));  // exercise the barrier once per path
+  ch->agree_max(static_cast<uint64_t>(ranks.front()));  // exercise the barrier once per path
   if (path_uses_shim(path)) {
     ShimTotalsMsg t{};
-    t.rank = rank;
-    t.comms_created = 1;
-    t.comms_zero_policy = fault("ZCB_FAKE_NO_POLICY", path) ? 0 : 1;
+    t.rank = ranks.front();
+    t.comms_created = local;
+    t.comms_zero_policy = fault("ZCB_FAKE_NO_POLICY", path) ? 0 : local;
     for (int i = 0; i < zerocta_route_count; ++i) t.op_calls[i] = totals[i];
     ch->send(kMsgShimTotals, &t, sizeof(t));
   }
 }
 
+// The ceiling's rows: one process for every GPU, no NCCL.
+void fake_ceiling_sweep(const Options& o, PathId path, int nranks, Channel* ch) {
+  std::vector<uint64_t> sizes = sweep_sizes(o);
+  for (int g = 0; g < nranks; ++g) {
+    for (size_t si = 0; si < sizes.size(); ++si) {
+      RowMsg row{};
+      row.rank = g;
+      row.size_index = static_cast<int32_t>(si);
+      row.count = per_rank_count(sizes[si], nranks, o.dtype.bytes);
+      row.bytes = row.count * o.dtype.bytes * nranks;
+      if (row.count == 0) continue;
+      row.oop.mean_us = model_time_us(path, row.bytes, 0, g);
+      row.oop.median_us = row.oop.mean_us;
+      row.oop.wrong = o.check ? 0 : -1;
+      row.ip = row.oop;
+      ch->send(kMsgRow, &row, sizeof(row));
+    }
+  }
+  if (fault("ZCB_FAKE_HANG", path)) pause();
+}
+
 }  // namespace
 
-void run_fake_worker(const Options& o, PathId path, int rank, int nranks, Channel* ch) {
-  if (path_is_single_process(path)) {
-    // One process speaks for every GPU, like the real ceiling / bare-ce.
-    for (int g = 0; g < nranks; ++g) send_hello(ch, g, path);
-    for (int g = 0; g < nranks; ++g) {
-      if (o.worker_mode == "contention") {
-        ContentionMsg m{};
-        m.rank = g;
-        m.gemm_iters = o.gemm_iters;
-        m.ag_bytes = o.contention_total_bytes(nranks);
-        m.gemm_alone_ms = 1.4;
-        m.gemm_overlap_ms = 1.41;
-        m.ag_alone_ms = model_time_us(path, m.ag_bytes, 0, g) / 1000.0;
-        m.ag_overlap_ms = m.ag_alone_ms * 1.02;
-        m.ag_ops = 100;
-        m.ag_in_window = 90;
-        m.covered = 1;
-        m.sequential_ms = o.gemm_iters * m.gemm_alone_ms + m.ag_ops * m.ag_alone_ms;
-        m.makespan_ms = std::max(o.gemm_iters * m.gemm_overlap_ms, m.ag_ops * m.ag_overlap_ms);
-        ch->send(kMsgContention, &m, sizeof(m));
-      } else {
-        std::vector<uint64_t> sizes = sweep_sizes(o);
-        for (size_t si = 0; si < sizes.size(); ++si) {
-          RowMsg row{};
-          row.rank = g;
-          row.size_index = static_cast<int32_t>(si);
-          row.count = per_rank_count(sizes[si], nranks, o.dtype.bytes);
-          row.bytes = row.count * o.dtype.bytes * nranks;
-          if (row.count == 0) continue;
-          row.oop.mean_us = model_time_us(path, row.bytes, 0, g);
-          row.oop.median_us = row.oop.mean_us;
-          row.oop.wrong = o.check ? 0 : -1;
-          row.ip = row.oop;
-          ch->send(kMsgRow, &row, sizeof(row));
-        }
-      }
-    }
-    if (fault("ZCB_FAKE_HANG", path)) pause();
-    return;
-  }
-  exchange_id(ch, rank, path);
-  fake_rank(o, path, rank, nranks, ch);
+void run_fake_worker(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch) {
+  // The ranks this process speaks for: every one for the peer paths and --one-process.
+  std::vector<int> ranks;
+  for (int r = 0; r < nranks; ++r)
+    if (worker_rank < 0 || r == worker_rank) ranks.push_back(r);
+  for (int r : ranks) send_hello(ch, r, path);
+  if (path_runs_nccl(path) && worker_rank >= 0) exchange_id(ch, worker_rank, path);
+  if (o.worker_mode == "contention")
+    fake_contention(o, path, ranks, nranks, ch);
+  else if (path_runs_nccl(path))
+    fake_sweep(o, path, ranks, nranks, ch);
+  else
+    fake_ceiling_sweep(o, path, nranks, ch);
 }
 
 }  // namespace zcb

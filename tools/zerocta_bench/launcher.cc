@@ -146,7 +146,7 @@ bool parent_interrupted() { return g_interrupted != 0; }
 LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler) {
   LaunchOutcome out;
   const auto start = Clock::now();
-  const int nprocs = path_is_single_process(spec.path) ? 1 : spec.nranks;
+  const int nprocs = path_process_count(spec.path, spec.one_process, spec.nranks);
 
   std::vector<std::string> base;
   for (char** e = environ; *e; ++e) base.emplace_back(*e);
@@ -163,7 +163,7 @@ LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler) {
       spawn_error = std::string("pipe2: ") + strerror(errno);
       break;
     }
-    const int rank = path_is_single_process(spec.path) ? -1 : p;
+    const int rank = nprocs == 1 ? -1 : p;  // -1: the process drives every GPU
     // Everything the child needs is built before fork().
     std::vector<std::string> args = {"zerocta-bench"};
     args.insert(args.end(), spec.args.begin(), spec.args.end());
@@ -174,6 +174,10 @@ LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler) {
           std::to_string(rank), std::string("--worker-nranks"), std::to_string(spec.nranks),
           std::string("--worker-fds"), fds})
       args.push_back(a);
+    if (spec.repeat >= 0) {
+      args.push_back("--worker-repeat");
+      args.push_back(std::to_string(spec.repeat));
+    }
     std::vector<char*> argv, envp;
     for (std::string& a : args) argv.push_back(&a[0]);
     argv.push_back(nullptr);

@@ -1,7 +1,8 @@
-// Parent side of a path run: re-executes this binary (/proc/self/exe) once per rank process in
-// a hidden worker mode, with the path's environment, in a process group of its own; forwards
-// the NCCL unique id from rank 0 to the others; runs the barriers; hands every other message to
-// the caller; and kills the whole group when a rank fails, dies or the path's time runs out.
+// Parent side of a path run: re-executes this binary (/proc/self/exe) once per worker process
+// (one per rank, or one for every rank: path_process_count) in a hidden worker mode, with the
+// path's environment, in a process group of its own; forwards the NCCL unique id from rank 0 to the
+// others; runs the barriers; hands every other message to the caller; and kills the whole group
+// when a rank fails, dies or the path's time runs out.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@ struct LaunchSpec {
   PathId path = PathId::kNcclKernel;
   std::string mode;  // "sweep" | "contention"
   int nranks = 0;
+  bool one_process = false;       // --one-process: one worker for every rank of an NCCL path
+  int repeat = -1;                // contention: the repeat this run belongs to (--worker-repeat)
   std::vector<std::string> args;  // the parent's argv[1..], passed through to every worker
   std::string shim_lib;           // LD_PRELOAD for the shim paths
   bool test_host = false;         // --test-host: kTestHostEnv in every worker

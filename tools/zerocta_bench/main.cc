@@ -5,12 +5,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 
+#include "gpu_telemetry.h"
 #include "launcher.h"
 #include "options.h"
 #include "plan.h"
@@ -78,8 +80,9 @@ double since(Clock::time_point t) {
 
 void print_machine(const BenchReport& b) {
   const MachineInfo& m = b.machine;
-  printf("# zerocta-bench: host %s, %d GPU(s) visible, using %d rank(s)%s\n", m.hostname.c_str(),
-         m.gpu_count, b.nranks,
+  printf("# zerocta-bench: host %s, %d GPU(s) visible, using %d rank(s), --alloc %s, %s%s\n",
+         m.hostname.c_str(), m.gpu_count, b.nranks, alloc_name(b.o->alloc),
+         b.o->one_process ? "one process drives every GPU" : "one process per rank",
          m.fake ? "  [FAKE GPUs: synthetic numbers, for testing the bench]" : "");
   printf(
       "# driver %s, CUDA driver API %s, runtime %s, NCCL %s (as loaded by this binary; each "
@@ -116,9 +119,9 @@ double print_plan(const Options& o, int nranks) {
   if (o.contention)
     for (PathId p : o.contention_paths) {
       double e = estimate_contention_s(o, p, nranks);
-      total += e;
-      printf("#   contention %-13s %-14s ~%5.0f s (limit %d s)\n", "allgather", path_name(p), e,
-             path_timeout_s(o, e));
+      total += e * o.repeats;
+      printf("#   contention %-13s %-14s ~%5.0f s x %d runs (limit %d s each)\n", "allgather",
+             path_name(p), e, o.repeats, path_timeout_s(o, e));
     }
   printf("#   total ~%.0f s; whole-run deadline %d s (paths not started by then are SKIPPED)\n",
          total, o.deadline_s);
@@ -139,10 +142,10 @@ std::string off_route_message(uint64_t calls) {
   return std::to_string(calls) + " all-gathers did not take zerocta's ce route";
 }
 
-// zerocta-policy measures the shim's policy, so every rank must report that every
+// zerocta-policy measures the shim's policy, so every process must report that every
 // communicator it created got NCCL_CTA_POLICY_ZERO.
-bool policy_applied(const PathResult& r, int nranks) {
-  return r.shim_reports == nranks && r.comms_created >= static_cast<uint64_t>(nranks) &&
+bool policy_applied(const PathResult& r, int nranks, int nprocs) {
+  return r.shim_reports == nprocs && r.comms_created >= static_cast<uint64_t>(nranks) &&
          r.comms_zero_policy == r.comms_created;
 }
 
@@ -157,6 +160,7 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
   spec.path = r->path;
   spec.mode = "sweep";
   spec.nranks = b->nranks;
+  spec.one_process = o.one_process;
   spec.args = args;
   spec.shim_lib = b->shim_lib;
   spec.test_host = o.test_host;
@@ -209,12 +213,13 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
     } else if (wrong > 0) {
       r->status = "FAILED";
       r->error = std::to_string(wrong) + " wrong elements";
-    } else if (r->path == PathId::kZeroctaPolicy && !policy_applied(*r, b->nranks)) {
+    } else if (const int nprocs = path_process_count(r->path, o.one_process, b->nranks);
+               r->path == PathId::kZeroctaPolicy && !policy_applied(*r, b->nranks, nprocs)) {
       r->status = "FAILED";
       r->error = "the shim created " + std::to_string(r->comms_zero_policy) + " of " +
                  std::to_string(r->comms_created) + " communicators (" +
-                 std::to_string(r->shim_reports) + " of " + std::to_string(b->nranks) +
-                 " ranks reporting) with NCCL_CTA_POLICY_ZERO; check ZEROCTA_CTA_POLICY and "
+                 std::to_string(r->shim_reports) + " of " + std::to_string(nprocs) +
+                 " processes reporting) with NCCL_CTA_POLICY_ZERO; check ZEROCTA_CTA_POLICY and "
                  "ZEROCTA_ENABLE";
     } else if (const int want = forced_route(r->path);
                want >= 0 && o.op == CollOp::kAllGather && r->off_route_calls(want) > 0) {
@@ -231,50 +236,88 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
   print_path_footer(stdout, *r, *b);
 }
 
-void run_contention_path(BenchReport* b, ContentionResult* r, const std::vector<std::string>& args,
-                         int limit) {
-  printf("#\n# Contention %s: starting (limit %d s)\n", path_name(r->path), limit);
-  fflush(stdout);
+// One run of a contention path (one repeat, every placement), with nvidia-smi's readings
+// right before and right after it.
+void run_contention_path(BenchReport* b, const ContentionResult& r, ContentionRun* run,
+                         const std::vector<std::string>& args, int limit) {
+  const Options& o = *b->o;
   LaunchSpec spec;
-  spec.path = r->path;
+  spec.path = r.path;
   spec.mode = "contention";
   spec.nranks = b->nranks;
+  spec.one_process = o.one_process;
+  spec.repeat = run->repeat;
   spec.args = args;
   spec.shim_lib = b->shim_lib;
-  spec.test_host = b->o->test_host;
+  spec.test_host = o.test_host;
   spec.timeout_s = limit;
+  run->before = read_gpu_telemetry();
   LaunchOutcome out = run_path(spec, [&](uint32_t type, const std::vector<char>& p) {
-    if (type == kMsgHello && p.size() == sizeof(HelloMsg)) {
+    if (type == kMsgHello && p.size() == sizeof(HelloMsg) && run->repeat == 0) {
       HelloMsg h;
       memcpy(&h, p.data(), sizeof(h));
       print_rank_line(stdout, h, *b);
     } else if (type == kMsgContention && p.size() == sizeof(ContentionMsg)) {
       ContentionMsg m;
       memcpy(&m, p.data(), sizeof(m));
-      add_contention(r, m);
+      run->msgs.push_back(m);
     }
   });
-  r->seconds = out.seconds;
+  run->after = read_gpu_telemetry();
+  run->seconds = out.seconds;
   b->interrupted |= out.interrupted;
-  r->status = out.ok ? "OK" : "FAILED";
-  r->error = out.error;
-  if (out.ok && static_cast<int>(r->ranks.size()) != b->nranks) {
-    r->status = "FAILED";
-    r->error = "not every rank reported";
+  run->status = out.ok ? "OK" : "FAILED";
+  run->error = out.error;
+  const size_t expected = b->nranks * contention_placements(o.contention_placement).size();
+  if (out.ok && run->msgs.size() != expected) {
+    run->status = "FAILED";
+    run->error = std::to_string(run->msgs.size()) + " of " + std::to_string(expected) +
+                 " rank results (ranks x placements) reported";
   }
-  if (const int want = forced_route(r->path); out.ok && want >= 0) {
+  if (const int want = forced_route(r.path); out.ok && want >= 0) {
     uint64_t other = 0;
-    for (const ContentionMsg& c : r->ranks)
+    for (const ContentionMsg& c : run->msgs)
       for (int i = 0; i < zerocta_route_count; ++i)
         if (i != want) other += c.route_calls[i];
-    if (other > 0 && !b->o->allow_fallback) {
-      r->status = "FAILED";
-      r->error = off_route_message(other);
+    if (other > 0 && !o.allow_fallback) {
+      run->status = "FAILED";
+      run->error = off_route_message(other);
     }
   }
-  printf("# Contention %s: %s (%.1f s)%s%s\n", path_name(r->path), r->status.c_str(), r->seconds,
-         r->error.empty() ? "" : ": ", r->error.c_str());
-  fflush(stdout);
+  print_contention_run(stdout, r, *run, o.repeats);
+}
+
+// Every contention path --repeats times, the order rotated each repeat so that no path always
+// runs first (cold) or right after the same neighbour.
+void run_contention_study(BenchReport* b, const std::vector<std::string>& args,
+                          Clock::time_point start) {
+  const Options& o = *b->o;
+  for (PathId p : o.contention_paths) {
+    b->contention.emplace_back();
+    b->contention.back().path = p;
+  }
+  printf("#\n# Contention: %d run(s) of %zu paths, order rotated each run\n", o.repeats,
+         o.contention_paths.size());
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    const std::vector<PathId> order = contention_run_order(o.contention_paths, rep);
+    for (size_t pos = 0; pos < order.size(); ++pos) {
+      ContentionResult& r =
+          *std::find_if(b->contention.begin(), b->contention.end(),
+                        [&](const ContentionResult& c) { return c.path == order[pos]; });
+      r.runs.emplace_back();
+      ContentionRun& run = r.runs.back();
+      run.repeat = rep;
+      run.position = static_cast<int>(pos);
+      const int limit = next_limit(o, estimate_contention_s(o, r.path, b->nranks), start);
+      if (b->interrupted || limit <= 0) {
+        run.status = "SKIPPED";
+        run.error = b->interrupted ? "interrupted" : "--deadline reached";
+        continue;
+      }
+      run_contention_path(b, r, &run, args, limit);
+    }
+  }
+  print_contention(stdout, *b);
 }
 
 }  // namespace
@@ -356,21 +399,7 @@ int main(int argc, char** argv) {
   }
   print_comparison(stdout, b);
 
-  if (o.contention) {
-    for (PathId p : o.contention_paths) {
-      b.contention.emplace_back();
-      ContentionResult& r = b.contention.back();
-      r.path = p;
-      const int limit = next_limit(o, estimate_contention_s(o, p, b.nranks), start);
-      if (b.interrupted || limit <= 0) {
-        r.status = "SKIPPED";
-        r.error = b.interrupted ? "interrupted" : "--deadline reached";
-        continue;
-      }
-      run_contention_path(&b, &r, args, limit);
-    }
-    print_contention(stdout, b);
-  }
+  if (o.contention) run_contention_study(&b, args, start);
 
   int status = b.ok() ? kExitOk : kExitFailed;
   if (!o.json_path.empty()) {

@@ -87,10 +87,20 @@ bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
   return true;
 }
 
+// Every NCCL program of the sweep's all-gather set, then the floor.
 const std::vector<PathId>& contention_path_set() {
-  static const std::vector<PathId> v = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta,
-                                        PathId::kZeroctaAuto, PathId::kBareCe};
+  static const std::vector<PathId> v = {
+      PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
+      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kBareCe};
   return v;
+}
+
+// bare-ce is the floor every contention table is read against: always run it, last in the
+// canonical order.
+void add_contention_floor(std::vector<PathId>* paths) {
+  for (PathId p : *paths)
+    if (p == PathId::kBareCe) return;
+  paths->push_back(PathId::kBareCe);
 }
 
 bool parse_gemm(const std::string& text, Options* o) {
@@ -115,6 +125,8 @@ void apply_quick_preset(Options* o) {
   o->warmups = 2;
   o->gemm_m = o->gemm_n = o->gemm_k = 4096;
   o->gemm_iters = 10;
+  o->contention_ops = 10;
+  o->repeats = 3;
   o->contention_bytes = 0;
 }
 
@@ -148,6 +160,41 @@ const char* path_allgather_mode(PathId p) {
 bool path_is_single_process(PathId p) { return p == PathId::kCeiling || p == PathId::kBareCe; }
 
 bool path_sets_zero_policy(PathId p) { return p == PathId::kNcclCe || p == PathId::kNcclPolicy; }
+
+int path_process_count(PathId p, bool one_process, int nranks) {
+  return path_is_single_process(p) || one_process ? 1 : nranks;
+}
+
+bool path_honours_alloc(PathId p) { return path_runs_nccl(p) && p != PathId::kNcclCe; }
+
+const char* alloc_name(BufferAlloc a) { return a == BufferAlloc::kCuMem ? "cumem" : "cudamalloc"; }
+
+bool parse_alloc(const std::string& name, BufferAlloc* out) {
+  if (name == "cudamalloc")
+    *out = BufferAlloc::kCudaMalloc;
+  else if (name == "cumem")
+    *out = BufferAlloc::kCuMem;
+  else
+    return false;
+  return true;
+}
+
+const char* contention_mode_name(ContentionMode m) {
+  return m == ContentionMode::kSaturate ? "saturate" : "fixed";
+}
+
+std::vector<bool> contention_placements(const std::string& which) {
+  if (which == "in") return {true};
+  if (which == "out") return {false};
+  return {false, true};  // nccl-tests' order: out-of-place first
+}
+
+std::vector<PathId> contention_run_order(const std::vector<PathId>& paths, int repeat) {
+  std::vector<PathId> out;
+  const size_t n = paths.size();
+  for (size_t i = 0; i < n; ++i) out.push_back(paths[(i + static_cast<size_t>(repeat)) % n]);
+  return out;
+}
 
 const std::vector<PathId>& sweep_path_set(CollOp op) {
   // The policy paths right after their baseline, so the policy comparison runs first.
@@ -381,6 +428,34 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
     } else if (a == "--gemm") {
       if (!need(&v)) return false;
       if (!parse_gemm(v, o)) return bad(v, "M,N,K each 16..65536");
+    } else if (a == "--contention-mode") {
+      if (!need(&v)) return false;
+      if (v == "fixed")
+        o->contention_mode = ContentionMode::kFixed;
+      else if (v == "saturate")
+        o->contention_mode = ContentionMode::kSaturate;
+      else
+        return bad(v, "fixed|saturate");
+      o->contention = true;
+    } else if (a == "--contention-ops") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
+      o->contention_ops = static_cast<int>(n);
+      o->contention = true;
+    } else if (a == "--contention-placement") {
+      if (!need(&v)) return false;
+      if (v != "in" && v != "out" && v != "both") return bad(v, "in|out|both");
+      o->contention_placement = v;
+      o->contention = true;
+    } else if (a == "--repeats") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 1000, &n)) return bad(v, "1..1000");
+      o->repeats = static_cast<int>(n);
+    } else if (a == "--alloc") {
+      if (!need(&v)) return false;
+      if (!parse_alloc(v, &o->alloc)) return bad(v, "cudamalloc|cumem");
+    } else if (a == "--one-process") {
+      o->one_process = true;
     } else if (a == "--gemm-iters") {
       if (!need(&v)) return false;
       if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
@@ -427,6 +502,10 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!need(&v)) return false;
       if (!parse_int(v, 1, 1024, &n)) return bad(v, "ranks");
       o->worker_nranks = static_cast<int>(n);
+    } else if (a == "--worker-repeat") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 0, 1000, &n)) return bad(v, "repeat");
+      o->worker_repeat = static_cast<int>(n);
     } else if (a == "--worker-fds") {
       if (!need(&v)) return false;
       std::vector<std::string> fds = split_commas(v);
@@ -451,6 +530,7 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
   else if (!parse_path_list(o->paths_text, sweep_path_set(o->op),
                             std::string("to --op ") + op_name(o->op), &o->paths, error))
     return false;
+  add_contention_floor(&o->contention_paths);
   if (o->contention && o->op != CollOp::kAllGather) {
     *error = std::string("--contention measures all-gathers; run it without --op ") +
              op_name(o->op) + " (or with --op allgather)";
@@ -487,10 +567,14 @@ Paths (--paths; each runs in its own set of rank processes, one after another):
   zerocta-auto    the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
   ceiling         (allgather only) bare copy-engine writes of each GPU's chunk to every
                   peer, one cudaMemcpyBatchAsync per GPU, one process, no protocol
-  bare-ce         (--contention only) the ceiling's raw writes, overlapped with the GEMMs
+  bare-ce         (--contention only, always run: the floor) the ceiling's pushes: every GPU
+                  writes its chunk into all n-1 peers at once, one batch per all-gather
 Default paths: allgather: every path but bare-ce; allreduce, reducescatter, broadcast:
 nccl-kernel, nccl-policy, zerocta-policy (zerocta and zerocta-auto can be asked for: the shim
 forwards those ops to NCCL).
+The NCCL paths run one process per rank by default; with --one-process each runs as one
+process whose one thread drives every GPU (ncclGroupStart/End around the per-GPU calls; the
+shim paths in one re-executed process under LD_PRELOAD).
 
 nccl-tests options (sizes as nccl-tests prints them: allgather total output bytes, allreduce
 and broadcast the buffer, reducescatter total input bytes):
@@ -505,18 +589,33 @@ Other options:
   --paths LIST           comma list of the paths above, "all" (every path --op can run) or
                          "none"
   --json FILE            write machine info, every row and the contention results as JSON
-  --contention           (allgather only) after the sweep, measure a cuBLAS bf16 GEMM loop
-                         overlapped with back-to-back all-gathers (default paths: nccl-kernel,
-                         nccl-ce, zerocta, bare-ce)
-  --contention-paths L   paths for --contention: a comma list of nccl-kernel, nccl-ce,
-                         zerocta, zerocta-auto, bare-ce, or "all"
+  --alloc A              buffers of the NCCL paths but nccl-ce: cudamalloc (default) or cumem
+                         (PyTorch's expandable segments: one reserved VA range, 20 MiB
+                         cuMemCreate chunks with POSIX fd handles, mapped back to back)
+  --one-process          the NCCL paths as one process, one thread driving every GPU
+                         (nccl-tests -g N); default: one process per rank
+  --contention           (allgather only) after the sweep, a cuBLAS bf16 GEMM loop overlapped
+                         with all-gathers on another stream, against both alone (default paths:
+                         nccl-kernel, nccl-ce, zerocta, bare-ce)
+  --contention-paths L   paths for --contention: a comma list of nccl-kernel, nccl-policy,
+                         zerocta-policy, nccl-ce, zerocta, zerocta-auto, bare-ce, or "all";
+                         bare-ce (the floor) is always added
+  --contention-mode M    fixed (default): every path runs the same --contention-ops
+                         all-gathers against the same --gemm-iters GEMMs; saturate: all-gathers
+                         back to back until they cover twice the GEMM loop
+  --contention-ops N     all-gathers per run in fixed mode (default 40)
+  --contention-placement P  in, out or both (default): in-place (send = own piece of the
+                         output) and/or out-of-place all-gathers, one table each
+  --repeats R            runs of the whole contention path set, order rotated each run
+                         (default 5); every metric is the median (min..max) over them
   --contention-bytes S   all-gather total output size (default 256 MiB per rank)
   --gemm M,N,K           GEMM shape (default 8192,8192,8192)
-  --gemm-iters N         GEMMs per timed loop (default 50)
+  --gemm-iters N         GEMMs per run (default 20)
   --zerocta-lib PATH     libzerocta.so for the zerocta paths (default: $ZEROCTA_LIB, else
                          <dir of this binary>/../libzerocta.so, else ../lib/libzerocta.so)
   --allow-fallback       report, but do not fail on, zerocta all-gathers that took another route
-  --quick                smoke preset: -b 1M -e 64M -f 8 -n 5 -w 2, GEMM 4096^3 x 10
+  --quick                smoke preset: -b 1M -e 64M -f 8 -n 5 -w 2, GEMM 4096^3 x 10,
+                         10 all-gathers, 3 repeats
   --timeout SEC          per path (default: from the estimate, at least 90)
   --deadline SEC         whole run (default 450); paths not started by then are SKIPPED
   --seed N               data pattern seed

@@ -36,6 +36,13 @@ bool path_uses_shim(PathId p);
 const char* path_allgather_mode(PathId p);
 // True for the paths run in one process with a thread per GPU (peer memory, no NCCL).
 bool path_is_single_process(PathId p);
+// True for the paths that run an NCCL program (every path but the ceiling and bare-ce).
+inline bool path_runs_nccl(PathId p) { return !path_is_single_process(p); }
+// How many processes a path runs in: one for the peer paths, and for every path with
+// --one-process; else one per rank.
+int path_process_count(PathId p, bool one_process, int nranks);
+// True when --alloc applies to the path: the NCCL programs but nccl-ce (ncclMemAlloc).
+bool path_honours_alloc(PathId p);
 // True for the paths whose program creates its communicator with ncclCommInitRankConfig and
 // CTAPolicy = NCCL_CTA_POLICY_ZERO (nccl-ce, nccl-policy); the others call ncclCommInitRank.
 bool path_sets_zero_policy(PathId p);
@@ -52,6 +59,23 @@ struct DataType {
   int bytes;
 };
 bool parse_dtype(const std::string& name, DataType* out);
+
+// How the NCCL-program paths other than nccl-ce allocate their send and receive buffers
+// (--alloc). nccl-ce always uses ncclMemAlloc; the ceiling and bare-ce use cudaMalloc.
+enum class BufferAlloc {
+  kCudaMalloc,
+  kCuMem,  // PyTorch's expandable segments: one VA range, 20 MiB cuMemCreate chunks
+};
+const char* alloc_name(BufferAlloc a);
+bool parse_alloc(const std::string& name, BufferAlloc* out);
+
+// --contention-mode: the same work on every path (fixed), or all-gathers issued until they
+// cover twice the GEMM loop, so a faster path does more of them (saturate).
+enum class ContentionMode { kFixed, kSaturate };
+const char* contention_mode_name(ContentionMode m);
+
+// --contention-placement: which placements of the contention all-gather run, in this order.
+std::vector<bool> contention_placements(const std::string& which);  // in_place flags
 
 // Exit codes, also listed by --help.
 constexpr int kExitOk = 0;      // every path passed, or no GPU found (a note says so)
@@ -74,15 +98,23 @@ struct Options {
   std::vector<PathId> paths;  // sweep paths in run order; empty = no sweep ("--paths none")
   std::string paths_text;     // --paths as given ("" = default); resolved once --op is known
   std::string json_path;
+  BufferAlloc alloc = BufferAlloc::kCudaMalloc;  // --alloc
+  // --one-process: the NCCL-program paths run as one process whose one thread drives every
+  // GPU (nccl-tests -g N); default: one process per rank.
+  bool one_process = false;
   std::string zerocta_lib;  // resolved by the parent; "" = not given
   bool allow_fallback = false;
   uint64_t seed = 0x5a3c7e11ull;
 
   // Contention study.
   bool contention = false;
-  std::vector<PathId> contention_paths;
+  std::vector<PathId> contention_paths;  // always ends with bare-ce, the floor
+  ContentionMode contention_mode = ContentionMode::kFixed;
+  int contention_ops = 40;  // fixed mode: all-gathers per overlapped run (and alone)
+  int repeats = 5;          // runs of the whole contention path set, order rotated each time
+  std::string contention_placement = "both";  // in | out | both
   int gemm_m = 8192, gemm_n = 8192, gemm_k = 8192;
-  int gemm_iters = 50;
+  int gemm_iters = 20;
   uint64_t contention_bytes = 0;  // total output bytes; 0 = 256 MiB per rank
 
   // Time limits, seconds.
@@ -100,8 +132,9 @@ struct Options {
   // Hidden worker mode (set by the parent on the re-executed rank processes).
   std::string worker_path;  // "" = parent
   std::string worker_mode;  // "sweep" | "contention"
-  int worker_rank = -1;     // -1 for single-process paths
+  int worker_rank = -1;     // -1 for a process that drives every GPU
   int worker_nranks = 0;
+  int worker_repeat = -1;  // contention: which repeat of the path set this run is
   int worker_in_fd = -1;
   int worker_out_fd = -1;
 
@@ -134,6 +167,10 @@ std::string format_size(uint64_t bytes);
 
 // The sweep sizes, nccl-tests style: min, min*f, ... while <= max (min alone if f <= 1).
 std::vector<uint64_t> sweep_sizes(const Options& o);
+
+// The contention run order of repeat `repeat` (0-based): `paths` rotated left by `repeat`, so
+// every path runs at every position over the repeats (interleaved, not path after path).
+std::vector<PathId> contention_run_order(const std::vector<PathId>& paths, int repeat);
 
 // Per-rank element count for a total size (0 when the size is too small for nranks ranks).
 uint64_t per_rank_count(uint64_t total_bytes, int nranks, int dtype_bytes);

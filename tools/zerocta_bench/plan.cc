@@ -48,8 +48,15 @@ double estimate_contention_s(const Options& o, PathId p, int nranks) {
   const double gemm = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k) / kGemmFlops;
   const double ag = op_s(CollOp::kAllGather, o.contention_total_bytes(nranks), nranks);
   const double window = o.gemm_iters * gemm;
-  // warm-ups + GEMM alone + all-gathers alone + overlapped (issued to cover 2x the window).
-  return startup_s(p) + kStartupCublas + 3 * (gemm + ag) + window + 20 * ag + 3 * window;
+  const double placements =
+      static_cast<double>(contention_placements(o.contention_placement).size());
+  // Per placement: warm-ups, GEMMs alone, all-gathers alone, overlapped (fixed: the same work;
+  // saturate: a sample alone, then all-gathers covering twice the window).
+  const double per_placement =
+      o.contention_mode == ContentionMode::kFixed
+          ? 3 * ag + window + o.contention_ops * ag + std::max(window, o.contention_ops * ag) * 1.5
+          : 3 * ag + window + 20 * ag + 3 * window;
+  return startup_s(p) + kStartupCublas + 3 * gemm + placements * per_placement;
 }
 
 int path_timeout_s(const Options& o, double estimate_s) {

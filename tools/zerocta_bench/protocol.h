@@ -18,7 +18,7 @@ enum MsgType : uint32_t {
   kMsgAgree,       // AgreeMsg: a barrier that also agrees on the max of a value
   kMsgInitTimes,   // InitTimesMsg, once per rank of a sweep, before its first RowMsg
   kMsgRow,         // RowMsg, one per size per rank
-  kMsgContention,  // ContentionMsg, one per rank
+  kMsgContention,  // ContentionMsg, one per rank and placement
   kMsgShimTotals,  // ShimTotalsMsg, once per rank at the end (shim paths)
   kMsgError,       // ErrorMsg, then the worker exits non-zero
   kMsgDone,        // DoneMsg: the worker finished and is about to exit 0
@@ -79,20 +79,22 @@ struct RowMsg {
   PlaceResult ip;
 };
 
+// One rank's contention numbers for one placement of one run (a run measures every
+// placement of --contention-placement in turn).
 struct ContentionMsg {
   int32_t rank;
-  int32_t gemm_iters;
-  int32_t ag_ops;          // all-gathers issued in the overlapped run
-  int32_t ag_in_window;    // of those, finished inside the GEMM window
+  int32_t in_place;        // 1: send = own piece of the output (nccl-tests' in-place)
+  int32_t gemm_iters;      // M: GEMMs alone and overlapped
+  int32_t ag_ops;          // N: all-gathers alone and overlapped (saturate: agreed over ranks)
+  int32_t ag_in_window;    // all-gathers of the overlapped run that ended inside the GEMM window
   int32_t covered;         // the all-gathers ran until the last GEMM finished
   uint64_t ag_bytes;       // total output bytes of one all-gather
   double gemm_alone_ms;    // per GEMM
   double gemm_overlap_ms;  // per GEMM, while all-gathering
   double ag_alone_ms;      // per all-gather
-  double ag_overlap_ms;    // per all-gather, during the GEMM window
-  double makespan_ms;      // overlapped: first start to last end
-  double sequential_ms;    // gemm_iters * gemm_alone + ag_ops * ag_alone
-  uint64_t route_calls[zerocta_route_count];
+  double ag_overlap_ms;    // per all-gather while overlapped (saturate: inside the GEMM window)
+  double makespan_ms;      // overlapped run: first start to last end
+  uint64_t route_calls[zerocta_route_count];  // the process's all-gathers per route (first GPU)
 };
 
 struct ShimTotalsMsg {

@@ -42,10 +42,9 @@ std::string path_description(PathId p, CollOp op) {
       op == CollOp::kAllGather ? "" : std::string(" (forwards ") + op_name(op) + " to NCCL)";
   switch (p) {
     case PathId::kNcclKernel:
-      return "cudaMalloc buffers, ncclCommInitRank, " + call + " (no shim)";
+      return "ncclCommInitRank, " + call + " (no shim)";
     case PathId::kNcclPolicy:
-      return "cudaMalloc buffers, ncclCommInitRankConfig with CTAPolicy=NCCL_CTA_POLICY_ZERO, " +
-             call + " (no shim)";
+      return "ncclCommInitRankConfig with CTAPolicy=NCCL_CTA_POLICY_ZERO, " + call + " (no shim)";
     case PathId::kZeroctaPolicy:
       return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=nccl "
              "(the shim changes only the CTA policy)";
@@ -79,13 +78,6 @@ double max_init(const std::vector<InitTimesMsg>& v, double InitTimesMsg::*field)
   return m;
 }
 
-template <typename F>
-double max_over(const std::vector<ContentionMsg>& v, F f) {
-  double m = 0;
-  for (const ContentionMsg& c : v) m = std::max(m, f(c));
-  return m;
-}
-
 }  // namespace
 
 double safe_ratio(double a, double b) { return b > 0 ? a / b : NAN; }
@@ -99,6 +91,12 @@ const PathResult* find_path(const BenchReport& b, PathId p) {
 double busbw_at(const PathResult* r, size_t i, bool in_place, int nranks) {
   if (!r || i >= r->rows.size() || !r->complete(i, nranks)) return NAN;
   return in_place ? r->rows[i].ip.busbw : r->rows[i].oop.busbw;
+}
+
+std::string path_alloc_label(PathId p, BufferAlloc alloc) {
+  if (p == PathId::kNcclCe) return "ncclMemAlloc+window";
+  if (!path_honours_alloc(p)) return "cudamalloc (peer)";
+  return alloc_name(alloc);
 }
 
 const char* route_name(int route) {
@@ -155,8 +153,6 @@ RatioSummary time_ratio_summary(const PathResult& r, const PathResult& base, int
   return s;
 }
 
-void add_contention(ContentionResult* r, const ContentionMsg& m) { r->ranks.push_back(m); }
-
 int64_t PathResult::wrong_total() const {
   int64_t sum = 0;
   bool checked = false;
@@ -191,39 +187,44 @@ uint64_t PathResult::off_route_calls(int route) const {
   return n;
 }
 
-double ContentionResult::gemm_alone_ms() const {
-  return max_over(ranks, [](const ContentionMsg& c) { return c.gemm_alone_ms; });
+std::string ContentionResult::status() const {
+  bool any_ok = false, any_skipped = false;
+  for (const ContentionRun& run : runs) {
+    if (run.status == "FAILED") return "FAILED";
+    any_ok |= run.status == "OK";
+    any_skipped |= run.status == "SKIPPED";
+  }
+  // Runs cut by the deadline leave fewer samples (the runs column says how many), not a failure.
+  if (any_ok) return "OK";
+  return any_skipped ? "SKIPPED" : "NOT RUN";
 }
-double ContentionResult::gemm_overlap_ms() const {
-  return max_over(ranks, [](const ContentionMsg& c) { return c.gemm_overlap_ms; });
+
+std::string ContentionResult::first_error() const {
+  for (const ContentionRun& run : runs)
+    if (!run.error.empty()) return "repeat " + std::to_string(run.repeat + 1) + ": " + run.error;
+  return "";
 }
-double ContentionResult::ag_alone_ms() const {
-  return max_over(ranks, [](const ContentionMsg& c) { return c.ag_alone_ms; });
+
+int ContentionResult::runs_ok() const {
+  int n = 0;
+  for (const ContentionRun& run : runs) n += run.status == "OK";
+  return n;
 }
-double ContentionResult::ag_overlap_ms() const {
-  return max_over(ranks, [](const ContentionMsg& c) { return c.ag_overlap_ms; });
-}
-double ContentionResult::makespan_ms() const {
-  return max_over(ranks, [](const ContentionMsg& c) { return c.makespan_ms; });
-}
-double ContentionResult::sequential_ms() const {
-  return max_over(ranks, [](const ContentionMsg& c) { return c.sequential_ms; });
-}
-double ContentionResult::slowdown_pct() const {
-  double a = gemm_alone_ms();
-  return a > 0 ? (gemm_overlap_ms() / a - 1.0) * 100.0 : NAN;
-}
-bool ContentionResult::covered() const {
-  for (const ContentionMsg& c : ranks)
-    if (!c.covered) return false;
-  return !ranks.empty();
+
+std::vector<ContentionSample> ContentionResult::samples(bool in_place, int nranks) const {
+  std::vector<ContentionSample> out;
+  for (const ContentionRun& run : runs) {
+    ContentionSample s;
+    if (run.status == "OK" && contention_sample(run.msgs, in_place, nranks, &s)) out.push_back(s);
+  }
+  return out;
 }
 
 bool BenchReport::ok() const {
   for (const PathResult& r : sweep)
     if (r.status == "FAILED") return false;
   for (const ContentionResult& r : contention)
-    if (r.status == "FAILED") return false;
+    if (r.status() == "FAILED") return false;
   return !interrupted;
 }
 
@@ -250,6 +251,9 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
           static_cast<unsigned long long>(b.o->max_bytes),
           static_cast<unsigned long long>(b.o->step_factor), b.o->warmups, b.o->iters,
           b.o->check ? 1 : 0, r.timeout_s);
+  const int procs = path_process_count(r.path, b.o->one_process, b.nranks);
+  fprintf(f, "# buffers: %s  processes: %d (%s)\n", path_alloc_label(r.path, b.o->alloc).c_str(),
+          procs, procs == 1 ? "one thread drives every GPU" : "one per rank");
   if (path_uses_shim(r.path)) fprintf(f, "# LD_PRELOAD=%s\n", b.shim_lib.c_str());
   fflush(f);
 }
@@ -328,45 +332,6 @@ void print_path_footer(FILE* f, const PathResult& r, const BenchReport& b) {
   }
   fprintf(f, "# Path %s: %s (%.1f s)%s%s\n", path_name(r.path), r.status.c_str(), r.seconds,
           r.error.empty() ? "" : ": ", r.error.c_str());
-  fflush(f);
-}
-
-void print_contention(FILE* f, const BenchReport& b) {
-  if (b.contention.empty()) return;
-  const Options& o = *b.o;
-  const double flop = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k);
-  fprintf(f,
-          "#\n# Contention: cuBLAS bf16 GEMM %dx%dx%d (CUBLAS_COMPUTE_32F) x%d on one stream, "
-          "back-to-back all-gathers of %s (total output) on another. Worst rank.\n",
-          o.gemm_m, o.gemm_n, o.gemm_k, o.gemm_iters,
-          format_size(o.contention_total_bytes(b.nranks)).c_str());
-  fprintf(f, "# %-13s %9s %9s %9s %9s %8s  %9s %9s %7s  %8s %8s %7s  %s\n", "path", "gemm", "gemm",
-          "gemm-ovl", "gemm-ovl", "slowdown", "ag", "ag-ovl", "ag-ops", "makespan", "sequent.",
-          "saved", "status");
-  fprintf(f, "# %-13s %9s %9s %9s %9s %8s  %9s %9s %7s  %8s %8s %7s\n", "", "(ms)", "(TFLOP/s)",
-          "(ms)", "(TFLOP/s)", "(%)", "(ms)", "(ms)", "(in win)", "(ms)", "(ms)", "(%)");
-  for (const ContentionResult& r : b.contention) {
-    if (r.ranks.empty()) {
-      fprintf(f, "  %-13s %s%s%s\n", path_name(r.path), r.status.c_str(),
-              r.error.empty() ? "" : ": ", r.error.c_str());
-      continue;
-    }
-    const double ga = r.gemm_alone_ms(), go = r.gemm_overlap_ms();
-    int ops = 0, in_win = r.ranks.front().ag_in_window;
-    for (const ContentionMsg& c : r.ranks) {
-      ops = std::max(ops, c.ag_ops);
-      in_win = std::min(in_win, c.ag_in_window);
-    }
-    char opsbuf[32];
-    snprintf(opsbuf, sizeof(opsbuf), "%d(%d)", ops, in_win);
-    const double saved = 100.0 * (1.0 - safe_ratio(r.makespan_ms(), r.sequential_ms()));
-    fprintf(f,
-            "  %-13s %9.3f %9.1f %9.3f %9.1f %8.1f  %9.3f %9.3f %7s  %8.2f %8.2f %7.1f  %s%s%s\n",
-            path_name(r.path), ga, flop / (ga * 1e9), go, flop / (go * 1e9), r.slowdown_pct(),
-            r.ag_alone_ms(), r.ag_overlap_ms(), opsbuf, r.makespan_ms(), r.sequential_ms(), saved,
-            r.status.c_str(), r.covered() ? "" : " (all-gathers ended before the GEMMs)",
-            r.error.empty() ? "" : (" " + r.error).c_str());
-  }
   fflush(f);
 }
 

@@ -1,7 +1,7 @@
 // The parent's results: rows aggregated over ranks as they arrive (max over ranks of the mean
 // time, like nccl-tests; #wrong summed), init times (max over ranks), the nccl-tests style
-// tables, the comparison (busbw, time ratios against nccl-kernel, init), the contention table
-// and the JSON document.
+// tables, the comparison (busbw, time ratios against nccl-kernel, init), the contention runs
+// and tables and the JSON document.
 #pragma once
 
 #include <cmath>
@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "contention_stats.h"
+#include "gpu_telemetry.h"
 #include "options.h"
 #include "probe.h"
 #include "protocol.h"
@@ -65,22 +67,29 @@ struct PathResult {
   uint64_t off_route_calls(int route) const;
 };
 
-struct ContentionResult {
-  PathId path = PathId::kNcclKernel;
-  std::string status = "NOT RUN";
+// One launch of a contention path: one repeat, every placement.
+struct ContentionRun {
+  int repeat = 0;
+  int position = 0;                // its place in that repeat's (rotated) order
+  std::string status = "NOT RUN";  // OK | FAILED | SKIPPED | NOT RUN
   std::string error;
   double seconds = 0;
-  std::vector<ContentionMsg> ranks;
+  std::vector<ContentionMsg> msgs;  // every rank, every placement
+  GpuTelemetry before, after;       // nvidia-smi right before and right after the run
+};
 
-  // Worst rank (max over ranks) of each time; derived numbers from those.
-  double gemm_alone_ms() const;
-  double gemm_overlap_ms() const;
-  double ag_alone_ms() const;
-  double ag_overlap_ms() const;
-  double makespan_ms() const;
-  double sequential_ms() const;
-  double slowdown_pct() const;  // GEMM, overlapped vs alone
-  bool covered() const;         // every rank's all-gathers spanned its GEMM window
+// One contention path over every repeat.
+struct ContentionResult {
+  PathId path = PathId::kNcclKernel;
+  std::vector<ContentionRun> runs;  // in repeat order
+
+  // FAILED when a run failed; OK when at least one run was OK (the others SKIPPED); else
+  // SKIPPED or NOT RUN.
+  std::string status() const;
+  std::string first_error() const;
+  int runs_ok() const;
+  // The worst-rank sample of every OK run for one placement, in repeat order.
+  std::vector<ContentionSample> samples(bool in_place, int nranks) const;
 };
 
 struct BenchReport {
@@ -105,7 +114,6 @@ void coll_bw(CollOp op, uint64_t bytes, double time_us, int nranks, double* algb
 bool add_row(PathResult* r, const RowMsg& m, int nranks, CollOp op);
 // Records one rank's init times; returns true when the last of nranks ranks reported.
 bool add_init(PathResult* r, const InitTimesMsg& m, int nranks);
-void add_contention(ContentionResult* r, const ContentionMsg& m);
 
 // a / b, NaN when b is not positive.
 double safe_ratio(double a, double b);
@@ -136,7 +144,14 @@ std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool
 std::string init_summary(const PathResult& r);
 void print_path_footer(FILE* f, const PathResult& r, const BenchReport& b);
 void print_comparison(FILE* f, const BenchReport& b);  // report_compare.cc
+// The contention tables, one per placement (report_contention.cc).
 void print_contention(FILE* f, const BenchReport& b);
+// One run's status line with the GPU readings around it (report_contention.cc).
+void print_contention_run(FILE* f, const ContentionResult& r, const ContentionRun& run,
+                          int repeats);
+// What a path's buffers are: "cudamalloc", "cumem", "ncclMemAlloc+window" (nccl-ce),
+// "cudaMalloc (peer)" for the single-process peer paths.
+std::string path_alloc_label(PathId p, BufferAlloc alloc);
 
 // The --json document.
 std::string report_json(const BenchReport& b);

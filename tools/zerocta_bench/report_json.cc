@@ -61,7 +61,11 @@ void write_options(JsonWriter& w, const BenchReport& b) {
   w.kv("iters", o.iters).kv("warmups", o.warmups).kv("check", o.check);
   w.kv("dtype", o.dtype.name).kv("dtype_bytes", o.dtype.bytes);
   w.kv("quick", o.quick).kv("seed", o.seed).kv("zerocta_lib", b.shim_lib);
+  w.kv("alloc", alloc_name(o.alloc)).kv("one_process", o.one_process);
   w.kv("contention", o.contention);
+  w.kv("contention_mode", contention_mode_name(o.contention_mode));
+  w.kv("contention_ops", o.contention_ops).kv("repeats", o.repeats);
+  w.kv("contention_placement", o.contention_placement);
   w.key("gemm").begin_array().value(o.gemm_m).value(o.gemm_n).value(o.gemm_k).end_array();
   w.kv("gemm_iters", o.gemm_iters);
   w.kv("contention_bytes", o.contention_total_bytes(b.nranks));
@@ -96,6 +100,8 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
   w.begin_object();
   w.kv("name", path_name(r.path)).kv("status", r.status).kv("error", r.error);
   w.kv("seconds", r.seconds).kv("uses_shim", shim);
+  w.kv("alloc", path_alloc_label(r.path, b.o->alloc));
+  w.kv("processes", path_process_count(r.path, b.o->one_process, b.nranks));
   if (const char* mode = path_allgather_mode(r.path)) w.kv("zerocta_allgather", mode);
   write_init(w, r);
   w.key("ranks").begin_array();
@@ -142,34 +148,78 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
   w.end_object();
 }
 
-void write_contention(JsonWriter& w, const ContentionResult& r, const BenchReport& b) {
-  const Options& o = *b.o;
-  const double flop = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k);
-  auto tflops = [&](double ms) { return ms > 0 ? flop / (ms * 1e9) : NAN; };
-  w.begin_object();
-  w.kv("path", path_name(r.path)).kv("status", r.status).kv("error", r.error);
-  w.kv("seconds", r.seconds);
-  if (!r.ranks.empty()) {
-    w.kv("ag_bytes", r.ranks.front().ag_bytes);
-    w.kv("gemm_alone_ms", r.gemm_alone_ms()).kv("gemm_alone_tflops", tflops(r.gemm_alone_ms()));
-    w.kv("gemm_overlap_ms", r.gemm_overlap_ms());
-    w.kv("gemm_overlap_tflops", tflops(r.gemm_overlap_ms()));
-    w.kv("gemm_slowdown_pct", r.slowdown_pct());
-    w.kv("ag_alone_ms", r.ag_alone_ms()).kv("ag_overlap_ms", r.ag_overlap_ms());
-    w.kv("ag_throughput_ratio", r.ag_overlap_ms() > 0 ? r.ag_alone_ms() / r.ag_overlap_ms() : NAN);
-    w.kv("makespan_ms", r.makespan_ms()).kv("sequential_ms", r.sequential_ms());
-    w.kv("covered", r.covered());
+void write_telemetry(JsonWriter& w, const char* name, const GpuTelemetry& t) {
+  if (!t.available) {
+    w.kv(name, "unavailable");
+    return;
   }
+  w.key(name).begin_array();
+  for (const GpuReading& g : t.gpus)
+    w.begin_object()
+        .kv("index", g.index)
+        .kv("sm_mhz", g.sm_mhz)
+        .kv("mem_mhz", g.mem_mhz)
+        .kv("power_w", g.power_w)
+        .kv("temp_c", g.temp_c)
+        .end_object();
+  w.end_array();
+}
+
+void write_run(JsonWriter& w, const ContentionRun& run, PathId path) {
+  w.begin_object().kv("repeat", run.repeat).kv("position", run.position);
+  w.kv("status", run.status).kv("error", run.error).kv("seconds", run.seconds);
+  w.key("gpus").begin_object();
+  write_telemetry(w, "before", run.before);
+  write_telemetry(w, "after", run.after);
+  w.end_object();
   w.key("per_rank").begin_array();
-  for (const ContentionMsg& c : r.ranks) {
-    w.begin_object().kv("rank", c.rank).kv("gemm_iters", c.gemm_iters).kv("ag_ops", c.ag_ops);
+  for (const ContentionMsg& c : run.msgs) {
+    w.begin_object().kv("rank", c.rank).kv("in_place", c.in_place != 0);
+    w.kv("gemm_iters", c.gemm_iters).kv("ag_ops", c.ag_ops);
     w.kv("ag_in_window", c.ag_in_window).kv("covered", c.covered != 0);
     w.kv("gemm_alone_ms", c.gemm_alone_ms).kv("gemm_overlap_ms", c.gemm_overlap_ms);
     w.kv("ag_alone_ms", c.ag_alone_ms).kv("ag_overlap_ms", c.ag_overlap_ms);
-    w.kv("makespan_ms", c.makespan_ms).kv("sequential_ms", c.sequential_ms);
-    if (path_uses_shim(r.path)) write_routes(w, c.route_calls);
+    w.kv("makespan_ms", c.makespan_ms);
+    if (path_uses_shim(path)) write_routes(w, c.route_calls);
     w.end_object();
   }
+  w.end_array();
+  w.end_object();
+}
+
+// Per metric: the value of every OK run (repeat order) and their median, min and max.
+void write_placement(JsonWriter& w, const ContentionResult& r, bool in_place, int nranks) {
+  const std::vector<ContentionSample> samples = r.samples(in_place, nranks);
+  w.key(in_place ? "in_place" : "out_of_place").begin_object();
+  w.kv("runs", static_cast<int>(samples.size()));
+  for (const ContentionMetric& m : contention_metrics()) {
+    std::vector<double> v;
+    for (const ContentionSample& s : samples) v.push_back(s.*m.field);
+    const Spread sp = spread_of(v);
+    w.key(m.key).begin_object();
+    w.key("repeats").begin_array();
+    for (double x : v) w.value(x);
+    w.end_array();
+    w.kv("median", sp.median).kv("min", sp.min).kv("max", sp.max).end_object();
+  }
+  w.key("ag_ops").begin_array();
+  for (const ContentionSample& s : samples) w.value(s.ag_ops);
+  w.end_array();
+  w.end_object();
+}
+
+void write_contention(JsonWriter& w, const ContentionResult& r, const BenchReport& b) {
+  w.begin_object();
+  w.kv("path", path_name(r.path)).kv("status", r.status()).kv("error", r.first_error());
+  w.kv("alloc", path_alloc_label(r.path, b.o->alloc));
+  w.kv("processes", path_process_count(r.path, b.o->one_process, b.nranks));
+  w.kv("runs_ok", r.runs_ok());
+  w.key("placements").begin_object();
+  for (bool in_place : contention_placements(b.o->contention_placement))
+    write_placement(w, r, in_place, b.nranks);
+  w.end_object();
+  w.key("runs").begin_array();
+  for (const ContentionRun& run : r.runs) write_run(w, run, r.path);
   w.end_array();
   w.end_object();
 }
@@ -179,7 +229,7 @@ void write_contention(JsonWriter& w, const ContentionResult& r, const BenchRepor
 std::string report_json(const BenchReport& b) {
   JsonWriter w;
   w.begin_object();
-  w.kv("tool", "zerocta-bench").kv("format_version", 1).kv("started_at", b.started_at);
+  w.kv("tool", "zerocta-bench").kv("format_version", 2).kv("started_at", b.started_at);
   w.kv("result", b.ok() ? "OK" : "FAILED").kv("interrupted", b.interrupted);
   write_machine(w, b);
   write_options(w, b);

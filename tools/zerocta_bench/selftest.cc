@@ -1,7 +1,8 @@
 // --self-test: CPU checks of everything in the bench that can be wrong without a GPU: option
 // parsing, sizes and buffers per op, bandwidth math, the reductions' test data, aggregation
 // over ranks, init times and time ratios, route tags, the workers' environment, the JSON
-// writer. Prints "N passed, M failed" and exits non-zero on any failure.
+// writer, cumem chunking, the contention statistics and run order, nvidia-smi parsing. Prints "N
+// passed, M failed" and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,9 @@
 
 #include "coll_op.h"
 #include "contention.h"
+#include "contention_stats.h"
+#include "cumem_buffer.h"
+#include "gpu_telemetry.h"
 #include "json_writer.h"
 #include "launcher.h"
 #include "options.h"
@@ -363,17 +367,6 @@ void test_bandwidth_and_rows() {
   RowMsg bad = a;
   bad.size_index = 7;  // out of range: ignored, not a crash
   EXPECT(!add_row(&r, bad, 2, CollOp::kAllGather));
-
-  ContentionResult c;
-  ContentionMsg m{};
-  m.gemm_alone_ms = 1.0;
-  m.gemm_overlap_ms = 1.3;
-  m.covered = 1;
-  add_contention(&c, m);
-  m.gemm_alone_ms = 1.1;
-  m.gemm_overlap_ms = 1.21;
-  add_contention(&c, m);
-  EXPECT(std::fabs(c.slowdown_pct() - (1.3 / 1.1 - 1) * 100) < 1e-9 && c.covered());
 }
 
 void test_environment() {
@@ -468,6 +461,184 @@ void test_json_and_misc() {
   EXPECT(cuda_version_string(13000) == "13.0");
 }
 
+void test_new_options() {
+  Options d;
+  EXPECT(parse({}, &d));
+  EXPECT(d.alloc == BufferAlloc::kCudaMalloc && !d.one_process);
+  EXPECT(d.contention_mode == ContentionMode::kFixed && d.contention_ops == 40);
+  EXPECT(d.repeats == 5 && d.gemm_iters == 20 && d.contention_placement == "both");
+  EXPECT(!d.contention);
+  Options q;
+  EXPECT(parse({"--quick"}, &q) && q.repeats == 3 && q.contention_ops == 10);
+  Options o;
+  EXPECT(parse({"--alloc", "cumem", "--one-process", "--contention-mode=saturate",
+                "--contention-ops", "12", "--repeats", "7", "--contention-placement", "in"},
+               &o));
+  EXPECT(o.alloc == BufferAlloc::kCuMem && o.one_process && o.contention);
+  EXPECT(o.contention_mode == ContentionMode::kSaturate && o.contention_ops == 12);
+  EXPECT(o.repeats == 7 && o.contention_placement == "in");
+  EXPECT(std::string(alloc_name(o.alloc)) == "cumem");
+  EXPECT(std::string(contention_mode_name(o.contention_mode)) == "saturate");
+  EXPECT(contention_placements("in") == std::vector<bool>{true});
+  EXPECT(contention_placements("out") == std::vector<bool>{false});
+  EXPECT((contention_placements("both") == std::vector<bool>{false, true}));
+  Options bad1, bad2, bad3, bad4, bad5;
+  EXPECT(!parse({"--alloc", "malloc"}, &bad1));
+  EXPECT(!parse({"--contention-mode", "fast"}, &bad2));
+  EXPECT(!parse({"--contention-placement", "inplace"}, &bad3));
+  EXPECT(!parse({"--repeats", "0"}, &bad4));
+  EXPECT(!parse({"--contention-ops", "0"}, &bad5));
+  // bare-ce, the floor, is always in the contention set, last.
+  Options one;
+  EXPECT(parse({"--contention-paths", "nccl-kernel"}, &one));
+  EXPECT((one.contention_paths == std::vector<PathId>{PathId::kNcclKernel, PathId::kBareCe}));
+  Options all;
+  EXPECT(parse({"--contention-paths", "all"}, &all) && all.contention_paths.size() == 7);
+  EXPECT(all.contention_paths[1] == PathId::kNcclPolicy &&
+         all.contention_paths.back() == PathId::kBareCe);
+  Options dflt;
+  EXPECT(parse({"--contention"}, &dflt) && dflt.contention_paths.back() == PathId::kBareCe);
+  // Processes per path and where --alloc applies.
+  EXPECT(path_process_count(PathId::kNcclKernel, false, 4) == 4);
+  EXPECT(path_process_count(PathId::kNcclKernel, true, 4) == 1);
+  EXPECT(path_process_count(PathId::kZerocta, true, 4) == 1);
+  EXPECT(path_process_count(PathId::kCeiling, false, 4) == 1);
+  EXPECT(path_honours_alloc(PathId::kNcclKernel) && path_honours_alloc(PathId::kZeroctaAuto));
+  EXPECT(path_honours_alloc(PathId::kNcclPolicy) && path_honours_alloc(PathId::kZeroctaPolicy));
+  EXPECT(!path_honours_alloc(PathId::kNcclCe) && !path_honours_alloc(PathId::kBareCe));
+  EXPECT(path_alloc_label(PathId::kZerocta, BufferAlloc::kCuMem) == "cumem");
+  EXPECT(path_alloc_label(PathId::kNcclCe, BufferAlloc::kCuMem) == "ncclMemAlloc+window");
+  EXPECT(path_alloc_label(PathId::kCeiling, BufferAlloc::kCuMem) == "cudamalloc (peer)");
+  Options w;
+  EXPECT(parse({"--worker-path", "bare-ce", "--worker-mode", "contention", "--worker-rank", "-1",
+                "--worker-nranks", "2", "--worker-fds", "5,8", "--worker-repeat", "3"},
+               &w));
+  EXPECT(w.worker_repeat == 3 && w.worker_rank == -1);
+}
+
+void test_run_order() {
+  const std::vector<PathId> p = {PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe};
+  EXPECT(contention_run_order(p, 0) == p);
+  EXPECT((contention_run_order(p, 1) ==
+          std::vector<PathId>{PathId::kZerocta, PathId::kBareCe, PathId::kNcclKernel}));
+  EXPECT(contention_run_order(p, 3) == p);
+  // Over n repeats every path runs once at every position.
+  for (size_t pos = 0; pos < p.size(); ++pos) {
+    std::vector<int> seen(p.size(), 0);
+    for (int rep = 0; rep < 3; ++rep) {
+      const PathId at = contention_run_order(p, rep)[pos];
+      ++seen[std::find(p.begin(), p.end(), at) - p.begin()];
+    }
+    EXPECT(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+  EXPECT(contention_run_order({}, 2).empty());
+}
+
+void test_cumem_chunks() {
+  const size_t mib = 1ull << 20;
+  EXPECT((cumem_chunk_sizes(50 * mib, kCumemChunkBytes, 2 * mib) ==
+          std::vector<size_t>{20 * mib, 20 * mib, 10 * mib}));
+  EXPECT((cumem_chunk_sizes(41 * mib, kCumemChunkBytes, 2 * mib) ==
+          std::vector<size_t>{20 * mib, 20 * mib, 2 * mib}));  // the remainder rounded up
+  EXPECT((cumem_chunk_sizes(40 * mib, kCumemChunkBytes, 2 * mib) ==
+          std::vector<size_t>{20 * mib, 20 * mib}));
+  EXPECT(cumem_chunk_sizes(1, kCumemChunkBytes, 2 * mib) == std::vector<size_t>{2 * mib});
+  EXPECT((cumem_chunk_sizes(30 * mib, kCumemChunkBytes, 3 * mib) ==
+          std::vector<size_t>{21 * mib, 9 * mib}));  // the chunk rounded up too
+  EXPECT(cumem_chunk_sizes(0, kCumemChunkBytes, 2 * mib).empty());
+  EXPECT(kCumemChunkBytes == 20 * mib);
+}
+
+ContentionMsg contention_msg(int rank, bool in_place, double ga, double go, double aa, double ao,
+                             double mk) {
+  ContentionMsg m{};
+  m.rank = rank;
+  m.in_place = in_place;
+  m.gemm_iters = 10;
+  m.ag_ops = 20;
+  m.covered = 1;
+  m.gemm_alone_ms = ga;
+  m.gemm_overlap_ms = go;
+  m.ag_alone_ms = aa;
+  m.ag_overlap_ms = ao;
+  m.makespan_ms = mk;
+  return m;
+}
+
+void test_contention_stats() {
+  // Rank 1 is the worst in GEMM, rank 0 in all-gathers; each time is its worst rank's.
+  std::vector<ContentionMsg> msgs = {
+      contention_msg(0, false, 0.9, 1.1, 0.5, 0.6, 11.0),
+      contention_msg(1, false, 1.0, 1.2, 0.4, 0.5, 12.0),
+      contention_msg(0, true, 5.0, 5.0, 5.0, 5.0, 99.0),  // the other placement
+      contention_msg(1, true, 5.0, 5.0, 5.0, 5.0, 99.0),
+  };
+  ContentionSample s;
+  EXPECT(contention_sample(msgs, false, 2, &s));
+  EXPECT(s.gemm_alone_ms == 1.0 && s.gemm_overlap_ms == 1.2 && s.ag_alone_ms == 0.5);
+  EXPECT(s.ag_overlap_ms == 0.6 && s.makespan_ms == 12.0 && s.covered);
+  EXPECT(std::fabs(s.gemm_slowdown_pct - 20.0) < 1e-9);
+  EXPECT(std::fabs(s.ag_overlap_vs_alone - 1.2) < 1e-9);
+  // sum = 10 x 1.0 + 20 x 0.5 = 20, max = 10: a 12 ms makespan gains 8 of the possible 10.
+  EXPECT(std::fabs(s.sum_alone_ms - 20.0) < 1e-9 && std::fabs(s.max_alone_ms - 10.0) < 1e-9);
+  EXPECT(std::fabs(s.gain_share - 0.8) < 1e-9);
+  EXPECT(contention_sample(msgs, true, 2, &s) && s.makespan_ms == 99.0);
+  std::vector<ContentionMsg> missing = {msgs[0]};
+  EXPECT(!contention_sample(missing, false, 2, &s));
+  std::vector<ContentionMsg> twice = {msgs[0], msgs[0]};
+  EXPECT(!contention_sample(twice, false, 2, &s));
+  // Serial execution gains nothing; the sum is the makespan.
+  std::vector<ContentionMsg> serial = {contention_msg(0, false, 1.0, 1.0, 0.5, 0.5, 20.0)};
+  EXPECT(contention_sample(serial, false, 1, &s) && std::fabs(s.gain_share) < 1e-9);
+
+  Spread sp = spread_of({3, 1, NAN, 2});
+  EXPECT(sp.n == 3 && sp.median == 2 && sp.min == 1 && sp.max == 3);
+  sp = spread_of({4, 1, 3, 2});
+  EXPECT(sp.n == 4 && sp.median == 2.5);
+  sp = spread_of({});
+  EXPECT(sp.n == 0 && std::isnan(sp.median));
+  EXPECT(contention_metrics().size() == 10);
+  EXPECT(std::string(contention_metrics().back().key) == "gain_share");
+
+  // A path's status over its runs; samples only from the OK ones.
+  ContentionResult r;
+  r.path = PathId::kZerocta;
+  EXPECT(r.status() == "NOT RUN");
+  for (int rep = 0; rep < 3; ++rep) {
+    r.runs.emplace_back();
+    r.runs.back().repeat = rep;
+    r.runs.back().status = "OK";
+    r.runs.back().msgs = {msgs[0], msgs[1]};
+  }
+  EXPECT(r.status() == "OK" && r.runs_ok() == 3 && r.samples(false, 2).size() == 3);
+  EXPECT(r.samples(true, 2).empty());  // no in-place messages in these runs
+  r.runs[1].status = "FAILED";
+  r.runs[1].error = "rank 1: boom";
+  EXPECT(r.status() == "FAILED" && r.runs_ok() == 2 && r.samples(false, 2).size() == 2);
+  EXPECT(r.first_error() == "repeat 2: rank 1: boom");
+  r.runs[1].status = "SKIPPED";  // the deadline: fewer samples, not a failure
+  EXPECT(r.status() == "OK" && r.runs_ok() == 2);
+  for (ContentionRun& run : r.runs) run.status = "SKIPPED";
+  EXPECT(r.status() == "SKIPPED" && r.samples(false, 2).empty());
+}
+
+void test_telemetry() {
+  GpuTelemetry t = parse_gpu_telemetry("0, 1980, 2619, 412.35, 51\n1, 1755, 2619, [N/A], 58\n");
+  EXPECT(t.available && t.gpus.size() == 2);
+  EXPECT(t.gpus[0].index == 0 && t.gpus[0].sm_mhz == 1980 && t.gpus[0].power_w == 412.35);
+  EXPECT(t.gpus[1].temp_c == 58 && std::isnan(t.gpus[1].power_w));
+  EXPECT(!parse_gpu_telemetry("").available);
+  EXPECT(!parse_gpu_telemetry("NVIDIA-SMI has failed\n").available);
+  EXPECT(!parse_gpu_telemetry("0, 1980, 2619\n").available);
+  GpuTelemetry none;
+  EXPECT(format_telemetry(none, none) == "unavailable");
+  const std::string line = format_telemetry(t, t);
+  EXPECT(line.find("GPU0 1980/2619 MHz 412 W 51 C -> 1980/2619 MHz 412 W 51 C") == 0);
+  EXPECT(line.find("GPU1 1755/2619 MHz ? W 58 C") != std::string::npos);
+  EXPECT(std::string(kTelemetryQuery).find("clocks.sm,clocks.mem,power.draw,temperature.gpu") !=
+         std::string::npos);
+}
+
 }  // namespace
 
 int run_self_test() {
@@ -482,6 +653,11 @@ int run_self_test() {
   test_help_lists_every_path();
   test_gpu_count();
   test_json_and_misc();
+  test_new_options();
+  test_run_order();
+  test_cumem_chunks();
+  test_contention_stats();
+  test_telemetry();
   printf("zerocta-bench self-test: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? kExitOk : kExitFailed;
 }

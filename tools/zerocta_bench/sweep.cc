@@ -1,17 +1,19 @@
-// The bandwidth sweep of one NCCL rank. First the communicator's cost (init, first op), then
-// per size and placement: a checked operation on fresh data (poisoned output; all-gather and
-// broadcast compared bitwise, reductions against the exact sum), warm-ups, the timed loop, and
-// the shim's route counters before/after so every row says which route its calls really took.
+// The bandwidth sweep of one NCCL worker process, for each of its ranks (one, or every rank
+// with --one-process). First the communicators' cost (init, first op), then per size and
+// placement: a checked operation on fresh data (poisoned output; all-gather and broadcast
+// compared bitwise, reductions against the exact sum), warm-ups, the timed loop, and the
+// shim's route counters before/after so every row says which route its calls really took.
 #include "sweep.h"
 
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <memory>
 
 #include "check.h"
 #include "cuda_check.h"
 #include "kernels.h"
-#include "nccl_rank.h"
+#include "nccl_ranks.h"
 #include "reduce_pattern.h"
 #include "shim_stats.h"
 #include "timing.h"
@@ -23,73 +25,154 @@ namespace {
 // The broadcast check reads the output as chunk 0 of the all-gather pattern: rank 0's data.
 static_assert(kBroadcastRoot == 0, "the broadcast check expects the root's pattern in chunk 0");
 
-struct SweepRank {
-  const Options& o;
-  NcclRank& nr;
-  int rank;
-  int nranks;
-  cudaStream_t stream;
-  char* a;  // the send buffer (largest send_bytes)
-  char* b;  // the receive buffer (largest recv_bytes)
+// What the sweep keeps per rank of this process, on that rank's device.
+struct LocalRank {
+  int rank = 0;
+  char* a = nullptr;  // the send buffer (largest send_bytes)
+  char* b = nullptr;  // the receive buffer (largest recv_bytes)
+  std::unique_ptr<IterTimer> timer;
+  std::unique_ptr<WrongCounter> wrong;
+};
 
-  void op(const CollShape& s, const Placement& p) {
-    nr.collective(o.op, p.send, p.recv, s.count, o.dtype.nccl, stream);
+struct SweepRanks {
+  const Options& o;
+  NcclRanks& nr;
+  std::vector<LocalRank> local;
+  std::vector<cudaStream_t> streams;  // streams[i] on local rank i's device
+
+  std::vector<Placement> place(const CollShape& s, bool in_place) const {
+    std::vector<Placement> p;
+    for (const LocalRank& l : local)
+      p.push_back(place_buffers(o.op, in_place, l.rank, s, l.a, l.b));
+    return p;
+  }
+  // The op on every local rank (one group call with several).
+  void op(const CollShape& s, const std::vector<Placement>& p) {
+    nr.collective(o.op, p, s.count, o.dtype.nccl, streams);
+  }
+  void synchronize() {
+    for (size_t i = 0; i < local.size(); ++i) {
+      nr.set_device(static_cast<int>(i));
+      ZCB_CUDA(cudaStreamSynchronize(streams[i]));
+    }
   }
 };
 
-// Fills the inputs for `seed` over a poisoned output, runs the op once and counts wrong
-// output elements on the device.
-int64_t checked_op(SweepRank& w, const CollShape& s, const Placement& p, uint64_t seed,
-                   WrongCounter* wrong) {
-  const Options& o = w.o;
+// Poisons the output, then writes rank `rank`'s input for `seed` (in place, the fill then
+// overwrites this rank's own piece of the poisoned output).
+void fill_inputs(const Options& o, int rank, int nranks, const CollShape& s, const Placement& p,
+                 uint64_t seed, cudaStream_t stream) {
   const int elem = o.dtype.bytes;
-  // Poison first: in place, the fill then overwrites this rank's own input.
-  ZCB_CUDA(cudaMemsetAsync(p.recv, kPoisonByte, s.recv_bytes, w.stream));
+  ZCB_CUDA(cudaMemsetAsync(p.recv, kPoisonByte, s.recv_bytes, stream));
   switch (o.op) {
     case CollOp::kAllGather:
-      launch_fill_pattern(p.send, s.send_bytes, elem, seed, w.rank, w.stream);
-      ZCB_CUDA(cudaGetLastError());
-      w.op(s, p);
-      return wrong->count(p.recv, s.send_bytes, w.nranks, elem, seed, -1, w.stream);
+      launch_fill_pattern(p.send, s.send_bytes, elem, seed, rank, stream);
+      break;
     case CollOp::kBroadcast:
-      if (w.rank == kBroadcastRoot)
-        launch_fill_pattern(p.send, s.send_bytes, elem, seed, kBroadcastRoot, w.stream);
-      ZCB_CUDA(cudaGetLastError());
-      w.op(s, p);
-      return wrong->count(p.recv, s.recv_bytes, 1, elem, seed, -1, w.stream);
+      if (rank == kBroadcastRoot)
+        launch_fill_pattern(p.send, s.send_bytes, elem, seed, kBroadcastRoot, stream);
+      break;
+    case CollOp::kAllReduce:
+    case CollOp::kReduceScatter: {
+      const ReducePattern pat = make_reduce_pattern(o.dtype.nccl, nranks, seed);
+      if (!launch_fill_reduce_input(p.send, s.send_bytes / elem, o.dtype.nccl, pat, rank, stream))
+        fatal("no reduction test data for data type %s", o.dtype.name);
+      break;
+    }
+  }
+  ZCB_CUDA(cudaGetLastError());
+}
+
+// Counts rank `rank`'s wrong output elements on the device (synchronizes stream).
+int64_t count_wrong(const Options& o, int rank, int nranks, const CollShape& s, const Placement& p,
+                    uint64_t seed, WrongCounter* wrong, cudaStream_t stream) {
+  const int elem = o.dtype.bytes;
+  switch (o.op) {
+    case CollOp::kAllGather:
+      return wrong->count(p.recv, s.send_bytes, nranks, elem, seed, -1, stream);
+    case CollOp::kBroadcast:
+      return wrong->count(p.recv, s.recv_bytes, 1, elem, seed, -1, stream);
     case CollOp::kAllReduce:
     case CollOp::kReduceScatter:
       break;
   }
-  const ReducePattern pat = make_reduce_pattern(o.dtype.nccl, w.nranks, seed);
-  if (!launch_fill_reduce_input(p.send, s.send_bytes / elem, o.dtype.nccl, pat, w.rank, w.stream))
-    fatal("no reduction test data for data type %s", o.dtype.name);
-  ZCB_CUDA(cudaGetLastError());
-  w.op(s, p);
+  const ReducePattern pat = make_reduce_pattern(o.dtype.nccl, nranks, seed);
   // Reduce-scatter: this rank's output is the sum of every rank's input piece `rank`.
-  const uint64_t base =
-      o.op == CollOp::kReduceScatter ? static_cast<uint64_t>(w.rank) * s.count : 0;
-  return wrong->count_sum(p.recv, s.count, base, w.nranks, o.dtype.nccl, pat, w.stream);
+  const uint64_t base = o.op == CollOp::kReduceScatter ? static_cast<uint64_t>(rank) * s.count : 0;
+  return wrong->count_sum(p.recv, s.count, base, nranks, o.dtype.nccl, pat, stream);
 }
 
-// Times the communicator's first collective (at the first size, out of place, zeroed
-// buffers) and reports it with the init time.
-void send_init_times(SweepRank& w, const CollShape& s, Channel* ch) {
-  const Placement p = place_buffers(w.o.op, false, w.rank, s, w.a, w.b);
-  ZCB_CUDA(cudaMemset(w.a, 0, s.send_bytes));
-  ZCB_CUDA(cudaMemset(w.b, 0, s.recv_bytes));
-  ZCB_CUDA(cudaDeviceSynchronize());
+// Times the communicators' first collective (at the first size, out of place, zeroed
+// buffers) and reports it with the init time, once per local rank.
+void send_init_times(SweepRanks& w, const CollShape& s, Channel* ch) {
+  const std::vector<Placement> p = w.place(s, false);
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    w.nr.set_device(static_cast<int>(i));
+    ZCB_CUDA(cudaMemset(w.local[i].a, 0, s.send_bytes));
+    ZCB_CUDA(cudaMemset(w.local[i].b, 0, s.recv_bytes));
+    ZCB_CUDA(cudaDeviceSynchronize());
+  }
   ch->agree_max(0);  // start together: a late peer's start-up is not this rank's first op
   const auto start = std::chrono::steady_clock::now();
   w.op(s, p);
-  ZCB_CUDA(cudaStreamSynchronize(w.stream));
-  InitTimesMsg m{};
-  m.rank = w.rank;
-  m.init_ms = w.nr.init_ms();
-  m.first_op_ms =
+  w.synchronize();
+  const double first_op_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  m.first_op_bytes = s.bytes;
-  ch->send(kMsgInitTimes, &m, sizeof(m));
+  for (const LocalRank& l : w.local) {
+    InitTimesMsg m{};
+    m.rank = l.rank;
+    m.init_ms = w.nr.init_ms();
+    m.first_op_ms = first_op_ms;
+    m.first_op_bytes = s.bytes;
+    ch->send(kMsgInitTimes, &m, sizeof(m));
+  }
+}
+
+// One placement of one size on every local rank: check, warm-ups, timed loop. The shim's
+// counters are the process's, so the route calls go to the first local rank's result (the
+// parent sums them over ranks).
+void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, zerocta_op_t counter,
+             Channel* ch, std::vector<PlaceResult*> out) {
+  const Options& o = w.o;
+  const std::vector<Placement> p = w.place(s, in_place);
+  const RouteCounts before = shim_routes(counter);
+  for (PlaceResult* r : out) r->wrong = -1;
+  if (o.check) {
+    // Every rank has finished the previous loop before anyone overwrites a buffer: a rank's
+    // own op can complete while a peer still reads its buffers, depending on the protocol.
+    ch->agree_max(0);
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      w.nr.set_device(static_cast<int>(i));
+      fill_inputs(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed, w.streams[i]);
+    }
+    w.op(s, p);
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      w.nr.set_device(static_cast<int>(i));
+      out[i]->wrong = count_wrong(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed,
+                                  w.local[i].wrong.get(), w.streams[i]);
+    }
+  }
+  for (int i = 0; i < o.warmups; ++i) w.op(s, p);
+  auto record = [&](int event) {
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      w.nr.set_device(static_cast<int>(i));
+      w.local[i].timer->record(event, w.streams[i]);
+    }
+  };
+  record(0);
+  for (int it = 0; it < o.iters; ++it) {
+    w.op(s, p);
+    record(it + 1);
+  }
+  w.synchronize();
+  w.nr.check_async_error();
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    w.nr.set_device(static_cast<int>(i));
+    out[i]->mean_us = w.local[i].timer->mean_us(o.iters);
+    out[i]->median_us = w.local[i].timer->median_us(o.iters);
+  }
+  const RouteCounts d = shim_routes(counter) - before;
+  for (int r = 0; r < zerocta_route_count; ++r) out[0]->route_calls[r] = d.calls[r];
 }
 
 }  // namespace
@@ -104,22 +187,31 @@ SweepBuffers sweep_buffers(const Options& o, int nranks) {
   return b;
 }
 
-void run_nccl_sweep(const Options& o, PathId path, int rank, int nranks, Channel* ch) {
-  NcclRank nr(path, rank, nranks, ch);
+void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch) {
+  NcclRanks nr(o, path, worker_rank, nranks, ch);
   const zerocta_op_t counter = op_shim_counter(o.op);
   SweepBuffers sb = sweep_buffers(o, nranks);
   if (sb.max_send == 0) {
-    send_shim_totals(ch, rank, counter);
+    send_shim_totals(ch, nr.rank(0), counter);
     return;
   }
-  cudaStream_t stream;
-  ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Allocated once at the largest size (collective on nccl-ce: same order on every rank).
-  char* recv = static_cast<char*>(nr.alloc(sb.max_recv));
-  char* send = static_cast<char*>(nr.alloc(sb.max_send));
-  SweepRank w{o, nr, rank, nranks, stream, send, recv};
-  IterTimer timer(o.iters);
-  WrongCounter wrong;
+  const std::vector<char*> recv = nr.alloc(sb.max_recv);
+  const std::vector<char*> send = nr.alloc(sb.max_send);
+  SweepRanks w{o, nr, {}, {}};
+  for (int i = 0; i < nr.size(); ++i) {
+    nr.set_device(i);
+    LocalRank l;
+    l.rank = nr.rank(i);
+    l.a = send[i];
+    l.b = recv[i];
+    l.timer = std::make_unique<IterTimer>(o.iters);  // events on this rank's device
+    l.wrong = std::make_unique<WrongCounter>();
+    w.local.push_back(std::move(l));
+    cudaStream_t stream;
+    ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    w.streams.push_back(stream);
+  }
 
   std::vector<uint64_t> sizes = sweep_sizes(o);
   bool first = true;
@@ -128,40 +220,27 @@ void run_nccl_sweep(const Options& o, PathId path, int rank, int nranks, Channel
     if (s.count == 0) continue;
     if (first) send_init_times(w, s, ch);
     first = false;
-    RowMsg row{};
-    row.rank = rank;
-    row.size_index = static_cast<int32_t>(si);
-    row.bytes = s.bytes;
-    row.count = s.count;
-    for (int in_place = 0; in_place < 2; ++in_place) {
-      PlaceResult& pr = in_place ? row.ip : row.oop;
-      const Placement p = place_buffers(o.op, in_place != 0, rank, s, send, recv);
-      const uint64_t seed = pattern_seed(o.seed, static_cast<int>(si), in_place);
-      RouteCounts before = shim_routes(counter);
-      pr.wrong = -1;
-      if (o.check) {
-        // Every rank has finished the previous loop before anyone overwrites a buffer: a rank's
-        // own op can complete while a peer still reads its buffers, depending on the protocol.
-        ch->agree_max(0);
-        pr.wrong = checked_op(w, s, p, seed, &wrong);
-      }
-      for (int i = 0; i < o.warmups; ++i) w.op(s, p);
-      timer.record(0, stream);
-      for (int i = 0; i < o.iters; ++i) {
-        w.op(s, p);
-        timer.record(i + 1, stream);
-      }
-      ZCB_CUDA(cudaStreamSynchronize(stream));
-      nr.check_async_error();
-      pr.mean_us = timer.mean_us(o.iters);
-      pr.median_us = timer.median_us(o.iters);
-      RouteCounts d = shim_routes(counter) - before;
-      for (int i = 0; i < zerocta_route_count; ++i) pr.route_calls[i] = d.calls[i];
+    std::vector<RowMsg> rows(w.local.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].rank = w.local[i].rank;
+      rows[i].size_index = static_cast<int32_t>(si);
+      rows[i].bytes = s.bytes;
+      rows[i].count = s.count;
     }
-    ch->send(kMsgRow, &row, sizeof(row));
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      std::vector<PlaceResult*> out;
+      for (RowMsg& r : rows) out.push_back(in_place ? &r.ip : &r.oop);
+      measure(w, s, in_place != 0, pattern_seed(o.seed, static_cast<int>(si), in_place), counter,
+              ch, out);
+    }
+    for (const RowMsg& r : rows) ch->send(kMsgRow, &r, sizeof(r));
   }
-  ZCB_CUDA(cudaStreamDestroy(stream));
-  send_shim_totals(ch, rank, counter);
+  for (size_t i = 0; i < w.streams.size(); ++i) {
+    nr.set_device(static_cast<int>(i));
+    ZCB_CUDA(cudaStreamDestroy(w.streams[i]));
+  }
+  w.local.clear();  // events and counters before the communicators
+  send_shim_totals(ch, nr.rank(0), counter);
 }
 
 }  // namespace zcb

@@ -1,5 +1,6 @@
-// Worker bodies of the bandwidth sweep: one NCCL rank (every path but the ceiling), or the
-// whole single-process ceiling (all-gathers only).
+// Worker bodies of the bandwidth sweep: one NCCL worker process (its rank, or every rank with
+// --one-process) for every path but the ceiling, or the whole single-process ceiling
+// (all-gathers only).
 #pragma once
 
 #include "channel.h"
@@ -7,7 +8,7 @@
 
 namespace zcb {
 
-void run_nccl_sweep(const Options& o, PathId path, int rank, int nranks, Channel* ch);
+void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch);
 void run_ceiling_sweep(const Options& o, int nranks, Channel* ch);
 
 // The per-rank buffer sizes the sweep needs: the largest send and receive buffer over the

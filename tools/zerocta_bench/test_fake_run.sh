@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CPU test of zerocta-bench's parent side on fake GPUs (--fake-gpus: workers send synthetic
-# rows, no CUDA): launcher, unique-id forwarding, barriers, LD_PRELOAD handling, every --op and
-# its path list, init times, tables, JSON, timeouts and fault handling; then tools/zerocta-plot
-# on the JSON.
+# rows and contention numbers, no CUDA): launcher, unique-id forwarding, barriers, LD_PRELOAD
+# handling, every --op and its path list, init times, --one-process and --alloc, the contention
+# study's repeats, rotation, medians, placements, modes and GPU readings, tables, JSON, timeouts
+# and fault handling; then tools/zerocta-plot on the JSON.
 # Usage: test_fake_run.sh path/to/zerocta-bench path/to/zerocta-plot   (ZEROCTA_LIB = the shim)
 set -u
 BENCH=$1
@@ -24,15 +25,29 @@ check() {  # check NAME CONDITION...
 }
 contains() { grep -q -- "$2" "$1"; }
 
+# A stand-in nvidia-smi on PATH, so the GPU readings around each contention run have numbers.
+mkdir -p "$TMP/bin"
+cat >"$TMP/bin/nvidia-smi" <<'SMI'
+#!/bin/sh
+echo "0, 1980, 2619, 412.35, 51"
+echo "1, 1755, 2619, [N/A], 58"
+SMI
+chmod +x "$TMP/bin/nvidia-smi"
+
 # 1. A clean run: every path and the contention study, JSON written and well formed.
-"$BENCH" --fake-gpus 2 --quick --contention --contention-paths all --json "$TMP/ok.json" \
-  >"$TMP/ok.txt" 2>&1
+PATH="$TMP/bin:$PATH" "$BENCH" --fake-gpus 2 --quick --contention --contention-paths all \
+  --json "$TMP/ok.json" >"$TMP/ok.txt" 2>&1
 check "clean run exits 0" test $? -eq 0
 check "clean run says OK" contains "$TMP/ok.txt" "# zerocta-bench: OK"
 check "zerocta ranks load the shim" contains "$TMP/ok.txt" "zerocta 0\.1"
 check "route column shows ce" grep -qE " ce$" "$TMP/ok.txt"
 check "comparison table" contains "$TMP/ok.txt" "zc/kernel"
 check "contention table" contains "$TMP/ok.txt" "slowdown"
+check "contention tables per placement" test "$(grep -c '^# Contention, .* all-gathers (fixed mode)' \
+  "$TMP/ok.txt")" -eq 2
+check "a line per contention run" test "$(grep -c '^# Contention .*, run [0-9]/3 ' "$TMP/ok.txt")" -eq 21
+check "GPU readings per run" contains "$TMP/ok.txt" \
+  "GPUs before -> after: GPU0 1980/2619 MHz 412 W 51 C -> 1980/2619 MHz 412 W 51 C; GPU1 1755"
 check "json is complete" python3 - "$TMP/ok.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -58,9 +73,85 @@ assert paths["nccl-kernel"]["time_vs_nccl_kernel"]["median"] == 1.0
 r = paths["nccl-policy"]["rows"][0]["in_place"]
 k = paths["nccl-kernel"]["rows"][0]["in_place"]
 assert abs(r["time_vs_nccl_kernel"] / (r["time_us"] / k["time_us"]) - 1) < 1e-4, (r, k)  # 6 digits
-assert {c["path"] for c in d["contention"]} == {"nccl-kernel", "nccl-ce", "zerocta", "zerocta-auto",
-                                              "bare-ce"}
-assert all(c["status"] == "OK" and len(c["per_rank"]) == 2 for c in d["contention"])
+assert d["options"]["alloc"] == "cudamalloc" and not d["options"]["one_process"]
+assert all(p["processes"] == (1 if p["name"] == "ceiling" else 2) for p in d["paths"])
+assert [c["path"] for c in d["contention"]] == ["nccl-kernel", "nccl-policy", "zerocta-policy",
+                                               "nccl-ce", "zerocta", "zerocta-auto", "bare-ce"]
+o = d["options"]
+assert o["contention_mode"] == "fixed" and o["repeats"] == 3 and o["contention_ops"] == 10
+names = [c["path"] for c in d["contention"]]
+for c in d["contention"]:
+    assert c["status"] == "OK" and c["runs_ok"] == 3 and len(c["runs"]) == 3, c["path"]
+    for run in c["runs"]:
+        assert len(run["per_rank"]) == 4  # 2 ranks x 2 placements
+        assert run["gpus"]["before"][0]["sm_mhz"] == 1980 and run["gpus"]["after"][1]["power_w"] is None
+        # Rotated order: repeat r starts with path r.
+        assert names[(run["position"] + run["repeat"]) % len(names)] == c["path"], run
+    assert set(c["placements"]) == {"out_of_place", "in_place"}
+    for pl in c["placements"].values():
+        assert pl["runs"] == 3 and pl["ag_ops"] == [10, 10, 10]  # fixed work on every path
+        for key, m in pl.items():
+            if not isinstance(m, dict):
+                continue
+            v = sorted(m["repeats"])
+            assert len(v) == 3 and m["median"] == v[1] and m["min"] == v[0] and m["max"] == v[2], key
+        g = pl["gain_share"]["median"]
+        assert -1 < g <= 1, (c["path"], g)
+bare = {c["path"]: c for c in d["contention"]}["bare-ce"]["placements"]["out_of_place"]
+kern = {c["path"]: c for c in d["contention"]}["nccl-kernel"]["placements"]["out_of_place"]
+assert bare["gemm_slowdown_pct"]["median"] < kern["gemm_slowdown_pct"]["median"]
+# Every repeat ran every path once, at every position once.
+for rep in range(3):
+    pos = sorted(r["position"] for c in d["contention"] for r in c["runs"] if r["repeat"] == rep)
+    assert pos == list(range(7)), pos
+PY
+
+# 1a. One process for every GPU, cumem buffers, saturate mode, one placement; nvidia-smi missing.
+PATH=/nonexistent "$BENCH" --fake-gpus 2 --quick --one-process --alloc cumem \
+  --paths nccl-kernel,zerocta-policy,nccl-ce --contention-mode saturate --contention-placement in \
+  --contention-paths nccl-kernel,zerocta --repeats 2 --json "$TMP/one.json" >"$TMP/one.txt" 2>&1
+check "one-process run exits 0" test $? -eq 0
+check "header names the allocator" contains "$TMP/one.txt" \
+  "using 2 rank(s), --alloc cumem, one process drives every GPU"
+check "banner names the buffers" contains "$TMP/one.txt" "# buffers: cumem  processes: 1"
+check "nccl-ce keeps its own buffers" contains "$TMP/one.txt" "# buffers: ncclMemAlloc+window"
+check "only the in-place table" test "$(grep -c '^# Contention, in-place all-gathers (saturate mode)' \
+  "$TMP/one.txt")" -eq 1
+check "no out-of-place table" bash -c "! grep -q '^# Contention, out-of-place' '$TMP/one.txt'"
+check "GPU readings unavailable" contains "$TMP/one.txt" "GPUs before -> after: unavailable"
+check "one-process json" python3 - "$TMP/one.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["result"] == "OK" and d["options"]["alloc"] == "cumem" and d["options"]["one_process"]
+for p in d["paths"]:
+    assert p["processes"] == 1 and len({r["pid"] for r in p["ranks"]}) == 1, p
+    assert p["alloc"] == ("ncclMemAlloc+window" if p["name"] == "nccl-ce" else "cumem"), p
+assert d["paths"][1]["shim_totals"]["comms_zero_policy"] == 2
+assert [c["path"] for c in d["contention"]] == ["nccl-kernel", "zerocta", "bare-ce"]
+ops = {}
+for c in d["contention"]:
+    assert c["status"] == "OK" and list(c["placements"]) == ["in_place"], c
+    assert all(r["gpus"]["before"] == "unavailable" for r in c["runs"])
+    assert all(m["in_place"] for r in c["runs"] for m in r["per_rank"])
+    ops[c["path"]] = c["placements"]["in_place"]["ag_ops"][0]
+# Saturate mode: a faster path does more all-gathers in the same GEMM window.
+assert ops["bare-ce"] > ops["zerocta"] > ops["nccl-kernel"], ops
+PY
+
+# 1b'. A contention run that dies fails its path; the other runs still give medians.
+ZCB_FAKE_CRASH=zerocta "$BENCH" --fake-gpus 2 --quick --paths none --contention \
+  --json "$TMP/ccrash.json" >"$TMP/ccrash.txt" 2>&1
+check "contention crash exits 1" test $? -eq 1
+check "contention crash reported" grep -qE "^# Contention zerocta, run 2/3 .*FAILED.*killed by signal 6" \
+  "$TMP/ccrash.txt"
+check "contention crash in the table" grep -qE "^   zerocta .* 2/3 FAILED repeat 2: " "$TMP/ccrash.txt"
+check "contention crash json" python3 - "$TMP/ccrash.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+z = {c["path"]: c for c in d["contention"]}["zerocta"]
+assert d["result"] == "FAILED" and z["status"] == "FAILED" and z["runs_ok"] == 2
+assert [r["status"] for r in z["runs"]] == ["OK", "FAILED", "OK"]
+assert len(z["placements"]["out_of_place"]["gemm_alone_ms"]["repeats"]) == 2
 PY
 
 # 1b. The other ops: nccl-tests sizes and busbw factors, default path lists, init times, the
@@ -217,6 +308,14 @@ assert len(set(colors)) == len(colors), colors
 styles = [(s["color"], s.get("marker"), s.get("linestyle")) for s in
           [plot.style_for("new-%d" % i) for i in range(24)] + list(plot.PATH_STYLE.values())]
 assert len(set(styles)) == len(styles), styles
+# The contention panels: every path per placement, median inside min..max.
+series = plot.contention_series(d)
+assert set(series) == {"out_of_place", "in_place"}, series
+for place, rows in series.items():
+    assert [n for n, _ in rows] == [c["path"] for c in d["contention"]], rows
+    for _, row in rows:
+        for key, (med, lo, hi) in row.items():
+            assert lo <= med <= hi, (place, key, med, lo, hi)
 PY
 PY=""
 for p in python3 /usr/bin/python3; do

@@ -1,0 +1,131 @@
+#include "op_exchange.h"
+
+#include <cstring>
+
+namespace zc {
+
+// The region, laid out by rank count:
+//   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks]
+//   posts    [nranks][kOpRing] of {seq word, OpPost}
+//   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing]   (uint32_t each)
+struct OpExchange::Shared {
+  std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
+  std::atomic<uint64_t> verdict[kOpRing];  // (seq << 2) | OpVerdict, by the first to arrive
+  std::atomic<uint64_t> finished[kOpRanks];
+};
+
+namespace {
+
+struct SharedPost {
+  std::atomic<uint64_t> seq;  // the op posted here (0: none yet); stored last
+  OpPost body;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be lock-free");
+
+constexpr size_t kPage = 4096;
+
+size_t posts_offset() { return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64; }
+size_t flags_offset(uint32_t nranks) {
+  return posts_offset() + sizeof(SharedPost) * nranks * kOpRing;
+}
+size_t flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (1 + nranks); }
+
+uint32_t slot_of(uint64_t seq) { return static_cast<uint32_t>(seq % kOpRing); }
+
+const char* compare_posts(const OpPost& mine, const OpPost& peer) {
+  if (peer.seq != mine.seq) return "a peer's post is for another op";
+  if (peer.mode != mine.mode)
+    return "one rank captured an all-gather into a CUDA graph where another ran it eagerly";
+  if (peer.count != mine.count || peer.datatype != mine.datatype)
+    return "ranks issued all-gathers of different counts or datatypes at the same position";
+  return "";
+}
+
+}  // namespace
+
+size_t OpExchange::region_bytes(uint32_t nranks) {
+  const size_t bytes = flags_offset(nranks) + flag_words(nranks) * sizeof(uint32_t);
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+
+OpExchange::OpExchange(void* base, uint32_t nranks)
+    : shared_(static_cast<Shared*>(base)), nranks_(nranks) {}
+
+namespace {
+SharedPost* post_at(void* base, uint32_t rank, uint64_t seq) {
+  return reinterpret_cast<SharedPost*>(static_cast<char*>(base) + posts_offset()) +
+         size_t{rank} * kOpRing + slot_of(seq);
+}
+}  // namespace
+
+bool OpExchange::ring_free(uint32_t rank, uint64_t seq) const {
+  (void)rank;
+  if (seq <= kOpRing) return true;
+  for (uint32_t r = 0; r < nranks_; ++r)
+    if (shared_->finished[r].load(std::memory_order_acquire) < seq - kOpRing) return false;
+  return true;
+}
+
+void OpExchange::post(uint32_t rank, const OpPost& mine) {
+  SharedPost* p = post_at(shared_, rank, mine.seq);
+  memcpy(&p->body, &mine, sizeof mine);
+  p->seq.store(mine.seq, std::memory_order_release);
+}
+
+Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
+  const uint32_t slot = slot_of(mine.seq);
+  const uint64_t me = uint64_t{1} << rank;
+  const uint64_t all = nranks_ >= 64 ? ~uint64_t{0} : (uint64_t{1} << nranks_) - 1;
+  Arrival a;
+  a.seq = mine.seq;
+  a.before = shared_->arrival[slot].fetch_or(me, std::memory_order_acq_rel);
+  // The last to arrive clears the word for the slot's next op: everyone has read it by now, and
+  // nobody posts there again before every rank finished this op (ring_free).
+  if ((a.before | me) == all) shared_->arrival[slot].store(0, std::memory_order_release);
+  if (a.before == 0) {
+    a.verdict = mine.mode == OpMode::kEager && mine.reach != 0 ? OpVerdict::kRoute
+                                                               : OpVerdict::kNccl;
+    shared_->verdict[slot].store(mine.seq << 2 | static_cast<uint64_t>(a.verdict),
+                                 std::memory_order_release);
+  } else {
+    // The first rank stores the verdict right after its own arrival, with nothing in between
+    // that could wait: this spin is over in nanoseconds.
+    uint64_t v;
+    while (((v = shared_->verdict[slot].load(std::memory_order_acquire)) >> 2) != mine.seq) {
+    }
+    a.verdict = static_cast<OpVerdict>(v & 3);
+  }
+  for (uint32_t r = 0; r < nranks_; ++r) {
+    if (!(a.before >> r & 1)) continue;
+    const SharedPost* p = post_at(shared_, r, mine.seq);
+    if (p->seq.load(std::memory_order_acquire) != mine.seq) {
+      a.mismatch = "a peer arrived without its post";
+      continue;
+    }
+    memcpy(&earlier[r], &p->body, sizeof(OpPost));
+    if (const char* why = compare_posts(mine, earlier[r]); *why && !*a.mismatch) a.mismatch = why;
+  }
+  return a;
+}
+
+void OpExchange::finish(uint32_t rank, uint64_t seq) {
+  shared_->finished[rank].store(seq, std::memory_order_release);
+}
+
+uint32_t* OpExchange::flags_begin() {
+  return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(shared_) + flags_offset(nranks_));
+}
+
+size_t OpExchange::flag_count() const { return flag_words(nranks_); }
+
+uint32_t* OpExchange::ready_flag(uint32_t rank, uint64_t seq) {
+  return flags_begin() + size_t{rank} * kOpRing + slot_of(seq);
+}
+
+uint32_t* OpExchange::done_flag(uint32_t rank, uint32_t peer, uint64_t seq) {
+  return flags_begin() + size_t{nranks_} * kOpRing + (size_t{rank} * nranks_ + peer) * kOpRing +
+         slot_of(seq);
+}
+
+}  // namespace zc

@@ -1,0 +1,130 @@
+// The per-op exchange of the zero-copy all-gather: how the ranks of a committed communicator
+// learn, op by op, where each other's buffers are and who moves which bytes, without any rank's
+// application thread ever waiting for a peer to arrive.
+//
+// It lives in the communicator's channel segment (channel.h), after the membership slots, in
+// host memory every member maps (and registers with CUDA, so that streams can wait on and write
+// its flags). Indexed by communicator rank.
+//
+// Glossary
+//   seq      the op's number on this communicator, from 1, counted alike on every rank (NCCL
+//            requires every rank to issue a communicator's collectives in the same order).
+//   slot     seq % kOpRing: where op `seq` is posted; reused kOpRing ops later, once every
+//            rank has finished with it (`finished`).
+//   post     what a rank publishes for its op: mode, count, datatype, its buffers (addresses
+//            for peers in its process, exported extents for the others), whether they can be
+//            reached at all. Complete before the rank arrives.
+//   arrival  one word per slot: the set of ranks that arrived at op `seq`. A rank arriving
+//            learns the set that arrived before it, atomically. Of every pair, the one that
+//            arrived later issues both copies (its own chunk into the earlier's buffer and the
+//            earlier's chunk into its own), since it alone knows both buffers; the earlier one
+//            only announces its buffers ready and waits until the later one is done with them.
+//   verdict  whether op `seq` takes the copy engines or goes to NCCL on every rank. The first
+//            rank to arrive decides it from its own post (route, if its buffers can be reached;
+//            else NCCL) and every later rank follows: a per-op choice, taken once for all.
+//   ready    flag ready[r][slot] = seq (low 32 bits): rank r's buffers are ready for op seq
+//            (written by r's stream once the work before the op is done).
+//   done     flag done[r][p][slot] = seq: rank p has finished with r's buffers for op seq.
+//            Flags only grow (seq), so a stream waits "greater or equal" and nobody resets them.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace zc {
+
+constexpr uint32_t kOpRing = 16;
+constexpr uint32_t kMaxExtents = 48;  // per buffer: physical allocations one post can describe
+constexpr uint32_t kOpRanks = 64;     // ranks the exchange can serve
+
+enum class OpMode : uint32_t { kEager = 1, kCaptured = 2 };
+enum class OpVerdict : uint32_t { kRoute = 1, kNccl = 2 };
+
+// How a rank's buffers can be reached by its peers.
+enum OpReach : uint32_t {
+  kReachPointer = 1u << 0,  // by address, from the GPUs of its own process
+  kReachExtents = 1u << 1,  // by importing the extents, from other processes
+};
+
+// One physical allocation a buffer lies in: its mapping in the poster's address space, and
+// the token its exported descriptor is kept under in the poster's fd service.
+struct OpExtent {
+  uint64_t base = 0, bytes = 0;
+  uint64_t block_id = 0;  // CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: never reused in a process
+  uint64_t token = 0;
+};
+
+struct OpBuffer {
+  uint64_t addr = 0, bytes = 0;
+  uint32_t nextents = 0, reserved = 0;
+  OpExtent extents[kMaxExtents];
+};
+
+// A post as a plain value (copied in and out of shared memory).
+struct OpPost {
+  uint64_t seq = 0;
+  OpMode mode = OpMode::kEager;
+  uint32_t reach = 0;  // OpReach bits
+  uint64_t count = 0;
+  int32_t datatype = 0;
+  int32_t pid = 0;
+  OpBuffer send, recv;
+};
+
+// The result of arriving at an op.
+struct Arrival {
+  uint64_t seq = 0;
+  uint64_t before = 0;  // ranks that arrived earlier (bit r = rank r)
+  OpVerdict verdict = OpVerdict::kNccl;
+  // Empty when the posts agree; else why not (a mode, count or datatype differs: the ranks
+  // issue different ops, which must poison the communicator).
+  const char* mismatch = "";
+};
+
+class OpExchange {
+ public:
+  // Bytes the region needs for `nranks` ranks (a multiple of the page size).
+  static size_t region_bytes(uint32_t nranks);
+  // Over a zero-filled region of region_bytes(nranks) bytes at `base` (page aligned).
+  OpExchange(void* base, uint32_t nranks);
+
+  // Publishes `mine` (mine.seq set) for `rank` and arrives: returns the arrival, with the
+  // posts of the ranks that arrived before copied into `earlier` (indexed by rank). Waits only
+  // while the ring is full: `seq` - kOpRing not finished by every rank (a rank that ran that
+  // far ahead); `give_up` is asked while waiting and ends the wait (returns false).
+  template <typename GiveUp>
+  bool arrive(uint32_t rank, const OpPost& mine, Arrival* out, OpPost* earlier, GiveUp give_up);
+
+  // This rank has finished reading the posts of op `seq` (its slot may be reused).
+  void finish(uint32_t rank, uint64_t seq);
+
+  // Flag addresses in the region (host addresses; the caller maps them for its streams).
+  uint32_t* ready_flag(uint32_t rank, uint64_t seq);
+  uint32_t* done_flag(uint32_t rank, uint32_t peer, uint64_t seq);
+  // Every flag, for release: [flags_begin, flags_begin + flag_count).
+  uint32_t* flags_begin();
+  size_t flag_count() const;
+
+  uint32_t nranks() const { return nranks_; }
+
+ private:
+  struct Shared;
+  bool ring_free(uint32_t rank, uint64_t seq) const;
+  void post(uint32_t rank, const OpPost& mine);
+  Arrival join(uint32_t rank, const OpPost& mine, OpPost* earlier);
+  Shared* shared_;
+  uint32_t nranks_;
+};
+
+template <typename GiveUp>
+bool OpExchange::arrive(uint32_t rank, const OpPost& mine, Arrival* out, OpPost* earlier,
+                        GiveUp give_up) {
+  for (uint32_t spins = 0; !ring_free(rank, mine.seq); ++spins)
+    if (give_up(spins)) return false;
+  post(rank, mine);
+  *out = join(rank, mine, earlier);
+  return true;
+}
+
+}  // namespace zc

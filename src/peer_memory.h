@@ -1,0 +1,91 @@
+// Reaching the applications' own buffers across ranks, for the zero-copy all-gather.
+//
+//   describe   what a rank posts about one of its buffers (op_exchange.h): its address, for
+//              the GPUs of its own process, and the physical allocations it lies in, exported
+//              as POSIX file descriptors kept in this process's fd service (fd_exchange.h), for
+//              the other processes.
+//   resolve    the other side: a peer's buffer range as spans of this process's address space.
+//              In the peer's process, its address (peer access enabled once per pair of
+//              devices); elsewhere, its allocations imported and mapped whole, cached by
+//              (process, block id) — a block id names one physical allocation for the life of
+//              its process, so an address the peer's allocator reuses never hits a stale entry.
+//
+// Which memory can be reached how:
+//   cudaMalloc memory   by address in its process; not across processes (legacy IPC would need
+//                       a release protocol: the exporter may free while a peer still maps it).
+//   cuMem memory        by address in its process when cuMemGetAccess grants the peer's device;
+//                       across processes when its allocation allows POSIX fds (PyTorch's
+//                       expandable segments do). An import keeps the exporter's memory alive
+//                       until it is unmapped, even after the exporter freed it: the caches are
+//                       bounded, and `held_bytes` reports what this rank holds of its peers.
+//   anything else       (host, managed, stream-ordered pools): not reachable; the op then goes
+//                       to NCCL when this rank decides it (op_exchange.h).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "direct_plan.h"
+#include "op_exchange.h"
+
+namespace zc {
+
+// Who must be able to reach a rank's buffers.
+struct ReachNeeds {
+  bool by_pointer = false;  // a peer in this process
+  bool by_extents = false;  // a peer in another process
+  int peer_devices[kMaxRanks] = {};
+  int npeer_devices = 0;  // the devices of the peers in this process
+};
+
+// Fills `out` for [addr, addr + bytes) and returns whether every peer that needs it can reach
+// it. Call on the application's thread with the buffer's device current.
+bool describe_buffer(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const ReachNeeds& needs,
+                     OpBuffer* out);
+
+// Exported allocations: withdraws the fd-service entries of allocations no longer mapped where
+// they were (freed by the application). Cheap enough to call every few ops.
+void sweep_exports(const CudaDriver& cu);
+
+// One communicator's imports of its peers' allocations, on `device`.
+class PeerImports {
+ public:
+  explicit PeerImports(int device) : device_(device) {}
+  ~PeerImports();  // releases every mapping: the caller made sure nothing uses them any more
+  PeerImports(const PeerImports&) = delete;
+  PeerImports& operator=(const PeerImports&) = delete;
+
+  // [addr, addr + bytes) of the peer's buffer `buf` (posted by process `pid` whose fd service
+  // is at `fd_address`) as spans here; false with *why when it cannot be mapped.
+  bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
+               uint64_t addr, uint64_t bytes, uint64_t seq, std::vector<Span>* out,
+               const char** why);
+  // Unmaps what no op since `keep_from_seq` used (call only when no stream of ours runs).
+  void trim(const CudaDriver& cu, uint64_t keep_from_seq);
+  uint64_t held_bytes() const { return held_; }
+
+ private:
+  struct Mapping {
+    CUdeviceptr va = 0;
+    uint64_t bytes = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    uint64_t last_seq = 0;
+  };
+  bool import_missing(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
+                      uint64_t addr, uint64_t bytes, const char** why);
+  void release(const CudaDriver& cu, Mapping* m);
+  int device_;
+  uint64_t held_ = 0;
+  std::map<std::pair<int, uint64_t>, Mapping> maps_;  // (pid, block id) -> mapping
+};
+
+// Lets `device`'s context reach cudaMalloc memory of `peer_device` by address. Tolerates
+// "already enabled" (NCCL enables it too).
+bool enable_peer_access(const CudaDriver& cu, int device, int peer_device);
+
+}  // namespace zc

@@ -1,0 +1,214 @@
+// How fast can one GPU move data into and out of another process's cuMem memory that it
+// imported from POSIX fds (the zero-copy all-gather's cross-process case)?
+//
+// Two processes (fork before CUDA), GPU 0 exports, GPU 1 imports and issues every copy:
+//   pull        GPU 0's chunk -> GPU 1's buffer, one stream
+//   push        GPU 1's chunk -> GPU 0's buffer, one stream
+//   push+pull   both at once, two streams (what the later rank of a pair issues)
+// for GPU 0's memory as one allocation, and as 20 MiB allocations mapped back to back (as
+// PyTorch's expandable segments; one copy per piece). Prints GB/s per direction, best of 5.
+//   nvcc -O2 -gencode=arch=compute_90,code=sm_90 -o import_copy_probe import_copy_probe.cu -lcuda
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CK(x)                                                                \
+  do {                                                                       \
+    CUresult r_ = (x);                                                       \
+    if (r_ != CUDA_SUCCESS) {                                                \
+      const char* s_ = nullptr;                                              \
+      cuGetErrorString(r_, &s_);                                             \
+      printf("%s failed: %s (line %d)\n", #x, s_ ? s_ : "?", __LINE__);     \
+      exit(1);                                                               \
+    }                                                                        \
+  } while (0)
+
+constexpr size_t kBytes = 256ull << 20;
+constexpr size_t kPiece = 20ull << 20;
+
+void send_fds(int sock, const std::vector<int>& fds) {
+  char dummy = 'x';
+  iovec iov{&dummy, 1};
+  std::vector<char> ctl(CMSG_SPACE(sizeof(int) * fds.size()));
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl.data();
+  m.msg_controllen = ctl.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  if (sendmsg(sock, &m, 0) < 0) perror("sendmsg");
+}
+
+std::vector<int> recv_fds(int sock, size_t n) {
+  char dummy;
+  iovec iov{&dummy, 1};
+  std::vector<char> ctl(CMSG_SPACE(sizeof(int) * n));
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl.data();
+  m.msg_controllen = ctl.size();
+  if (recvmsg(sock, &m, 0) < 0) perror("recvmsg");
+  std::vector<int> fds(n);
+  memcpy(fds.data(), CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int) * n);
+  return fds;
+}
+
+CUmemAllocationProp prop(int dev) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+// Maps each of `handles` (each `piece` bytes) at an address of its own, read-write for `dev`
+// (as zerocta maps what it imports).
+std::vector<CUdeviceptr> map_each(const std::vector<CUmemGenericAllocationHandle>& handles,
+                                  size_t piece, int dev) {
+  std::vector<CUdeviceptr> out;
+  for (auto h : handles) {
+    CUdeviceptr va;
+    CK(cuMemAddressReserve(&va, piece, 0, 0, 0));
+    CK(cuMemMap(va, piece, 0, h, 0));
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = dev;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CK(cuMemSetAccess(va, piece, &a, 1));
+    out.push_back(va);
+  }
+  return out;
+}
+
+void exporter(int sock, size_t piece) {
+  CK(cuInit(0));
+  CUcontext ctx;
+  CUdevice d;
+  CK(cuDeviceGet(&d, 0));
+  CK(cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(cuCtxSetCurrent(ctx));
+  const CUmemAllocationProp p = prop(0);
+  std::vector<CUmemGenericAllocationHandle> h(2 * kBytes / piece);  // send half, recv half
+  std::vector<int> fds;
+  for (auto& x : h) {
+    CK(cuMemCreate(&x, piece, &p, 0));
+    int fd;
+    CK(cuMemExportToShareableHandle(&fd, x, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    fds.push_back(fd);
+  }
+  for (CUdeviceptr va : map_each(h, piece, 0)) CK(cuMemsetD8(va, 1, piece));
+  for (size_t at = 0; at < fds.size(); at += 200)
+    send_fds(sock, std::vector<int>(fds.begin() + at, fds.begin() + std::min(fds.size(), at + 200)));
+  char done;
+  if (read(sock, &done, 1) != 1) perror("read");
+}
+
+void importer(int sock, size_t piece, bool peer_access) {
+  CK(cuInit(0));
+  CUcontext ctx;
+  CUdevice d;
+  CK(cuDeviceGet(&d, 1));
+  CK(cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(cuCtxSetCurrent(ctx));
+  if (peer_access) {  // a context on the exporter's GPU in this process, and peer access to it
+    CUcontext other;
+    CUdevice d0;
+    CK(cuDeviceGet(&d0, 0));
+    CK(cuDevicePrimaryCtxRetain(&other, d0));
+    CK(cuCtxEnablePeerAccess(other, 0));
+  }
+  const size_t n = 2 * kBytes / piece;
+  std::vector<int> fds;
+  for (size_t at = 0; at < n; at += 200) {
+    auto part = recv_fds(sock, std::min<size_t>(200, n - at));
+    fds.insert(fds.end(), part.begin(), part.end());
+  }
+  std::vector<CUmemGenericAllocationHandle> h(n);
+  for (size_t i = 0; i < n; ++i)
+    CK(cuMemImportFromShareableHandle(&h[i], reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i])),
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  const std::vector<CUdeviceptr> peer = map_each(h, piece, 1);  // [send | recv] of GPU 0
+  const size_t half = kBytes / piece;
+  CUdeviceptr mine;
+  CK(cuMemAlloc(&mine, 2 * kBytes));
+  CUstream s[2];
+  CK(cuStreamCreate(&s[0], CU_STREAM_NON_BLOCKING));
+  CK(cuStreamCreate(&s[1], CU_STREAM_NON_BLOCKING));
+  CUevent e0, e1;
+  CK(cuEventCreate(&e0, 0));
+  CK(cuEventCreate(&e1, 0));
+  const char* names[] = {"pull", "push", "push+pull", "push+pull, push batched"};
+  for (int mode = 0; mode < 4; ++mode) {
+    float best = 1e9;
+    for (int rep = 0; rep < 6; ++rep) {
+      CK(cuCtxSynchronize());
+      CK(cuEventRecord(e0, s[0]));
+      CK(cuStreamWaitEvent(s[1], e0, 0));
+      std::vector<CUdeviceptr> bd, bs;
+      std::vector<size_t> bn;
+      for (size_t i = 0; i < half; ++i) {
+        if (mode != 1) CK(cuMemcpyAsync(mine + kBytes + i * piece, peer[i], piece, s[1]));  // pull
+        if (mode == 1 || mode == 2) CK(cuMemcpyAsync(peer[half + i], mine + i * piece, piece, s[0]));
+        if (mode == 3) bd.push_back(peer[half + i]), bs.push_back(mine + i * piece), bn.push_back(piece);
+      }
+      if (mode == 3) {
+        CUmemcpyAttributes attr{};
+        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+        size_t idx = 0;
+        CK(cuMemcpyBatchAsync(bd.data(), bs.data(), bn.data(), bd.size(), &attr, &idx, 1, s[0]));
+      }
+      CK(cuEventRecord(e1, s[1]));
+      CK(cuStreamWaitEvent(s[0], e1, 0));
+      CK(cuEventRecord(e1, s[0]));
+      CK(cuEventSynchronize(e1));
+      float ms;
+      CK(cuEventElapsedTime(&ms, e0, e1));
+      if (rep > 0 && ms < best) best = ms;
+    }
+    printf("RESULT piece=%zuMiB peer_access=%d %-24s %.3f ms  %.1f GB/s per direction\n",
+           piece >> 20, peer_access ? 1 : 0, names[mode], best, kBytes / (best / 1000) / 1e9);
+  }
+  char done = 1;
+  if (write(sock, &done, 1) != 1) perror("write");
+}
+
+// The parent never touches CUDA: each case is a fresh pair of processes.
+int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);  // children end with _exit
+  for (bool peer_access : {false, true})
+  for (size_t piece : {kPiece, kBytes}) {
+    int sv[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+    pid_t a = fork();
+    if (a == 0) {
+      close(sv[1]);
+      exporter(sv[0], piece);
+      _exit(0);
+    }
+    pid_t b = fork();
+    if (b == 0) {
+      close(sv[0]);
+      importer(sv[1], piece, peer_access);
+      _exit(0);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    waitpid(a, nullptr, 0);
+    waitpid(b, nullptr, 0);
+  }
+  return 0;
+}

@@ -1,0 +1,240 @@
+#include "nccl_ranks.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda_check.h"
+#include "gpu_hello.h"
+
+namespace zcb {
+
+namespace {
+
+void send_hello(Channel* ch, int rank, int nccl_version, const ShimProbe& shim) {
+  HelloMsg h = gpu_hello(rank, rank);
+  h.nccl_version = nccl_version;
+  h.shim_loaded = shim.loaded;
+  h.shim_version = shim.version;
+  ch->send(kMsgHello, &h, sizeof(h));
+}
+
+// The comparison is only honest if each path runs exactly as labelled.
+void check_shim(PathId path, const ShimProbe& shim) {
+  if (path_uses_shim(path) && !shim.loaded) {
+    const char* pre = getenv("LD_PRELOAD");
+    fatal("libzerocta.so is not loaded in this process (LD_PRELOAD=%s); path %s measures nothing",
+          pre ? pre : "", path_name(path));
+  }
+  if (!path_uses_shim(path) && shim.loaded)
+    fatal(
+        "libzerocta.so is loaded in this process but path %s must run without it; remove it "
+        "from LD_PRELOAD",
+        path_name(path));
+}
+
+// Rank 0's id reaches the other processes through the parent; a process holding every rank
+// makes its own.
+ncclUniqueId unique_id(bool first_rank_here, bool every_rank_here, Channel* ch) {
+  ncclUniqueId id;
+  if (first_rank_here) {
+    ZCB_NCCL(ncclGetUniqueId(&id));
+    if (every_rank_here) return id;
+    UniqueIdMsg m;
+    memcpy(m.bytes, id.internal, sizeof(m.bytes));
+    ch->send(kMsgUniqueId, &m, sizeof(m));
+    return id;
+  }
+  UniqueIdMsg m;
+  if (!ch->receive(kMsgUniqueIdFwd, &m, sizeof(m))) fatal("no NCCL unique id from the parent");
+  memcpy(id.internal, m.bytes, sizeof(m.bytes));
+  return id;
+}
+
+// ncclGroupStart/End around the calls of several local ranks (one thread must not block in
+// one GPU's call while its peers' calls are not issued yet); nothing around a single rank,
+// which makes the plain calls an application makes.
+class LocalGroup {
+ public:
+  explicit LocalGroup(bool several) : several_(several) {
+    if (several_) ZCB_NCCL(ncclGroupStart());
+  }
+  ~LocalGroup() {
+    if (several_) ZCB_NCCL(ncclGroupEnd());
+  }
+
+ private:
+  bool several_;
+};
+
+}  // namespace
+
+NcclRanks::NcclRanks(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch)
+    : o_(o), path_(path), nranks_(nranks) {
+  const bool every = worker_rank < 0;
+  for (int r = every ? 0 : worker_rank; r < (every ? nranks : worker_rank + 1); ++r) {
+    ranks_.emplace_back();
+    ranks_.back().rank = r;
+  }
+  int version = 0;
+  ZCB_NCCL(ncclGetVersion(&version));
+  shim_ = probe_shim();
+  for (const Rank& k : ranks_) {
+    ZCB_CUDA(cudaSetDevice(k.rank));
+    send_hello(ch, k.rank, version, shim_);
+  }
+  check_shim(path, shim_);
+  const ncclUniqueId id = unique_id(ranks_.front().rank == 0, every, ch);
+
+  // The init time is the communicators' alone: the CUDA contexts exist (cudaFree(0)) and every
+  // process starts together, so no process's start-up is counted by its peers.
+  for (const Rank& k : ranks_) {
+    ZCB_CUDA(cudaSetDevice(k.rank));
+    ZCB_CUDA(cudaFree(nullptr));
+  }
+  ch->agree_max(0);
+  const auto start = std::chrono::steady_clock::now();
+  create_comms(id);
+  init_ms_ =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+void NcclRanks::create_comms(const ncclUniqueId& id) {
+  LocalGroup group(size() > 1);  // ncclCommInitAll's way: one group over every local rank
+  for (Rank& k : ranks_) {
+    ZCB_CUDA(cudaSetDevice(k.rank));
+    if (path_sets_zero_policy(path_)) {
+      // The zero-CTA policy in the config: what NCCL 2.28 requires for its CE all-gather
+      // (nccl-ce), and all nccl-policy changes.
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+      ZCB_NCCL(ncclCommInitRankConfig(&k.comm, nranks_, id, k.rank, &config));
+    } else {
+      ZCB_NCCL(ncclCommInitRank(&k.comm, nranks_, id, k.rank));
+    }
+  }
+}
+
+void NcclRanks::set_device(int i) const { ZCB_CUDA(cudaSetDevice(ranks_[i].rank)); }
+
+std::vector<char*> NcclRanks::alloc(size_t bytes) {
+  std::vector<char*> out;
+  {
+    // nccl-ce: ncclMemAlloc (cuMem) memory in symmetric windows; the registrations of several
+    // local ranks are collective, so they go in one group.
+    LocalGroup group(size() > 1 && path_ == PathId::kNcclCe);
+    for (Rank& k : ranks_) {
+      ZCB_CUDA(cudaSetDevice(k.rank));
+      Buffer b;
+      if (path_ == PathId::kNcclCe) {
+        ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
+        ZCB_NCCL(ncclCommWindowRegister(k.comm, b.ptr, bytes, &b.win, NCCL_WIN_COLL_SYMMETRIC));
+      } else if (o_.alloc == BufferAlloc::kCuMem) {
+        b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes);
+        b.ptr = b.cumem->ptr();
+      } else {
+        ZCB_CUDA(cudaMalloc(&b.ptr, bytes));
+      }
+      out.push_back(static_cast<char*>(b.ptr));
+      k.buffers.push_back(std::move(b));
+    }
+  }
+  // A grouped registration fills its window in ncclGroupEnd: check after the group.
+  if (path_ == PathId::kNcclCe)
+    for (const Rank& k : ranks_)
+      if (k.buffers.back().win == nullptr)
+        fatal(
+            "ncclCommWindowRegister returned no window for %zu bytes on rank %d: NCCL cannot "
+            "use its copy-engine path on this machine (symmetric memory unsupported)",
+            bytes, k.rank);
+  return out;
+}
+
+void NcclRanks::collective(CollOp op, const std::vector<Placement>& place, size_t count,
+                           ncclDataType_t type, const std::vector<cudaStream_t>& streams) {
+  LocalGroup group(size() > 1);
+  for (int i = 0; i < size(); ++i) {
+    if (size() > 1) set_device(i);
+    const ncclComm_t comm = ranks_[i].comm;
+    const void* send = place[i].send;
+    void* recv = place[i].recv;
+    switch (op) {
+      case CollOp::kAllGather:
+        ZCB_NCCL(ncclAllGather(send, recv, count, type, comm, streams[i]));
+        break;
+      case CollOp::kAllReduce:
+        ZCB_NCCL(ncclAllReduce(send, recv, count, type, ncclSum, comm, streams[i]));
+        break;
+      case CollOp::kReduceScatter:
+        ZCB_NCCL(ncclReduceScatter(send, recv, count, type, ncclSum, comm, streams[i]));
+        break;
+      case CollOp::kBroadcast:
+        ZCB_NCCL(ncclBroadcast(send, recv, count, type, kBroadcastRoot, comm, streams[i]));
+        break;
+    }
+  }
+}
+
+void NcclRanks::check_async_error() {
+  for (const Rank& k : ranks_) {
+    ncclResult_t async = ncclSuccess;
+    ZCB_NCCL(ncclCommGetAsyncError(k.comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+      fatal("rank %d: communicator error: %s (%d)", k.rank, ncclGetErrorString(async),
+            static_cast<int>(async));
+  }
+}
+
+void NcclRanks::free_buffers() {
+  // Windows first, in one group (deregistration is collective), then the memory.
+  if (path_ == PathId::kNcclCe) {
+    ncclGroupStart();
+    for (Rank& k : ranks_)
+      for (auto it = k.buffers.rbegin(); it != k.buffers.rend(); ++it)
+        if (it->win) ncclCommWindowDeregister(k.comm, it->win);
+    ncclGroupEnd();
+  }
+  for (Rank& k : ranks_) {
+    cudaSetDevice(k.rank);
+    for (auto it = k.buffers.rbegin(); it != k.buffers.rend(); ++it) {
+      if (path_ == PathId::kNcclCe)
+        ncclMemFree(it->ptr);
+      else if (!it->cumem)
+        cudaFree(it->ptr);
+      it->cumem.reset();
+    }
+    k.buffers.clear();
+  }
+}
+
+NcclRanks::~NcclRanks() {
+  for (const Rank& k : ranks_) {
+    cudaSetDevice(k.rank);
+    cudaDeviceSynchronize();
+  }
+  free_buffers();
+  if (size() > 1) {
+    // One thread finalizing several communicators: in one group, or the first one's
+    // finalization would wait for its peers' forever.
+    ncclGroupStart();
+    for (const Rank& k : ranks_)
+      if (k.comm) ncclCommFinalize(k.comm);
+    ncclGroupEnd();
+  }
+  for (const Rank& k : ranks_)
+    if (k.comm) ncclCommDestroy(k.comm);
+}
+
+void send_shim_totals(Channel* ch, int rank, zerocta_op_t op) {
+  zerocta_stats_t s;
+  if (!shim_stats(&s)) return;
+  ShimTotalsMsg m{};
+  m.rank = rank;
+  for (int i = 0; i < zerocta_route_count; ++i) m.op_calls[i] = s.counters[op][i].calls;
+  m.comms_created = s.comms_created;
+  m.comms_zero_policy = s.comms_zero_policy;
+  m.comms_ce_ready = s.comms_ce_ready;
+  ch->send(kMsgShimTotals, &m, sizeof(m));
+}
+
+}  // namespace zcb
