@@ -1,6 +1,7 @@
 #include "ce_allgather.h"
 
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ce_exec.h"
@@ -37,26 +38,88 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   if (ok) p->reach = (ce.needs.by_pointer ? uint32_t{kReachPointer} : 0u) | kReachExtents;
 }
 
-// Where an earlier rank's chunk is and where mine goes in its receive buffer, in this process.
-bool spans_of(CommState& st, int e, const OpPost& post, uint64_t chunk, const char** why) {
-  CeComm& ce = *st.ce;
-  const uint64_t src = post.send.addr;
-  const uint64_t dst = post.recv.addr + static_cast<uint64_t>(st.rank) * chunk;
-  std::vector<Span>& from = ce.view.pull_from[e];
-  std::vector<Span>& to = ce.view.push_to[e];
+// How long an earlier rank waits for a later one in another process to claim "each pushes"
+// before it leaves both copies to it (op_exchange.h): a base for ranks that issue in step, plus
+// half the op's own transfer time at ~400 GB/s (a later rank further behind delays the op more
+// than the slower copies would). A rank whose host runs ahead of its peers' is slowed by this
+// until it is back in step, which lets the pairs push both ways again.
+int64_t pair_wait_us(uint64_t chunk) { return 300 + static_cast<int64_t>(chunk / 800000); }
+
+int64_t now_us() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
+}
+
+// A peer's buffer range as spans in this process: by address in its process, else imported.
+bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64_t addr,
+           uint64_t bytes, std::vector<Span>* out, const char** why) {
   if (post.reach == 0) {
     *why = "a rank's buffers cannot be reached by its peers (another allocator on that rank?)";
     return false;
   }
   if (post.pid == static_cast<int32_t>(getpid())) {
-    from.assign(1, Span{src, chunk});
-    to.assign(1, Span{dst, chunk});
+    out->assign(1, Span{addr, bytes});
     return true;
   }
-  const CudaDriver& cu = *cuda_driver();
-  const MemberFacts& m = st.members[static_cast<size_t>(e)];
-  return ce.imports->resolve(cu, post.send, m.pid, m.fd_address, src, chunk, ce.seq, &from, why) &&
-         ce.imports->resolve(cu, post.recv, m.pid, m.fd_address, dst, chunk, ce.seq, &to, why);
+  const MemberFacts& m = st.members[static_cast<size_t>(p)];
+  return st.ce->imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes,
+                                 st.ce->seq, out, why);
+}
+
+bool same_process(const CommState& st, int p) {
+  return st.members[static_cast<size_t>(p)].pid == static_cast<int32_t>(getpid());
+}
+
+// This rank's part with every peer for op `a.seq`: as the later rank of a pair it settles the
+// pair at once; as the earlier one it waits for later ranks in
+// other processes to claim "each pushes" (pair_wait_us in all), then settles the rest as
+// "later does both".
+bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
+                const char** why) {
+  CeComm& ce = *st.ce;
+  OpExchange& ops = *ce.ops;
+  const uint32_t me = static_cast<uint32_t>(st.rank);
+  const uint64_t my_slot_in_peer = static_cast<uint64_t>(st.rank) * chunk;
+  const int64_t deadline = now_us() + pair_wait_us(chunk);
+  for (int p = 0; p < st.nranks; ++p) {
+    PeerPart& part = ce.view.peers[p];
+    part = PeerPart{};
+    if (p == st.rank) continue;
+    const uint32_t q = static_cast<uint32_t>(p);
+    if (a.before >> p & 1) {  // I am the later one
+      const OpPost& e = ce.earlier[static_cast<size_t>(p)];
+      const bool each = !same_process(st, p) && mine.reach != 0;
+      const PairMode m = ops.settle_pair(q, me, a.seq,
+                                         each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
+      part.push = true;
+      part.pull = m == PairMode::kLaterDoesBoth;
+      part.peer_copies = m == PairMode::kEachPushes;
+      if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, &part.to, why) ||
+          (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, &part.from, why)))
+        return false;
+      continue;
+    }
+    if (!same_process(st, p))  // I am the earlier one: give a later rank elsewhere a moment
+      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && now_us() < deadline; ++spins)
+        if (spins > 64) sched_yield();
+    part.peer_copies = true;
+    if (ops.settle_pair(me, q, a.seq, PairMode::kLaterDoesBoth) == PairMode::kLaterDoesBoth)
+      continue;
+    OpPost l;
+    if (!ops.read_post(q, a.seq, &l)) {
+      *why = "a peer settled a pair without its post";
+      return false;
+    }
+    if (l.mode != mine.mode || l.count != mine.count || l.datatype != mine.datatype) {
+      *why = "a later rank issued another op at the same position";
+      return false;
+    }
+    part.push = true;
+    if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, &part.to, why))
+      return false;
+  }
+  return true;
 }
 
 void build_view(CommState& st, const Arrival& a, const void* send, void* recv, uint64_t chunk) {
@@ -69,7 +132,6 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
   v.chunk = chunk;
   v.send = reinterpret_cast<uint64_t>(send);
   v.recv = reinterpret_cast<uint64_t>(recv);
-  v.before = a.before;
   for (uint32_t r = 0; r < static_cast<uint32_t>(st.nranks); ++r) {
     v.ready[r] = ce.dev(ce.ops->ready_flag(r, a.seq));
     v.done_to[r] = ce.dev(ce.ops->done_flag(r, me, a.seq));
@@ -148,9 +210,8 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     return fail(st, ncclInvalidUsage, "this rank's buffers cannot be reached by later peers",
                 "allocated where no copy engine of a peer reaches them");
   const char* why = "";
-  for (int e = 0; e < st.nranks; ++e)
-    if ((a.before >> e & 1) && !spans_of(st, e, ce->earlier[static_cast<size_t>(e)], chunk, &why))
-      return fail(st, ncclSystemError, "reaching a peer's buffers", why);
+  if (!plan_parts(st, a, mine, chunk, &why))
+    return fail(st, ncclSystemError, "reaching a peer's buffers", why);
   build_view(st, a, sendbuff, recvbuff, chunk);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);

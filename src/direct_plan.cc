@@ -51,33 +51,32 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   PlanWriter w(plan);
   const uint64_t own = v.recv + static_cast<uint64_t>(v.rank) * v.chunk;
   const bool in_place = v.send == own;
-  auto earlier = [&](int r) { return r != v.rank && (v.before >> r & 1); };
-  auto later = [&](int r) { return r != v.rank && !(v.before >> r & 1); };
+  auto copies = [&](int p) { return p != v.rank && (v.peers[p].push || v.peers[p].pull); };
 
   w.record(S::kUser, kEvStart);
   w.wait_event(S::kPush, kEvStart);
   w.write(S::kPush, v.ready[v.rank], v.seq);
-  for (int e = 0; e < v.nranks; ++e)
-    if (earlier(e)) w.wait_geq(S::kPush, v.ready[e], v.seq);
+  for (int p = 0; p < v.nranks; ++p)
+    if (copies(p)) w.wait_geq(S::kPush, v.ready[p], v.seq);
   w.record(S::kPush, kEvReady);
-  for (int e = 0; e < v.nranks; ++e)
-    if (earlier(e))
-      along_spans(v.push_to[e], v.send,
+  for (int p = 0; p < v.nranks; ++p)
+    if (p != v.rank && v.peers[p].push)
+      along_spans(v.peers[p].to, v.send,
                   [&](uint64_t peer, uint64_t mine, uint64_t n) { w.copy(S::kPush, peer, mine, n); });
   w.wait_event(S::kPull, kEvReady);
-  for (int e = 0; e < v.nranks; ++e)
-    if (earlier(e))
-      along_spans(v.pull_from[e], v.recv + static_cast<uint64_t>(e) * v.chunk,
+  for (int p = 0; p < v.nranks; ++p)
+    if (p != v.rank && v.peers[p].pull)
+      along_spans(v.peers[p].from, v.recv + static_cast<uint64_t>(p) * v.chunk,
                   [&](uint64_t peer, uint64_t mine, uint64_t n) { w.copy(S::kPull, mine, peer, n); });
   w.record(S::kPull, kEvPulled);
   w.wait_event(S::kLocal, kEvStart);
   if (!in_place) w.copy(S::kLocal, own, v.send, v.chunk);
   w.record(S::kLocal, kEvLocal);
   w.wait_event(S::kPush, kEvPulled);
-  for (int e = 0; e < v.nranks; ++e)
-    if (earlier(e)) w.write(S::kPush, v.done_to[e], v.seq);
-  for (int l = 0; l < v.nranks; ++l)
-    if (later(l)) w.wait_geq(S::kPush, v.done_from[l], v.seq);
+  for (int p = 0; p < v.nranks; ++p)
+    if (copies(p)) w.write(S::kPush, v.done_to[p], v.seq);
+  for (int p = 0; p < v.nranks; ++p)
+    if (p != v.rank && v.peers[p].peer_copies) w.wait_geq(S::kPush, v.done_from[p], v.seq);
   w.wait_event(S::kPush, kEvLocal);
   w.record(S::kPush, kEvEnd);
   w.wait_event(S::kUser, kEvEnd);

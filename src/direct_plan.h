@@ -2,20 +2,22 @@
 // Pure (addresses are integers), so that the CPU tests run the plans of several simulated ranks
 // against each other; ce_exec.cc turns it into CUDA driver calls.
 //
-// Every byte is one copy between application buffers, on copy engines. Of each pair of ranks,
-// the one that arrived later at the op (op_exchange.h) issues both copies: its own chunk into
-// the earlier rank's receive buffer (a push) and the earlier rank's chunk into its own receive
-// buffer (a pull), on two streams, since on one stream they would run one after the other. The
-// earlier rank issues no copy for that pair: it announces its buffers ready and waits until the
-// later one is done with them. Out of place, a rank copies its own chunk on a third stream
-// (a same-GPU copy); in place there is nothing to copy.
+// Every byte is one copy between application buffers, on copy engines. Each pair of ranks
+// moves its two chunks in one of two ways (op_exchange.h settles which):
+//   each pushes       both ranks write their own chunk into the other's receive buffer;
+//   later does both   the rank that arrived later writes its chunk into the earlier one's
+//                     buffer (a push) and copies the earlier one's chunk into its own (a pull),
+//                     on two streams; the earlier one only announces its buffers ready and waits
+//                     until the later one is done with them.
+// Out of place, a rank copies its own chunk on a third stream (a same-GPU copy); in place
+// there is nothing to copy.
 //
 //   user   record kEvStart                                             ... wait kEvEnd
-//   push   wait kEvStart; write ready[me]=seq; wait ready[e]>=seq for every earlier e;
-//          record kEvReady; push my chunk to every earlier e; wait kEvPulled;
-//          write done[e][me]=seq for every earlier e; wait done[me][l]>=seq for every later l;
+//   push   wait kEvStart; write ready[me]=seq; wait ready[p]>=seq for every peer p I copy to or
+//          from; record kEvReady; my pushes; wait kEvPulled; write done[p][me]=seq for every p
+//          I copied to or from; wait done[me][p]>=seq for every p that copies to or from me;
 //          wait kEvLocal; record kEvEnd
-//   pull   wait kEvReady; pull every earlier e's chunk; record kEvPulled
+//   pull   wait kEvReady; my pulls; record kEvPulled
 //   local  wait kEvStart; copy my chunk (out of place only); record kEvLocal
 //
 // The user's stream only records and waits on events: no copy and no flag wait sits on it.
@@ -57,20 +59,27 @@ struct Span {
   uint64_t addr = 0, bytes = 0;
 };
 
+// What this rank does with one peer in one op.
+struct PeerPart {
+  bool push = false;       // write my chunk into the peer's receive buffer
+  bool pull = false;       // copy the peer's chunk into my receive buffer
+  bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
+  // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
+  // my address space, as spans of `chunk` bytes in total.
+  std::vector<Span> from, to;
+};
+
 // What one rank needs to know to build its plan for one op.
 struct DirectOpView {
   int rank = 0, nranks = 0;
-  uint32_t seq = 0;        // low 32 bits of the op's number
-  uint64_t chunk = 0;      // bytes per rank
+  uint32_t seq = 0;             // low 32 bits of the op's number
+  uint64_t chunk = 0;           // bytes per rank
   uint64_t send = 0, recv = 0;  // my buffers
-  uint64_t before = 0;     // ranks that arrived earlier (bit r)
-  // For every earlier rank e: where its chunk is (to pull from) and where my chunk goes in its
-  // receive buffer (to push to), in my address space, as spans of `chunk` bytes in total.
-  std::vector<Span> pull_from[kMaxRanks], push_to[kMaxRanks];
+  PeerPart peers[kMaxRanks];
   // Flags, as my streams address them.
   uint64_t ready[kMaxRanks] = {};      // ready[r] of this op's slot
-  uint64_t done_to[kMaxRanks] = {};    // done[e][me]: I signal earlier rank e
-  uint64_t done_from[kMaxRanks] = {};  // done[me][l]: later rank l signals me
+  uint64_t done_to[kMaxRanks] = {};    // done[p][me]: I tell peer p I am done with its buffers
+  uint64_t done_from[kMaxRanks] = {};  // done[me][p]: peer p tells me
 };
 
 // Appends the plan (clears nothing: the caller reuses one vector).

@@ -7,6 +7,7 @@ namespace zc {
 // The region, laid out by rank count:
 //   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks]
 //   posts    [nranks][kOpRing] of {seq word, OpPost}
+//   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
 //   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing]   (uint32_t each)
 struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
@@ -26,8 +27,11 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be 
 constexpr size_t kPage = 4096;
 
 size_t posts_offset() { return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64; }
-size_t flags_offset(uint32_t nranks) {
+size_t pairs_offset(uint32_t nranks) {
   return posts_offset() + sizeof(SharedPost) * nranks * kOpRing;
+}
+size_t flags_offset(uint32_t nranks) {
+  return pairs_offset(nranks) + sizeof(std::atomic<uint64_t>) * nranks * nranks * kOpRing;
 }
 size_t flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (1 + nranks); }
 
@@ -107,6 +111,37 @@ Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
     if (const char* why = compare_posts(mine, earlier[r]); *why && !*a.mismatch) a.mismatch = why;
   }
   return a;
+}
+
+namespace {
+std::atomic<uint64_t>* pair_at(void* base, uint32_t nranks, uint32_t e, uint32_t l, uint64_t seq) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(base) +
+                                                  pairs_offset(nranks)) +
+         (size_t{e} * nranks + l) * kOpRing + slot_of(seq);
+}
+}  // namespace
+
+PairMode OpExchange::settle_pair(uint32_t earlier, uint32_t later, uint64_t seq, PairMode want) {
+  std::atomic<uint64_t>* w = pair_at(shared_, nranks_, earlier, later, seq);
+  uint64_t v = w->load(std::memory_order_acquire);
+  // A word still holding an older op of this slot is unsettled for this one.
+  while ((v >> 2) != seq)
+    if (w->compare_exchange_weak(v, seq << 2 | static_cast<uint64_t>(want),
+                                 std::memory_order_acq_rel))
+      return want;
+  return static_cast<PairMode>(v & 3);
+}
+
+bool OpExchange::pair_settled(uint32_t earlier, uint32_t later, uint64_t seq) const {
+  return (pair_at(shared_, nranks_, earlier, later, seq)->load(std::memory_order_acquire) >> 2) ==
+         seq;
+}
+
+bool OpExchange::read_post(uint32_t rank, uint64_t seq, OpPost* out) const {
+  const SharedPost* p = post_at(shared_, rank, seq);
+  if (p->seq.load(std::memory_order_acquire) != seq) return false;
+  memcpy(out, &p->body, sizeof(OpPost));
+  return true;
 }
 
 void OpExchange::finish(uint32_t rank, uint64_t seq) {

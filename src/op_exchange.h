@@ -22,6 +22,14 @@
 //   verdict  whether op `seq` takes the copy engines or goes to NCCL on every rank. The first
 //            rank to arrive decides it from its own post (route, if its buffers can be reached;
 //            else NCCL) and every later rank follows: a per-op choice, taken once for all.
+//   pair     how a pair of ranks moves its two chunks, settled once per op by a compare-and-swap
+//            on the pair's word, so both see the same answer: the later rank claims "each
+//            pushes" on arrival (the earlier one then writes its own chunk into the later one's
+//            buffer: both GPUs' copy engines work); an earlier rank that gave up waiting for
+//            the later one claims "later does both" (the later rank then also pulls). Measured
+//            on H200 (tests/gpu/probes/import_copy_probe.cu): one GPU's copies to and from
+//            another process's cuMem memory run one after the other, so a pair runs at twice
+//            the speed when each GPU moves one direction.
 //   ready    flag ready[r][slot] = seq (low 32 bits): rank r's buffers are ready for op seq
 //            (written by r's stream once the work before the op is done).
 //   done     flag done[r][p][slot] = seq: rank p has finished with r's buffers for op seq.
@@ -35,11 +43,12 @@
 namespace zc {
 
 constexpr uint32_t kOpRing = 16;
-constexpr uint32_t kMaxExtents = 48;  // per buffer: physical allocations one post can describe
+constexpr uint32_t kMaxExtents = 160;  // per buffer: physical allocations one post can describe
 constexpr uint32_t kOpRanks = 64;     // ranks the exchange can serve
 
 enum class OpMode : uint32_t { kEager = 1, kCaptured = 2 };
 enum class OpVerdict : uint32_t { kRoute = 1, kNccl = 2 };
+enum class PairMode : uint32_t { kEachPushes = 1, kLaterDoesBoth = 2 };
 
 // How a rank's buffers can be reached by its peers.
 enum OpReach : uint32_t {
@@ -98,6 +107,14 @@ class OpExchange {
 
   // This rank has finished reading the posts of op `seq` (its slot may be reused).
   void finish(uint32_t rank, uint64_t seq);
+
+  // The pair (earlier, later) of op `seq`: claims `want` unless the pair is settled already,
+  // and returns the settled mode. Never waits.
+  PairMode settle_pair(uint32_t earlier, uint32_t later, uint64_t seq, PairMode want);
+  // Whether the pair is settled for op `seq` (an earlier rank polls this while it waits).
+  bool pair_settled(uint32_t earlier, uint32_t later, uint64_t seq) const;
+  // The post of `rank` for op `seq` (it must have arrived), copied into *out.
+  bool read_post(uint32_t rank, uint64_t seq, OpPost* out) const;
 
   // Flag addresses in the region (host addresses; the caller maps them for its streams).
   uint32_t* ready_flag(uint32_t rank, uint64_t seq);
