@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 
+#include "cumem_buffer.h"
 #include "gpu_gtest.h"
 #include "gpu_kernels.h"
 #include "mp_harness.h"
@@ -191,8 +192,10 @@ int cycles_rank(const RankContext& ctx, const Knobs& k) {
   void *send = nullptr, *recv = nullptr;
   VerifyCounts* counts = nullptr;
   ZG_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ZG_CUDA(cudaMalloc(&send, k.per_rank));
-  ZG_CUDA(cudaMalloc(&recv, k.per_rank * ctx.nranks));
+  // Exportable cuMem memory (as PyTorch's expandable segments): the route reaches it from the
+  // other process, so every cycle imports the peer's buffers and drops them at the destroy.
+  send = cumem_alloc(k.per_rank);
+  recv = cumem_alloc(k.per_rank * ctx.nranks);
   ZG_CUDA(cudaMalloc(&counts, sizeof(VerifyCounts)));
   const int64_t start = now_ns();
   Destroyer destroyer(k.destroy_lag);
@@ -256,8 +259,8 @@ int cycles_rank(const RankContext& ctx, const Knobs& k) {
     me->comms_ce_ready = s.comms_ce_ready;
     me->pool_bytes_end = s.pool_bytes;
   }
-  cudaFree(send);
-  cudaFree(recv);
+  cumem_free(send);
+  cumem_free(recv);
   cudaFree(counts);
   cudaStreamDestroy(stream);
   return me->bad_bytes == 0 ? 0 : 1;

@@ -1,6 +1,6 @@
 // Faults on the GPU: nothing hangs and nothing is corrupted when a peer dies, when the
-// application aborts a communicator with zerocta's operations queued, or when the pool cannot
-// be had. Two ranks, run with the multi-process harness; the ranks set ZEROCTA_ALLGATHER
+// application aborts a communicator with zerocta's operations queued, or when ranks disagree on
+// what an op is (captured on one rank, eager on the other). Two ranks, run with the multi-process harness; the ranks set ZEROCTA_ALLGATHER
 // themselves (ZEROCTA_FAULT_ALLGATHER, default zerocta), so with LD_PRELOAD=libzerocta.so every
 // all-gather takes zerocta's copy-engine route, and without it the same test measures NCCL
 // alone (a baseline).
@@ -14,14 +14,14 @@
 //       ZEROCTA_FAULT_ABORT_BOUND_S; then rank 1 issues its side, aborts too, and drains. Guard
 //       bytes around every output must keep their poison (no stray copy), and both exit 0.
 //   FaultAbort.AbortReleasesWaitingGraphReplays   the same with the all-gathers queued as
-//       replays of a graph captured in global mode.
-//   PoolOom.HugePoolOnEveryRank / PoolOom.HugePoolOnOneRank   ZEROCTA_POOL_BYTES larger
-//       than any GPU (ZEROCTA_FAULT_OOM_POOL, default 1T) on every rank (the arena's cuMemCreate
-//       fails everywhere) or on rank 1 only (the settings differ): every rank passes through,
-//       results are bitwise right, and each rank that asked for the route logs the reason
-//       once for two communicators.
+//       replays of a graph captured in global mode (captured ops go to NCCL on every rank).
 //   Capture.DiscardedAndRetriedOnOneRank   rank 0 discards a capture and captures again, rank 1
-//       captures once; replays and later eager all-gathers complete, bitwise right.
+//       captures once; then both run eager all-gathers. The replays run (NCCL); the ranks'
+//       op counts now differ by one, which the mode tag turns into an error on every rank
+//       (ncclInvalidUsage or ncclRemoteError), never a hang and never a wrong result passed
+//       off as right.
+//   Capture.EagerOnOneRankCapturedOnTheOther   the same kind of error when rank 0 runs an
+//       all-gather eagerly where rank 1 captures it.
 //   Channel.*   ranks that cannot meet: rank 1 without the shim's work (ZEROCTA_ENABLE=0), or
 //       in another channel directory (as if on another host): pass-through, no hang.
 //   ConfigMismatch.*   ZEROCTA_ALLGATHER differing across ranks (zerocta vs nccl, off vs
@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "cumem_buffer.h"
 #include "gpu_gtest.h"
 #include "gpu_kernels.h"
 #include "mp_harness.h"
@@ -105,6 +106,7 @@ struct Report {
   int32_t off_lines;                 // agreement tests: "copy-engine all-gather off" WARN lines
   int32_t reason_ok;                 // agreement tests: the line names the expected reason
   uint64_t comms_ce_ready;
+  int32_t error_seen;  // Capture: the error this rank saw (0 = none)
 };
 static_assert(sizeof(Report) <= kRankSharedBlockBytes, "report must fit the shared block");
 Report* report_of(int rank) { return static_cast<Report*>(rank_shared_block(rank)); }
@@ -127,8 +129,10 @@ class Gathers {
       : comm_(comm), rank_(ctx.rank), nranks_(ctx.nranks) {
     per_rank_ = total_bytes / static_cast<size_t>(nranks_);
     ZG_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ZG_CUDA(cudaMalloc(&send_, per_rank_));
-    ZG_CUDA(cudaMalloc(&recv_, per_rank_ * nranks_ + 2 * kGuard));
+    // Exportable cuMem memory, as PyTorch's expandable segments: the route reaches it from the
+    // other process (cudaMalloc memory would send every all-gather to NCCL).
+    send_ = cumem_alloc(per_rank_);
+    recv_ = cumem_alloc(per_rank_ * nranks_ + 2 * kGuard);
     ZG_CUDA(cudaMalloc(&counts_, sizeof(VerifyCounts)));
     for (cudaEvent_t& e : events_) ZG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     ZG_CUDA(cudaMemsetAsync(recv_, kPoison, per_rank_ * nranks_ + 2 * kGuard, stream_));
@@ -175,14 +179,17 @@ class Gathers {
     ++issued_;
     return true;
   }
-  // Captures one all-gather into a graph and throws the graph away, launching nothing.
-  void capture_and_discard() {
+  // Captures one all-gather into a graph and throws the graph away, launching nothing; returns
+  // what ncclAllGather returned.
+  ncclResult_t capture_and_discard() {
     cudaGraph_t graph = nullptr;
     ZG_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
     const ncclResult_t res = ncclAllGather(send_, out(), per_rank_, ncclUint8, comm_, stream_);
-    ZG_CUDA(cudaStreamEndCapture(stream_, &graph));
-    if (res != ncclSuccess) fail(std::string("captured ncclAllGather: ") + ncclGetErrorString(res));
-    ZG_CUDA(cudaGraphDestroy(graph));
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (graph) ZG_CUDA(cudaGraphDestroy(graph));
+    if (res == ncclSuccess) ZG_CUDA(end);
+    cudaGetLastError();
+    return res;
   }
   long issued() const { return issued_; }
   bool window_open() { return completed() > issued_ - kWindow; }
@@ -565,44 +572,101 @@ void finish_and_verify(Gathers& g, const std::string& what) {
          " guard bytes changed");
 }
 
+// Issues eager all-gathers until one is refused or `ops` ran: an error (refused, failed on the
+// device, or reported by ncclCommGetAsyncError) is recorded in r->error_seen; a success must be
+// bitwise right. Never waits longer than the op timeout.
+void eager_until_error(Gathers& g, ncclComm_t comm, int ops, Report* r, const std::string& what) {
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < ops && r->error_seen == 0; ++i)
+    if (!g.issue(&res)) r->error_seen = res;
+  const int64_t deadline = now_ns() + static_cast<int64_t>(op_timeout_s() * 1e9);
+  while (g.completed() < g.issued() && r->error_seen == 0) {
+    if (g.event_error() != cudaSuccess) fail(what + ": failed on the device");
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress)
+      r->error_seen = async;
+    if (now_ns() > deadline) fail(what + ": did not complete and no error was reported (hang)");
+    heartbeat();
+    sleep_ms(1);
+  }
+  ncclResult_t async = ncclSuccess;
+  if (r->error_seen == 0 && ncclCommGetAsyncError(comm, &async) == ncclSuccess &&
+      async != ncclSuccess && async != ncclInProgress)
+    r->error_seen = async;
+  uint64_t bad_guard = 0;
+  // Released waits may leave any bytes in the output; guards must hold either way.
+  if (r->error_seen == 0) {
+    if (uint64_t bad = g.verify(&bad_guard); bad != 0 || bad_guard != 0)
+      fail(what + ": " + std::to_string(bad) + " bad bytes reported as success");
+  } else if (g.verify_guards_only() != 0) {
+    fail(what + ": bytes outside the output changed");
+  }
+}
+
 // Rank 0 captures an all-gather, discards the graph and captures it again; rank 1 captures
-// once. Both replay their graph twice, then run eager all-gathers: nothing shifted, every
-// result right (a per-communicator slot cursor advanced at capture time would have shifted
-// rank 0's later ops by the discarded capture and hung both ranks).
+// once. Both replay their graph twice, then run eager all-gathers.
 int capture_retry_rank(const RankContext& ctx) {
   ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig);
   Gathers g(comm, ctx, Knobs().op_bytes);
   warm_up(g, "Capture");
-  if (ctx.rank == 0) g.capture_and_discard();
+  if (ctx.rank == 0 && g.capture_and_discard() != ncclSuccess) fail("the first capture failed");
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < 2; ++i)
     if (!g.issue_replay(&res)) fail(std::string("captured all-gather: ") + ncclGetErrorString(res));
   finish_and_verify(g, "graph replays");
-  for (int i = 0; i < 3; ++i)
-    if (!g.issue(&res)) fail(std::string("eager all-gather: ") + ncclGetErrorString(res));
-  finish_and_verify(g, "eager all-gathers after the replays");
   Report* r = report_of(ctx.rank);
+  eager_until_error(g, comm, 3, r, "eager all-gathers after the replays");
   note_stats(r);
-  check_comm_async(comm, "Capture");
-  ZG_NCCL(ncclCommDestroy(comm));
+  ncclCommAbort(comm);
   return 0;
 }
 
-TEST(Capture, DiscardedAndRetriedOnOneRank) {
+// Rank 1 captures an all-gather (and never replays it) where rank 0 runs it eagerly.
+int eager_vs_captured_rank(const RankContext& ctx) {
+  ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig);
+  Gathers g(comm, ctx, Knobs().op_bytes);
+  warm_up(g, "EagerVsCaptured");
+  Report* r = report_of(ctx.rank);
+  if (ctx.rank == 1) {
+    if (ncclResult_t e = g.capture_and_discard(); e != ncclSuccess) r->error_seen = e;
+    eager_until_error(g, comm, 1, r, "eager all-gather after the capture");
+  } else {
+    eager_until_error(g, comm, 2, r, "eager all-gathers");
+  }
+  note_stats(r);
+  ncclCommAbort(comm);
+  return 0;
+}
+
+void run_disagreement(const char* name, int (*rank_fn)(const RankContext&)) {
   ZG_REQUIRE_GPUS(kRanks);
   const Knobs k;
-  RunResult result = run_ranks(kRanks, capture_retry_rank, fault_options(k, 180));
+  RunResult result = run_ranks(kRanks, rank_fn, fault_options(k, 180));
   const Report& r0 = *report_of(0);
-  printf("RELIABILITY capture-retry route=%s ce_calls=%llu verdict=%s\n", route_name(r0).c_str(),
-         static_cast<unsigned long long>(r0.ce_calls), result.ok() ? "PASS" : "FAIL");
+  const Report& r1 = *report_of(1);
+  const bool routed = r0.shim && k.allgather == "zerocta";
+  const bool both_errors = r0.error_seen != 0 && r1.error_seen != 0;
+  const bool pass = result.ok() && (!routed || both_errors);
+  printf("RELIABILITY %s route=%s error_rank0=%s error_rank1=%s verdict=%s\n", name,
+         route_name(r0).c_str(), ncclGetErrorString(static_cast<ncclResult_t>(r0.error_seen)),
+         ncclGetErrorString(static_cast<ncclResult_t>(r1.error_seen)), pass ? "PASS" : "FAIL");
   fflush(stdout);
   EXPECT_TRUE(result.ok()) << result.summary();
-  if (r0.shim && k.allgather == "zerocta") {
-    EXPECT_GE(r0.ce_calls, 6u) << "the copy-engine route was not taken for every all-gather";
+  if (routed) {
+    EXPECT_TRUE(both_errors) << "the disagreement must be an error on every rank";
   }
 }
 
-// ------------------------------------------------------------------------ PoolOom
+TEST(Capture, DiscardedAndRetriedOnOneRank) {
+  run_disagreement("capture-retry", capture_retry_rank);
+}
+
+TEST(Capture, EagerOnOneRankCapturedOnTheOther) {
+  run_disagreement("eager-vs-captured", eager_vs_captured_rank);
+}
+
+// ------------------------------------------------------------------------ Agreement
 
 // The rank's stderr goes to a file, so that zerocta's WARN lines can be counted; the file is
 // copied back to the real stderr at the end.
@@ -740,29 +804,6 @@ void run_agreement(const AgreementCase& c) {
   if (c.reason) {
     EXPECT_TRUE(reason_ok) << "the line should say: " << c.reason;
   }
-}
-
-// ZEROCTA_POOL_BYTES larger than any GPU: the arena's cuMemCreate fails on that rank (a
-// problem every rank reads in the channel), or the settings differ (the fingerprint).
-void huge_pool(int rank, bool every_rank) {
-  const char* huge = getenv("ZEROCTA_FAULT_OOM_POOL") ? getenv("ZEROCTA_FAULT_OOM_POOL") : "1T";
-  setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
-  if (every_rank || rank == 1) {
-    setenv("ZEROCTA_POOL_BYTES", huge, 1);
-    // Pieces large enough that the pool's at most 64 slots fill all of it: the arena is
-    // then the whole ZEROCTA_POOL_BYTES, which no GPU can allocate.
-    setenv("ZEROCTA_CHUNK_BYTES", "256G", 1);
-  }
-}
-
-TEST(PoolOom, HugePoolOnEveryRank) {
-  run_agreement({"pool-oom-all-ranks", [](int rank) { huge_pool(rank, true); },
-                 "could not allocate or export its route memory", 2});
-}
-
-TEST(PoolOom, HugePoolOnOneRank) {
-  run_agreement({"pool-oom-one-rank", [](int rank) { huge_pool(rank, false); },
-                 "different ZEROCTA_* settings", 2});
 }
 
 // Rank 1 runs the library disabled (as good as without it): rank 0 finds a GPU here that did

@@ -17,8 +17,9 @@
 #                 and /dev/shm entries flat
 # kill-mode3/1    auto, rank 1 SIGKILLs itself mid-stream under TORCH_NCCL_ASYNC_ERROR_HANDLING=3
 #                 and =1 (20 s process-group timeout): the job ends within 150 s
-# faults-*        zerocta_gpu_fault_test: peer killed, abort with ops queued, route memory out
-#                 of reach on one or every rank, ranks that cannot meet, differing settings
+# faults-*        zerocta_gpu_fault_test: peer killed, abort with ops queued, a capture retried
+#                 on one rank and eager against captured (an error, no hang), ranks that
+#                 cannot meet, differing settings
 # shm-clean       no zerocta entry left in /dev/shm
 # Logs go to OUTDIR; a PASS/FAIL table ends the output and OUTDIR/summary.txt.
 set -u -o pipefail
@@ -104,10 +105,13 @@ step auto-grouped-init 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZEROCTA_EXPECT_
   "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*Grouped*'
 step auto-initall-split 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZEROCTA_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
   "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*InitAll*'
-step auto-torch 300 env ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=1 bash -c 'both_ranks "$@"' _ \
+# PyTorch with expandable segments: cuMem memory the route reaches across processes (with the
+# default allocator's cudaMalloc memory every all-gather goes to NCCL, alike on every rank).
+EXPANDABLE=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+step auto-torch 300 env ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=1 "$EXPANDABLE" bash -c 'both_ranks "$@"' _ \
   "$HERE/one_collective.py" allgather
 expect_in_log auto-torch "$OUT/auto-torch.log" 'allgather ce calls=[1-9]' "no all-gather took the route"
-step auto-torch-nonblocking 300 env ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=1 \
+step auto-torch-nonblocking 300 env ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=1 "$EXPANDABLE" \
   TORCH_NCCL_USE_COMM_NONBLOCKING=1 bash -c 'both_ranks "$@"' _ "$HERE/one_collective.py" \
   allgather --coalesced
 expect_in_log auto-torch-nonblocking "$OUT/auto-torch-nonblocking.log" 'allgather ce calls=[1-9]' "no all-gather took the route"
@@ -118,7 +122,8 @@ kill_step() {
   local name=$1 mode=$2
   selected "$name" || return 0
   local start=$SECONDS
-  ZEROCTA_ALLGATHER=auto TORCH_NCCL_ASYNC_ERROR_HANDLING=$mode timeout --kill-after=10 150 \
+  ZEROCTA_ALLGATHER=auto TORCH_NCCL_ASYNC_ERROR_HANDLING=$mode PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+    timeout --kill-after=10 150 \
     bash -c 'both_ranks "$@"' _ "$HERE/kill_rank.py" >"$OUT/$name.log" 2>&1
   local rc=$?
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then

@@ -7,9 +7,9 @@
 #
 #   kill-shim      FaultKill: peer SIGKILLed mid-stream, rank 0 aborts and drains (zerocta route)
 #   abort-shim     FaultAbort: ncclCommAbort with zerocta's ops queued, on both ranks
-#   oom-shim       PoolOom: ZEROCTA_POOL_BYTES larger than the GPU, on every rank / on one
+#   capture-shim   Capture: a capture retried on one rank, eager against captured: an error
+#                  on every rank, no hang
 #   cycles-shim    CommCycles: init / all-gather / destroy cycles, RSS and GPU memory growth
-#   window-shim    PoolWindow: NCCL_WIN_ENABLE=0 on every rank / on one: agreed pass-through
 #   mismatch-shim  ConfigMismatch: ZEROCTA_ALLGATHER differing across ranks agrees on
 #                  pass-through (no hang, one WARN); nccl everywhere stays quiet
 #   kill-noshim    baseline: the kill test with NCCL alone (its abort times), if time is left
@@ -45,7 +45,7 @@ LIBPATH="$NCCL_DIR:$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # Never NVLink multicast on the shared hosts; nothing inherited may steer the shim.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_POOL_BYTES ZEROCTA_EXPECT_SHIM \
+unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_EXPECT_SHIM \
   ZEROCTA_EXPECT_NCCL_VERSION
 
 # shellcheck source=tests/gpu/gpu_host_lib.sh
@@ -108,7 +108,7 @@ run_step() {
 # Name          want min shim binary                    filter
 run_step kill-shim 75 45 1 zerocta_gpu_fault_test 'FaultKill.*'
 run_step abort-shim 60 30 1 zerocta_gpu_fault_test 'FaultAbort.*'
-run_step oom-shim 75 30 1 zerocta_gpu_fault_test 'PoolOom.*'
+run_step capture-shim 75 30 1 zerocta_gpu_fault_test 'Capture.*'
 run_step channel-shim 60 30 1 zerocta_gpu_fault_test 'Channel.*'
 run_step mismatch-shim 90 45 1 zerocta_gpu_fault_test 'ConfigMismatch.*'
 run_step cycles-shim 150 60 1 zerocta_gpu_cycles_test 'CommCycles.*' \

@@ -4,6 +4,8 @@
 // with FAKE_CUDA_CE=1 (memfd-backed memory really shared between processes, copies run at
 // once, FAKE_CUDA_WAIT_MS: a wait polls the flag a peer process writes, so a CE all-gather on
 // two ranks moves real data and a route that diverged between ranks shows as "not_satisfied").
+// The driver's all-gather buffers are cuMem allocations that a peer process imports, as the
+// route requires; DRV_AG_MEM=host gives a rank buffers that no peer can reach.
 //
 // Every test gets its own channel directory (ZEROCTA_CHANNEL_DIR), rendezvous directory and
 // unique id. Ranks are fork()ed by the driver and report as r<K>.<key>; the shim's log lines
@@ -36,16 +38,14 @@ std::string unique_id_text() {
   return "route-" + std::to_string(getpid()) + "-" + std::to_string(n++);
 }
 
-// The settings of the route tests: auto for any size, a small pool (1 MiB, slots of 128 KiB),
-// INFO logs, the fake's copy-engine API, real waits.
+// The settings of the route tests: auto for any size, INFO logs, the fake's copy-engine API,
+// real waits (a rank's stream waits on the flags its peer's stream writes: up to 2 s).
 Env route_env(const Scratch& chan, const Scratch& rdv, const std::string& id) {
   return {{"FAKE_CUDA_CE", "1"},
           {"FAKE_CUDA_WAIT_MS", "2000"},
           {"ZEROCTA_LOG", "info"},
           {"ZEROCTA_ALLGATHER", "auto"},
           {"ZEROCTA_MIN_BYTES", "0"},
-          {"ZEROCTA_POOL_BYTES", "1M"},
-          {"ZEROCTA_CHUNK_BYTES", "128K"},
           {"ZEROCTA_CHANNEL_DIR", chan.dir()},
           {"FAKE_NCCL_RENDEZVOUS_DIR", rdv.dir()},
           {"FAKE_NCCL_RENDEZVOUS_TIMEOUT_MS", "5000"},
@@ -128,6 +128,14 @@ int cuda_calls(const RunResult& r, const std::string& fn, const std::string& pid
   return n;
 }
 
+// Lines of the fake CUDA of one process for one entry point, whatever they returned.
+int cuda_lines(const RunResult& r, const std::string& fn, const std::string& pid) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("cuda " + fn + " ", 0) == 0 && contains(line, " pid=" + pid + " -> ")) ++n;
+  return n;
+}
+
 int waits_not_satisfied(const RunResult& r) {
   int n = 0;
   for (const std::string& line : r.log_lines())
@@ -160,21 +168,66 @@ void expect_clean_pair(const RunResult& r, const Scratch& chan, int nranks = 2) 
   EXPECT_EQ(joined(files_in(chan.dir())), "") << "left in the channel directory";
 }
 
-// Every rank committed and its all-gather took the route, moving real data.
+constexpr char kEngaged[] = "zero-copy all-gather engaged";
+
+// How the two ranks of one routed op, in two processes, reached each other's buffers
+// (op_exchange.h). The later rank always writes its chunk into the earlier one's receive
+// buffer; when it does both it also reads the earlier one's send buffer; when each pushes, the
+// earlier one writes into the later one's receive buffer. Every buffer is an allocation of its
+// own (drv_route), so the imports per rank are (2, 0) or (0, 2) when the later rank does both
+// and (1, 1) when each pushes; anything else is neither mode. Every import is of an allocation
+// its owner exported, and each rank copies its own chunk once plus once per import.
+void expect_pair_imports(const RunResult& r, int imports[2] = nullptr) {
+  int in[2], ex[2], copies[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string pid = pid_of(r, k);
+    in[k] = cuda_calls(r, "cuMemImportFromShareableHandle", pid);
+    ex[k] = cuda_calls(r, "cuMemExportToShareableHandle", pid);
+    copies[k] = cuda_calls(r, "cuMemcpyAsync", pid);
+    if (imports) imports[k] = in[k];
+  }
+  const bool later_does_both = (in[0] == 2 && in[1] == 0) || (in[0] == 0 && in[1] == 2);
+  const bool each_pushes = in[0] == 1 && in[1] == 1;
+  EXPECT_TRUE(later_does_both || each_pushes)
+      << "imports " << in[0] << " and " << in[1] << ": neither \"later does both\" nor \"each "
+      << "pushes\"\n"
+      << r.describe();
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_GE(ex[k], in[1 - k]) << "the peer imported an allocation this rank never exported";
+    EXPECT_LE(ex[k], 2) << "an allocation exported twice";
+    EXPECT_EQ(copies[k], 1 + in[k]) << r.describe();
+  }
+}
+
+// The shim's own resources are gone at the end: its registration of the channel, its streams
+// and events, the peers' allocations it imported (the driver freed its own).
+void expect_nothing_left(const RunResult& r, int k) {
+  SCOPED_TRACE("rank " + std::to_string(k));
+  EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+  for (const char* kind : {"alloc", "reserve", "map", "stream", "event", "hostreg"})
+    EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind << " left in the driver";
+}
+
+// Every rank committed and its all-gather took the route, moving real data between the two
+// processes through imports of each other's buffers.
 void expect_committed_pair(const RunResult& r, const std::string& ag = "ag") {
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     const std::string pid = pid_of(r, k);
     EXPECT_TRUE(any_contains(decisions(r, pid), "rank " + std::to_string(k) + "/2 dev " +
-                                                    std::to_string(k) +
-                                                    ": copy-engine all-gather engaged"))
+                                                    std::to_string(k) + ": " + kEngaged))
         << r.describe();
     EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
     EXPECT_EQ(rnum(r, k, ag + ".rc"), 0);
     EXPECT_EQ(rnum(r, k, ag + ".ag_ce"), 1);
     EXPECT_EQ(rnum(r, k, ag + ".ag_pass"), 0);
     EXPECT_EQ(rnum(r, k, ag + ".data_ok"), 1) << "the copy-engine all-gather moved wrong data";
+    // The channel's op region, registered with CUDA: host memory, a few pages per rank.
+    EXPECT_GT(rnum(r, k, ag + ".pool_bytes"), 0);
+    EXPECT_LT(rnum(r, k, ag + ".pool_bytes"), 1 << 20);
   }
+  expect_pair_imports(r);
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
@@ -196,6 +249,8 @@ void expect_passthrough_pair(const RunResult& r, const std::string& why, bool wa
     EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
     EXPECT_EQ(rnum(r, k, "init.ce_ready"), 0);
     EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+    EXPECT_EQ(rnum(r, k, "end.live_hostreg"), 0);
+    EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid), 0) << "a copy-engine call on a pass-through";
   }
   EXPECT_EQ(static_cast<int>(log_calls(r, "ncclAllGather").size()), 2) << r.describe();
   EXPECT_EQ(waits_not_satisfied(r), 0);
@@ -206,7 +261,9 @@ void expect_passthrough_pair(const RunResult& r, const std::string& why, bool wa
 TEST(RouteSetup, FakeCudaOffersTheCopyEngineApiOnlyWithFakeCudaCe) {
   Scratch s, chan, rdv;
   Env env = route_env(chan, rdv, unique_id_text());
-  RunResult off = run_route({"ranks", "2", "basic"}, with(env, {{"FAKE_CUDA_CE", "0"}}), s);
+  // Host buffers: the driver's own cuMem calls would otherwise be in the log.
+  RunResult off = run_route({"ranks", "2", "basic"},
+                            with(env, {{"FAKE_CUDA_CE", "0"}, {"DRV_AG_MEM", "host"}}), s);
   expect_clean_pair(off, chan);
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(decisions(off, pid_of(off, k)), std::vector<std::string>{}) << off.describe();
@@ -216,6 +273,7 @@ TEST(RouteSetup, FakeCudaOffersTheCopyEngineApiOnlyWithFakeCudaCe) {
       contains(off.log, "cuGetProcAddress symbol=cuMemCreate version=12000 flags=1 not_found"))
       << off.describe();
   EXPECT_FALSE(contains(off.log, "cuda cuMemCreate ")) << off.describe();
+  EXPECT_FALSE(contains(off.log, "cuda cuMemHostRegister ")) << off.describe();
 }
 
 // ---- 1. The default mode makes no call of its own ----
@@ -375,6 +433,7 @@ TEST(RouteSetup, DefaultModeLeavesNoChannelNoFdServiceNoMemory) {
     EXPECT_EQ(r->num("end.ce_ready"), 0);
     EXPECT_EQ(r->num("end.pool_bytes"), 0);
     EXPECT_FALSE(contains(r->log, "cuda cuMemCreate ")) << r->describe();
+    EXPECT_FALSE(contains(r->log, "cuda cuMemHostRegister ")) << r->describe();
     EXPECT_FALSE(contains(r->log, "cuda cuStreamCreate ")) << r->describe();
     EXPECT_FALSE(contains(r->err, "route: ")) << r->describe();
   }
@@ -393,15 +452,20 @@ TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
     const std::string pid = pid_of(r, k);
     EXPECT_EQ(rnum(r, k, "init.ce_ready"), 1) << "frozen when the blocking init returned";
     EXPECT_EQ(rnum(r, k, "init.channel_files"), 0) << "the name is unlinked at the freeze";
-    EXPECT_EQ(rnum(r, k, "init.pool_bytes"), 2 << 20) << "1 MiB of slots + flags, granularity 2M";
-    // Prepare fetched the peer's arena, mapped it and read its marker.
-    EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 1) << r.describe();
-    EXPECT_GE(cuda_calls(r, "cuMemcpyDtoH", pid), 1);
-    EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", pid), 1);
+    // The join registered the channel's op region (host memory, for the flags), once.
+    EXPECT_GT(rnum(r, k, "init.pool_bytes"), 0);
+    EXPECT_LT(rnum(r, k, "init.pool_bytes"), 1 << 20);
+    EXPECT_EQ(cuda_calls(r, "cuMemHostRegister", pid), 1) << r.describe();
+    EXPECT_EQ(cuda_calls(r, "cuMemHostUnregister", pid), 1) << r.describe();
+    // No GPU memory of the shim's own: the driver's two buffers are the only allocations.
+    EXPECT_EQ(cuda_calls(r, "cuMemCreate", pid), 2) << r.describe();
+    // Prepare: the route's 3 streams (plus the driver's) and 5 events; no peer access, since
+    // the peer is in another process.
+    EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1);
+    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 5);
+    EXPECT_EQ(cuda_calls(r, "cuCtxEnablePeerAccess", pid), 0);
     EXPECT_EQ(rnum(r, k, "end.fd_threads"), 1) << "one fd service per process";
-    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
-    for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
-      EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind << " left in the driver";
+    expect_nothing_left(r, k);
   }
   // No NCCL call of the shim's own: the application's calls only.
   EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
@@ -414,22 +478,32 @@ TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
   }
 }
 
-TEST(RouteSetup, MarkerCheckFailsWhenImportedMemoryIsNotShared) {
-  // The control of the test above: with an import that maps fresh memory, prepare must notice.
+TEST(RouteSetup, ImportThatIsNotSharedFailsTheDataCheck) {
+  // The control of the test above: imports that map fresh memory instead of the peer's. The
+  // route has no check of its own here (the flags live in the channel, not in imports), so the
+  // op looks as it should in every other respect; only the data shows it. Each rank's receive
+  // buffer gets its peer's chunk through an import in either pair mode (the peer pushed through
+  // its import of this buffer, or this rank pulled through its import of the peer's), so both
+  // ranks see wrong data. Were data_ok blind to broken imports, this test would fail.
   Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic"},
-                          with(route_env(chan, rdv, unique_id_text()),
-                               {{"FAKE_CUDA_IMPORT_UNSHARED", "1"}, {"FAKE_CUDA_WAIT_MS", "0"}}),
-                          s);
+  RunResult r = run_route(
+      {"ranks", "2", "basic"},
+      with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_IMPORT_UNSHARED", "1"}}), s);
   expect_clean_pair(r, chan);
-  // The first rank to prepare finds the mismatch and poisons the comm; the other one does too,
-  // or finds the poison its peer left in the channel first (ncclRemoteError).
-  int verified = 0;
   for (int k = 0; k < 2; ++k) {
-    EXPECT_NE(rnum(r, k, "ag.rc"), 0) << r.describe();
-    verified += any_contains(warns(r, pid_of(r, k)), "failed verification") ? 1 : 0;
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_TRUE(any_contains(decisions(r, pid), kEngaged)) << r.describe();
+    EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 0) << "data arrived through an unshared import\n"
+                                           << r.describe();
   }
-  EXPECT_GE(verified, 1) << r.describe();
+  int imports[2] = {};
+  expect_pair_imports(r, imports);
+  EXPECT_EQ(imports[0] + imports[1], 2) << "no import took place: the control tests nothing";
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
 TEST(RouteSetup, ZeroctaModeRoutesAnySize) {
@@ -454,8 +528,9 @@ TEST(RouteSetup, AutoBelowMinBytesCommitsButForwards) {
     EXPECT_EQ(rnum(r, k, "init.ce_ready"), 1);
     EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
     EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
-    EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", pid_of(r, k)), 0)
-        << "prepared without a routed all-gather";
+    // Nothing prepared (streams, events) and nothing posted (exports) without a routed op.
+    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid_of(r, k)), 0) << "prepared without a routed op";
+    EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", pid_of(r, k)), 0);
   }
 }
 
@@ -488,8 +563,10 @@ TEST(RouteSetup, OneRankInNcclModeBothPassThrough) {
 
 TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
   Scratch s, chan, rdv;
-  // One thread issues both ranks' plans in turn: the fake's waits cannot make the first one
-  // wait for the second, so the data is not checked here (it is across processes).
+  // One thread issues both ranks' plans in turn, the first rank's before the second's: the
+  // fake's waits cannot make the first one wait for the second (FAKE_CUDA_WAIT_MS=0: they are
+  // skipped). In one process the earlier rank leaves both copies to the later one, which runs
+  // second, so the data is right on both when the group ends.
   RunResult r =
       run_route({"grouped-init"},
                 with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_WAIT_MS", "0"}}), s);
@@ -499,14 +576,19 @@ TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
   EXPECT_EQ(r.num("init.ce_ready"), 2) << r.describe();
   EXPECT_EQ(r.num("init.channel_files"), 0);
   const auto lines = r.err_lines();
-  EXPECT_TRUE(any_contains(lines, "route: rank 0/2 dev 0: copy-engine all-gather engaged"))
+  EXPECT_TRUE(any_contains(lines, std::string("route: rank 0/2 dev 0: ") + kEngaged))
       << r.describe();
-  EXPECT_TRUE(any_contains(lines, "route: rank 1/2 dev 1: copy-engine all-gather engaged"))
+  EXPECT_TRUE(any_contains(lines, std::string("route: rank 1/2 dev 1: ") + kEngaged))
       << r.describe();
   EXPECT_EQ(r.num("ag.ag_ce"), 2);
-  EXPECT_EQ(r.num("ag1.data_ok"), 1) << "the second rank's plan ran after the first one's";
+  EXPECT_EQ(r.num("ag0.data_ok"), 1) << r.describe();
+  EXPECT_EQ(r.num("ag1.data_ok"), 1) << r.describe();
+  // Peers in one process reach each other's buffers by address: peer access, no fd.
+  EXPECT_GE(cuda_calls(r, "cuCtxEnablePeerAccess", r.kv()["pid"]), 1) << r.describe();
+  EXPECT_FALSE(contains(r.log, "cuda cuMemExportToShareableHandle ")) << r.describe();
+  EXPECT_FALSE(contains(r.log, "cuda cuMemImportFromShareableHandle ")) << r.describe();
   EXPECT_EQ(r.num("end.pool_bytes"), 0);
-  for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+  for (const char* kind : {"alloc", "reserve", "map", "stream", "event", "hostreg"})
     EXPECT_EQ(r.num(std::string("end.live_") + kind), 0) << kind;
   EXPECT_EQ(joined(files_in(chan.dir())), "");
   EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
@@ -553,7 +635,11 @@ TEST(RouteSetup, PassThroughCommFrozenOnAnotherThreadFreesItsMemoryAtNextUse) {
   expect_clean_pair(r, chan);
   for (int k = 0; k < 2; ++k) {
     EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), "fingerprint differs")) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.pool_bytes"), 0) << "the arena outlived the first operation";
+    // The poll on another thread makes no CUDA call: the channel stays registered until the
+    // application's thread uses the comm.
+    EXPECT_GT(rnum(r, k, "ready.pool_bytes"), 0) << "unregistered in another thread's poll";
+    EXPECT_EQ(rnum(r, k, "ag.pool_bytes"), 0) << "the registration outlived the first operation";
+    EXPECT_EQ(cuda_calls(r, "cuMemHostUnregister", pid_of(r, k)), 1);
     EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1);
   }
 }
@@ -667,10 +753,13 @@ TEST(RouteSetup, GroupedSplitOfInitAllCommsCommitsTheChild) {
   EXPECT_EQ(r.num("kid1.rank"), 0);
   EXPECT_EQ(r.num("split.created"), 4) << "the children were never registered\n" << r.describe();
   EXPECT_EQ(r.num("split.ce_ready"), 4) << r.describe();
-  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 1/2 dev 0: copy-engine all-gather engaged"))
+  EXPECT_TRUE(any_contains(r.err_lines(), std::string("route: rank 1/2 dev 0: ") + kEngaged))
       << r.describe();
-  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 0/2 dev 1: copy-engine all-gather engaged"));
+  EXPECT_TRUE(any_contains(r.err_lines(), std::string("route: rank 0/2 dev 1: ") + kEngaged));
   EXPECT_EQ(r.num("ag.ag_ce"), 2);
+  // The children's ranks are reversed: each buffer must still land at its rank's place.
+  EXPECT_EQ(r.num("ag0.data_ok"), 1) << r.describe();
+  EXPECT_EQ(r.num("ag1.data_ok"), 1) << r.describe();
   EXPECT_EQ(joined(files_in(chan.dir())), "");
 }
 
@@ -684,12 +773,15 @@ TEST(RouteSetup, SplitOfInitAllCommsByTwoThreadsCommitsTheChild) {
   EXPECT_EQ(r.num("kid0.rank"), 1);
   EXPECT_EQ(r.num("kid1.rank"), 0);
   EXPECT_EQ(r.num("split.ce_ready"), 4) << r.describe();
-  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 1/2 dev 0: copy-engine all-gather engaged"))
+  EXPECT_TRUE(any_contains(r.err_lines(), std::string("route: rank 1/2 dev 0: ") + kEngaged))
       << r.describe();
-  EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 0/2 dev 1: copy-engine all-gather engaged"));
+  EXPECT_TRUE(any_contains(r.err_lines(), std::string("route: rank 0/2 dev 1: ") + kEngaged));
   EXPECT_EQ(r.num("ag.ag_ce"), 2);
+  // The children's ranks are reversed: each buffer must still land at its rank's place.
+  EXPECT_EQ(r.num("ag0.data_ok"), 1) << r.describe();
+  EXPECT_EQ(r.num("ag1.data_ok"), 1) << r.describe();
   EXPECT_EQ(r.num("end.pool_bytes"), 0);
-  for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
+  for (const char* kind : {"alloc", "reserve", "map", "stream", "event", "hostreg"})
     EXPECT_EQ(r.num(std::string("end.live_") + kind), 0) << kind;
   EXPECT_EQ(joined(files_in(chan.dir())), "");
 }
@@ -704,15 +796,15 @@ TEST(RouteSetup, SplitAcrossProcessesWithReversedKeysCommits) {
     EXPECT_EQ(rnum(r, k, "child.rank"), 1 - k);
     EXPECT_EQ(rnum(r, k, "child.count"), 2);
     EXPECT_EQ(rnum(r, k, "split.ce_ready"), 2) << "parent and child";
-    EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), "rank " + std::to_string(1 - k) +
-                                                             "/2 dev " + std::to_string(k) +
-                                                             ": copy-engine all-gather engaged"))
+    EXPECT_TRUE(any_contains(
+        decisions(r, pid_of(r, k)),
+        "rank " + std::to_string(1 - k) + "/2 dev " + std::to_string(k) + ": " + kEngaged))
         << r.describe();
     EXPECT_EQ(rnum(r, k, "child_ag.rc"), 0);
     EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
     EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
     EXPECT_EQ(rnum(r, k, "world_ag.data_ok"), 1);
-    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
+    expect_nothing_left(r, k);
   }
   EXPECT_EQ(waits_not_satisfied(r), 0);
 }
@@ -738,8 +830,7 @@ TEST(RouteSetup, NoColorSplitInAThreeProcessWorld) {
     SCOPED_TRACE("rank " + std::to_string(k));
     EXPECT_EQ(rnum(r, k, "child.count"), 2);
     EXPECT_EQ(rnum(r, k, "split.ce_ready"), 1) << "the child only";
-    EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), "copy-engine all-gather engaged"))
-        << r.describe();
+    EXPECT_TRUE(any_contains(decisions(r, pid_of(r, k)), kEngaged)) << r.describe();
     EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
     EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
   }
@@ -771,25 +862,41 @@ TEST(RouteSetup, ShrinkWithAnExcludeListCommitsTheChild) {
 
 // ---- 7. Failure paths ----
 
-// Rank 1's cuMemCreate fails (out of memory): every rank passes through and says why. Both
-// join orders: the failing rank last, then first (its peer then also finds no fd service to
-// probe; the verdict must still name the allocation, not a network namespace).
-TEST(RouteSetup, AllocationFailureOnTheLaterRankPassesThroughEverywhere) {
+// Rank 1 cannot register the channel's op region with CUDA (where its streams' flags live):
+// every rank passes through and says why. Both join orders: the failing rank last, then first
+// (its peer then probes the fd service of a rank that failed; the verdict must still name the
+// registration, not a network namespace).
+TEST(RouteSetup, RegistrationFailureOnTheLaterRankPassesThroughEverywhere) {
   Scratch s, chan, rdv;
-  RunResult r = run_route(
-      {"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemCreate", "r1:DRV_SLEEP_BEFORE_INIT_MS=200"},
-      route_env(chan, rdv, unique_id_text()), s);
+  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemHostRegister",
+                           "r1:DRV_SLEEP_BEFORE_INIT_MS=200"},
+                          route_env(chan, rdv, unique_id_text()), s);
   expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "could not allocate or export its route memory", true);
+  expect_passthrough_pair(r, "register the channel's flags", true);
+  // Rank 1 hit the failure and has nothing to unregister; rank 0 released its registration.
+  EXPECT_EQ(cuda_lines(r, "cuMemHostRegister", pid_of(r, 1)), 1) << r.describe();
+  EXPECT_EQ(cuda_lines(r, "cuMemHostUnregister", pid_of(r, 1)), 0) << r.describe();
+  EXPECT_EQ(cuda_calls(r, "cuMemHostUnregister", pid_of(r, 0)), 1) << r.describe();
 }
 
-TEST(RouteSetup, AllocationFailureOnTheEarlierRankPassesThroughNamingTheAllocation) {
+TEST(RouteSetup, RegistrationFailureOnTheEarlierRankPassesThroughNamingTheRegistration) {
   Scratch s, chan, rdv;
-  RunResult r = run_route(
-      {"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemCreate", "r0:DRV_SLEEP_BEFORE_INIT_MS=200"},
-      route_env(chan, rdv, unique_id_text()), s);
+  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemHostRegister",
+                           "r0:DRV_SLEEP_BEFORE_INIT_MS=200"},
+                          route_env(chan, rdv, unique_id_text()), s);
   expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "could not allocate or export its route memory", true);
+  expect_passthrough_pair(r, "register the channel's flags", true);
+}
+
+TEST(RouteSetup, OneHardwareQueueOnOneRankPassesThroughWithInfoOnly) {
+  // CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM asks for it): one hardware queue for every
+  // stream, where a flag wait would hold up all the work behind it. A setting of the
+  // application, not a fault: INFO, no WARN.
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:CUDA_DEVICE_MAX_CONNECTIONS=1"},
+                          route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "CUDA_DEVICE_MAX_CONNECTIONS=1", /*warned=*/false);
 }
 
 TEST(RouteSetup, NoP2pPassesThroughNamingP2p) {
@@ -963,7 +1070,7 @@ TEST(RouteSetup, RankKilledAfterInitLeavesNoChannelFile) {
   EXPECT_EQ(rnum(r, 1, "exit"), 128 + SIGKILL);
   EXPECT_EQ(rnum(r, 0, "exit"), 0) << r.describe();
   EXPECT_EQ(r.kv()["r0.done"], "1");
-  EXPECT_EQ(rnum(r, 0, "end.pool_bytes"), 0);
+  expect_nothing_left(r, 0);
   EXPECT_EQ(joined(files_in(chan.dir())), "");
 }
 
@@ -975,9 +1082,7 @@ TEST(RouteSetup, AbortLeavesNothingBehind) {
   expect_committed_pair(r);
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(rnum(r, k, "world.abort"), 0);
-    EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
-    for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
-      EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind;
+    expect_nothing_left(r, k);
   }
 }
 
@@ -991,9 +1096,165 @@ TEST(RouteSetup, FinalizeThenDestroyLeavesNothingBehind) {
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(rnum(r, k, "world.finalize"), 0);
     EXPECT_EQ(rnum(r, k, "world.destroy"), 0);
-    for (const char* kind : {"alloc", "reserve", "map", "stream", "event"})
-      EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind;
+    expect_nothing_left(r, k);
   }
+}
+
+// ---- 10. Each op's verdict and agreement ----
+
+constexpr long long kNcclInvalidUsage = 5, kNcclRemoteError = 6;  // nccl.h
+
+// Calls of the copy engines and the flags by one process, whatever they returned.
+int copy_engine_lines(const RunResult& r, const std::string& pid) {
+  return cuda_lines(r, "cuMemcpyAsync", pid) + cuda_lines(r, "cuStreamWaitValue32", pid) +
+         cuda_lines(r, "cuStreamWriteValue32", pid);
+}
+
+TEST(RouteSetup, HostBuffersOnEveryRankSendTheOpToNccl) {
+  // A committed comm whose buffers no peer can reach (host memory here; cudaMalloc memory
+  // across processes alike): the first rank to arrive sends the op to NCCL, and every rank
+  // follows. Nothing of the route runs.
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic"},
+                with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_MEM", "host"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_TRUE(any_contains(decisions(r, pid), kEngaged)) << r.describe();
+    EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
+    EXPECT_EQ(copy_engine_lines(r, pid), 0) << r.describe();
+    EXPECT_EQ(cuda_lines(r, "cuMemExportToShareableHandle", pid), 0);
+    EXPECT_EQ(cuda_lines(r, "cuMemImportFromShareableHandle", pid), 0);
+    expect_nothing_left(r, k);
+  }
+  EXPECT_EQ(static_cast<int>(log_calls(r, "ncclAllGather").size()), 2) << r.describe();
+}
+
+// Rank 0's buffers are host memory, rank 1's cuMem: the op's verdict is the first arrival's.
+TEST(RouteSetup, UnreachableBuffersOfTheFirstRankSendEveryRankToNccl) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r0:DRV_AG_MEM=host", "r1:DRV_SLEEP_BEFORE_AG_MS=300"},
+                route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 1)
+        << "rank 1's reachable buffers overruled rank 0's verdict\n"
+        << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
+    EXPECT_EQ(copy_engine_lines(r, pid), 0) << r.describe();
+    EXPECT_EQ(cuda_lines(r, "cuMemImportFromShareableHandle", pid), 0);
+  }
+  EXPECT_EQ(static_cast<int>(log_calls(r, "ncclAllGather").size()), 2) << r.describe();
+}
+
+TEST(RouteSetup, UnreachableBuffersOfTheLaterRankStillTakeTheRoute) {
+  // Rank 1 arrives first with reachable buffers: the route. Rank 0 comes later, so nobody needs
+  // its buffers: it does both copies through its imports of rank 1's, and exports nothing.
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r0:DRV_AG_MEM=host", "r0:DRV_SLEEP_BEFORE_AG_MS=300"},
+                route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_nothing_left(r, k);
+  }
+  int imports[2] = {};
+  expect_pair_imports(r, imports);
+  EXPECT_EQ(imports[0], 2) << "rank 0, the later one, reads and writes rank 1's buffers";
+  EXPECT_EQ(imports[1], 0) << "rank 1 imported host memory of rank 0";
+  EXPECT_EQ(cuda_lines(r, "cuMemExportToShareableHandle", pid_of(r, 0)), 0);
+  EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+TEST(RouteSetup, LaterRankDoesBothWhenTheEarlierOneStopsWaiting) {
+  // Rank 1 arrives long after rank 0, which stops waiting for it and settles the pair as "later
+  // does both": rank 1 imports rank 0's two buffers and makes both copies; rank 0 only copies
+  // its own chunk.
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_SLEEP_BEFORE_AG_MS=300"},
+                          route_env(chan, rdv, unique_id_text()), s);
+  expect_clean_pair(r, chan);
+  expect_committed_pair(r);
+  int imports[2] = {};
+  expect_pair_imports(r, imports);
+  EXPECT_EQ(imports[0], 0) << r.describe();
+  EXPECT_EQ(imports[1], 2) << r.describe();
+  EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", pid_of(r, 0)), 2) << r.describe();
+  for (int k = 0; k < 2; ++k) expect_nothing_left(r, k);
+}
+
+TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
+  // 40 ops, more than twice the exchange's ring of 16 slots, on the same buffers: every slot is
+  // reused, each op's data is checked, and each allocation of the peer is imported once at
+  // most, whatever each op's pair settled on (the imports are cached by block id).
+  constexpr int kOps = 40;
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic"},
+      with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_REPEAT", std::to_string(kOps)}}), s);
+  expect_clean_pair(r, chan);
+  int copies = 0;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    EXPECT_LE(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 2) << r.describe();
+    EXPECT_LE(cuda_calls(r, "cuMemExportToShareableHandle", pid), 2) << r.describe();
+    copies += cuda_calls(r, "cuMemcpyAsync", pid);
+    expect_nothing_left(r, k);
+  }
+  // Per op: each rank's own chunk, and the two chunks that cross, whoever copies them.
+  EXPECT_EQ(copies, 4 * kOps) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+TEST(RouteSetup, RanksIssuingDifferentCountsAtOnePositionBothFail) {
+  // An application bug (NCCL's behaviour is undefined there): the later rank finds the
+  // mismatch, poisons the comm and releases every wait; the earlier one, whose stream waits for
+  // the later one, is released and learns of it from ncclCommGetAsyncError and its next call.
+  // No rank hangs, and no rank's error goes unreported.
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_AG_BYTES=8192"},
+                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
+  expect_clean_pair(r, chan);
+  bool warned = false;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    warned = warned || any_contains(warns(r, pid), "ranks disagree on the op");
+    // The op's own code, else the comm's asynchronous error after it: the first error seen.
+    long long seen = rnum(r, k, "ag.rc");
+    if (seen == 0) seen = rnum(r, k, "ag.async");
+    EXPECT_TRUE(seen == kNcclInvalidUsage || seen == kNcclRemoteError)
+        << "no error after a mismatched op: " << seen << "\n"
+        << r.describe();
+    const long long next = rnum(r, k, "ag.next_rc");
+    EXPECT_TRUE(next == kNcclInvalidUsage || next == kNcclRemoteError)
+        << "the next call on a poisoned comm: " << next << "\n"
+        << r.describe();
+  }
+  EXPECT_TRUE(warned) << r.describe();
+  // The earlier rank's wait was released by the poison, not by the fake's time limit.
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
 }  // namespace

@@ -26,7 +26,10 @@
 //             (default 4096; DRV_AG_GROUP=1 inside a group; DRV_AG=0: none), DRV_END=destroy|
 //             finalize|abort|kill|none, DRV_KILL_AFTER_INIT_MS (kill itself that long after
 //             the init), DRV_SLEEP_BEFORE_INIT_MS / DRV_SLEEP_AFTER_INIT_MS, DRV_LIST_CHANNEL=1
-//             (prints the channel directory's names just before its own init).
+//             (prints the channel directory's names just before its own init),
+//             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers),
+//             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them).
+
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
 //             DRV_KEY) and an all-gather on the child.
 //   shrink    basic's init, then (ranks not in DRV_EXCLUDE, a comma list) ncclCommShrink and an
@@ -35,6 +38,11 @@
 //             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
 //             reports as r<K>.child.*; the parent all-gathers again.
 //   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
+//
+// All-gather buffers, in every scenario: DRV_AG_MEM=cumem (the default) allocates them with the
+// driver's cuMem API, exportable as POSIX fds (what the route reaches across processes);
+// DRV_AG_MEM=host takes host memory (which no peer reaches: an op goes to NCCL when the first
+// rank to arrive at it has such buffers).
 #include <cuda.h>
 #include <dirent.h>
 #include <nccl.h>
@@ -59,6 +67,7 @@ extern "C" int fake_cuda_live(const char* kind);  // tests/fake_nccl/fake_cuda_m
 namespace {
 
 std::string g_prefix;  // "r<K>." in a rank, "" otherwise
+int g_device = 0;      // a rank's device (DRV_DEVICE, default the rank)
 
 void out(const std::string& key, const std::string& value) { drv::out(g_prefix + key, value); }
 void out(const std::string& key, long long value) { drv::out(g_prefix + key, value); }
@@ -136,7 +145,7 @@ void stats(const std::string& tag) {
 }
 
 void cuda_live(const std::string& tag) {
-  for (const char* k : {"alloc", "reserve", "map", "stream", "event"})
+  for (const char* k : {"alloc", "reserve", "map", "stream", "event", "hostreg"})
     out(tag + ".live_" + k, fake_cuda_live(k));
 }
 
@@ -148,15 +157,81 @@ void report(const std::string& tag) {
 
 uint8_t pattern(int rank, size_t i) { return static_cast<uint8_t>(rank * 37 + i * 7 + 1); }
 
-// One all-gather's buffers: host memory (a device pointer is a host pointer in the fake).
+// One buffer of an all-gather. DRV_AG_MEM=cumem (the default): a cuMem allocation that may be
+// exported as a POSIX fd, mapped and opened read-write for `access` (the devices that must
+// reach it by address: its own, and in one-process scenarios its peers'), rounded up to the
+// granularity, as PyTorch's expandable segments allocate. DRV_AG_MEM=host: host memory, which
+// no peer's copy engine reaches (a device pointer is a host pointer in the fake, so NCCL's
+// fake and this driver still read it alike).
+class Buffer {
+ public:
+  Buffer(size_t bytes, int device, const std::vector<int>& access) : bytes_(bytes) {
+    if (env_str("DRV_AG_MEM", "cumem") == "host") {
+      host_.resize(bytes);
+      data_ = host_.data();
+      return;
+    }
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    if (cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS ||
+        gran == 0)
+      fail("granularity");
+    mapped_ = (bytes + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle handle = 0;
+    if (cuMemCreate(&handle, mapped_, &prop, 0) != CUDA_SUCCESS) fail("create");
+    if (cuMemAddressReserve(&va_, mapped_, 0, 0, 0) != CUDA_SUCCESS) fail("reserve");
+    if (cuMemMap(va_, mapped_, 0, handle, 0) != CUDA_SUCCESS) fail("map");
+    cuMemRelease(handle);  // the mapping keeps the memory, as PyTorch's allocator does
+    std::vector<CUmemAccessDesc> desc(access.size());
+    for (size_t i = 0; i < access.size(); ++i) {
+      desc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc[i].location.id = access[i];
+      desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    if (cuMemSetAccess(va_, mapped_, desc.data(), desc.size()) != CUDA_SUCCESS) fail("access");
+    data_ = reinterpret_cast<uint8_t*>(va_);
+  }
+  ~Buffer() {
+    if (!va_) return;
+    cuMemUnmap(va_, mapped_);
+    cuMemAddressFree(va_, mapped_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  uint8_t& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  [[noreturn]] void fail(const char* what) {
+    out("ag_buffer_failed", std::string(what));
+    _exit(5);
+  }
+  size_t bytes_ = 0, mapped_ = 0;
+  CUdeviceptr va_ = 0;
+  std::vector<uint8_t> host_;
+  uint8_t* data_ = nullptr;
+};
+
+// One all-gather's buffers (DRV_AG_BYTES per rank) on `device`, readable by address from the
+// devices in `access` (default: `device` only).
 struct Gather {
-  std::vector<uint8_t> send, recv;
+  Buffer send, recv;
   CUstream stream = nullptr;
   int rank = 0, nranks = 0;
-  Gather(int r, int n, size_t bytes) : send(bytes), recv(bytes * static_cast<size_t>(n), 0xee) {
-    rank = r;
-    nranks = n;
+  Gather(int r, int n, size_t bytes, int device, const std::vector<int>& access = {})
+      : send(bytes, device, access.empty() ? std::vector<int>{device} : access),
+        recv(bytes * static_cast<size_t>(n), device,
+             access.empty() ? std::vector<int>{device} : access),
+        rank(r),
+        nranks(n) {
     for (size_t i = 0; i < bytes; ++i) send[i] = pattern(r, i);
+    memset(recv.data(), 0xee, recv.size());
     if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) stream = nullptr;
   }
   ncclResult_t issue(ncclComm_t c) {
@@ -175,18 +250,39 @@ struct Gather {
   }
 };
 
-// An all-gather on `c` (rank `r` of `n`): prints <tag>.rc and <tag>.data_ok.
+// An all-gather on `c` (rank `r` of `n`) with buffers on this rank's device: prints <tag>.rc
+// and <tag>.data_ok. DRV_SLEEP_BEFORE_AG_MS delays it (which rank arrives first);
+// DRV_AG_REPEAT=N issues it N times on the same buffers, each checked (rc: the first error,
+// data_ok: every op's); DRV_AG_CHECK=1 then asks ncclCommGetAsyncError (<tag>.async) and
+// issues it once more (<tag>.next_rc, <tag>.next_data_ok): a rank's error shows in the op, or
+// in the next call.
 void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped = false) {
-  Gather g(r, n, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)));
-  if (grouped) ncclGroupStart();
-  ncclResult_t rc = g.issue(c);
-  if (grouped) {
-    ncclResult_t end = ncclGroupEnd();
-    if (rc == ncclSuccess) rc = end;
+  Gather g(r, n, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)), g_device);
+  if (long ms = env_long("DRV_SLEEP_BEFORE_AG_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
+  ncclResult_t rc = ncclSuccess;
+  int ok = 1;
+  for (long i = 0, repeat = env_long("DRV_AG_REPEAT", 1); i < repeat; ++i) {
+    memset(g.recv.data(), 0xee, g.recv.size());
+    if (grouped) ncclGroupStart();
+    ncclResult_t op = g.issue(c);
+    if (grouped) {
+      ncclResult_t end = ncclGroupEnd();
+      if (op == ncclSuccess) op = end;
+    }
+    if (g.stream) cuStreamSynchronize(g.stream);
+    if (rc == ncclSuccess) rc = op;
+    ok = ok && g.data_ok();
   }
-  if (g.stream) cuStreamSynchronize(g.stream);
   out(tag + ".rc", rc);
-  out(tag + ".data_ok", g.data_ok());
+  out(tag + ".data_ok", ok);
+  if (env_long("DRV_AG_CHECK", 0) != 1) return;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
+  out(tag + ".async", poll != ncclSuccess ? poll : state);
+  memset(g.recv.data(), 0xee, g.recv.size());
+  out(tag + ".next_rc", g.issue(c));
+  if (g.stream) cuStreamSynchronize(g.stream);
+  out(tag + ".next_data_ok", g.data_ok());
 }
 
 // Polls until not in progress (at most 2000 polls); <tag>.polls_in_progress, <tag>.async,
@@ -245,7 +341,7 @@ ncclComm_t init_world(int rank, int nranks) {
                        : ncclCommInitRank(&c, nranks, id, rank);
   out("init.rc", rc);
   if (group_ag && c != nullptr) {
-    g = new Gather(rank, nranks, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)));
+    g = new Gather(rank, nranks, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)), g_device);
     out("init_group_ag.rc", g->issue(c));
   }
   if (group_ag) out("init.group_end", ncclGroupEnd());
@@ -420,7 +516,8 @@ int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
         if (eq != std::string::npos) setenv(a.substr(0, eq).c_str(), a.substr(eq + 1).c_str(), 1);
       }
       out("pid", getpid());
-      make_current(static_cast<int>(env_long("DRV_DEVICE", rank)));
+      g_device = static_cast<int>(env_long("DRV_DEVICE", rank));
+      make_current(g_device);
       if (scenario == "basic")
         rank_basic(rank, nranks);
       else if (scenario == "split")
@@ -549,6 +646,7 @@ int default_log() {
 // One thread creates two ranks of one communicator in one group, then all-gathers on both in
 // another group (the single-process multi-GPU pattern).
 int grouped_init() {
+  out("pid", getpid());
   make_current(0);
   const ncclUniqueId id = unique_id();
   ncclComm_t c[2] = {};
@@ -566,7 +664,7 @@ int grouped_init() {
   if (!c[0] || !c[1]) return 0;
   {
     const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
-    Gather g0(0, 2, bytes), g1(1, 2, bytes);
+    Gather g0(0, 2, bytes, 0, {0, 1}), g1(1, 2, bytes, 1, {0, 1});
     make_current(0);
     ncclGroupStart();
     out("ag0", g0.issue(c[0]));
@@ -586,6 +684,7 @@ int grouped_init() {
 // ncclCommInitAll(2) and a split of both comms into one child with reversed keys: in one group
 // from one thread, or (DRV_SPLIT_THREADS=1) one thread per comm without a group.
 int initall_split() {
+  out("pid", getpid());
   make_current(0);
   ncclComm_t all[2] = {};
   out("initall", ncclCommInitAll(all, 2, nullptr));
@@ -621,7 +720,7 @@ int initall_split() {
   }
   {
     const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
-    Gather g0(r[0], 2, bytes), g1(r[1], 2, bytes);
+    Gather g0(r[0], 2, bytes, 0, {0, 1}), g1(r[1], 2, bytes, 1, {0, 1});
     ncclGroupStart();
     make_current(0);
     out("ag0", g0.issue(kids[0]));

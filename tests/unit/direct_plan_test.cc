@@ -1,0 +1,359 @@
+// The zero-copy all-gather's plans (src/direct_plan.h) run against each other on host memory.
+//
+// A simulator gives every rank its four in-order streams and CUDA-like events (a wait applies to
+// the latest record of that event enqueued before it); a seeded scheduler runs one stream
+// operation at a time, in random order with streams at random and changing speeds, so many
+// interleavings are tried, lagging peers included. Around each op the
+// application's own work sits on the user's stream: before it, writing this op's input into the
+// send buffer; after it, checking the received bytes and then scribbling over both buffers, as
+// an application that reuses them would. A plan that copies before a peer's input is there, or
+// after the peer reused its buffers, or that ends before its data arrived, shows as wrong bytes;
+// one that waits for a signal nobody gives shows as a deadlock. Flags live in an OpExchange
+// region, so they are laid out and reused (ring slots) exactly as on the GPU.
+#include "direct_plan.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "op_exchange.h"
+
+namespace zc {
+namespace {
+
+uint8_t pattern(int rank, uint64_t seq, uint64_t i) {
+  return static_cast<uint8_t>(rank * 59 + seq * 13 + i * 7 + 1);
+}
+
+uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// One simulated stream operation: a plan op, or the application's work around an op.
+struct SimOp {
+  enum Kind { kPlan, kProduce, kConsume } kind = kPlan;
+  DirectOp op{};
+  uint64_t seq = 0;
+  uint64_t event_target = 0;  // kWaitEvent: records of op.event that must have run
+};
+
+struct Scenario {
+  int nranks = 2;
+  uint64_t chunk = 64;
+  bool in_place = false;
+  int ops = 3;
+  // For op k: arrival order, and how each cross pair moves its chunks.
+  std::function<std::vector<int>(int k, std::mt19937&)> order;
+  std::function<PairMode(int e, int l, int k, std::mt19937&)> mode;
+  int pieces = 1;  // a peer's buffer is addressed in this many spans (imported allocations)
+};
+
+class Sim {
+ public:
+  Sim(const Scenario& s, uint64_t seed) : s_(s), rng_(seed) {
+    const uint32_t n = static_cast<uint32_t>(s.nranks);
+    region_bytes_ = OpExchange::region_bytes(n);
+    region_ = mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    ex_.reset(new OpExchange(region_, n));
+    recv_.assign(n, std::vector<uint8_t>(s.chunk * n, 0xEE));
+    send_.assign(n, std::vector<uint8_t>(s.chunk, 0xEE));
+    streams_.assign(n, std::vector<std::deque<SimOp>>(kDirectStreams));
+    records_.assign(n, std::vector<uint64_t>(kDirectEvents, 0));
+    enqueued_records_.assign(n, std::vector<uint64_t>(kDirectEvents, 0));
+  }
+  ~Sim() { munmap(region_, region_bytes_); }
+
+  uint64_t send_of(int r) {
+    return s_.in_place ? addr(recv_[r].data()) + static_cast<uint64_t>(r) * s_.chunk
+                       : addr(send_[r].data());
+  }
+  uint64_t recv_of(int r) { return addr(recv_[r].data()); }
+
+  // Spans of [a, a + n) cut in s_.pieces parts.
+  std::vector<Span> spans(uint64_t a, uint64_t n) {
+    std::vector<Span> out;
+    const uint64_t step = (n + s_.pieces - 1) / s_.pieces;
+    for (uint64_t at = 0; at < n; at += step) out.push_back({a + at, std::min(step, n - at)});
+    return out;
+  }
+
+  // The views of every rank for op k, as ce_allgather builds them.
+  void build(int k, const std::function<void(int rank, std::vector<DirectOp>*)>& mutate) {
+    const uint64_t seq = static_cast<uint64_t>(k) + 1;
+    const std::vector<int> order = s_.order(k, rng_);
+    std::vector<int> position(static_cast<size_t>(s_.nranks));
+    for (int i = 0; i < s_.nranks; ++i) position[static_cast<size_t>(order[i])] = i;
+    std::vector<std::vector<PairMode>> mode(s_.nranks, std::vector<PairMode>(s_.nranks));
+    for (int a = 0; a < s_.nranks; ++a)
+      for (int b = 0; b < s_.nranks; ++b)
+        if (a != b && position[a] < position[b]) {
+          mode[a][b] = mode[b][a] = s_.mode(a, b, k, rng_);
+        }
+    for (int me = 0; me < s_.nranks; ++me) {
+      DirectOpView v;
+      v.rank = me;
+      v.nranks = s_.nranks;
+      v.seq = static_cast<uint32_t>(seq);
+      v.chunk = s_.chunk;
+      v.send = send_of(me);
+      v.recv = recv_of(me);
+      for (int p = 0; p < s_.nranks; ++p) {
+        const uint32_t up = static_cast<uint32_t>(p), um = static_cast<uint32_t>(me);
+        v.ready[p] = addr(ex_->ready_flag(up, seq));
+        v.done_to[p] = addr(ex_->done_flag(up, um, seq));
+        v.done_from[p] = addr(ex_->done_flag(um, up, seq));
+        if (p == me) continue;
+        PeerPart& part = v.peers[p];
+        const bool later = position[me] > position[p];
+        const PairMode m = mode[me][p];
+        part.push = later || m == PairMode::kEachPushes;
+        part.pull = later && m == PairMode::kLaterDoesBoth;
+        part.peer_copies = !later || m == PairMode::kEachPushes;
+        if (part.push) part.to = spans(recv_of(p) + static_cast<uint64_t>(me) * s_.chunk, s_.chunk);
+        if (part.pull) part.from = spans(send_of(p), s_.chunk);
+      }
+      std::vector<DirectOp> plan;
+      build_direct_plan(v, &plan);
+      if (mutate) mutate(me, &plan);
+      SimOp produce;
+      produce.kind = SimOp::kProduce;
+      produce.seq = seq;
+      streams_[me][0].push_back(produce);
+      for (const DirectOp& o : plan) {
+        SimOp op;
+        op.op = o;
+        op.seq = seq;
+        const int e = o.event;
+        if (o.kind == DirectOpKind::kRecord) ++enqueued_records_[me][e];
+        if (o.kind == DirectOpKind::kWaitEvent) op.event_target = enqueued_records_[me][e];
+        streams_[me][static_cast<int>(o.stream)].push_back(op);
+      }
+      SimOp consume;
+      consume.kind = SimOp::kConsume;
+      consume.seq = seq;
+      streams_[me][0].push_back(consume);
+    }
+  }
+
+  // Runs everything; "" or what went wrong.
+  std::string run() {
+    for (;;) {
+      std::vector<std::pair<int, int>> runnable;
+      bool left = false;
+      for (int r = 0; r < s_.nranks; ++r)
+        for (int st = 0; st < kDirectStreams; ++st) {
+          if (streams_[r][st].empty()) continue;
+          left = true;
+          if (can_run(r, streams_[r][st].front())) runnable.push_back({r, st});
+        }
+      if (!left) return errors_;
+      if (runnable.empty()) return errors_ + "deadlock";
+      // Streams run at speeds that differ a lot and change now and then: a peer that lags far
+      // behind is the interleaving where a missing wait shows.
+      if (steps_++ % 64 == 0) {
+        std::uniform_real_distribution<double> e(-5, 5);
+        for (auto& w : weight_) w = std::exp(e(rng_));
+      }
+      double total = 0;
+      for (auto [r, st] : runnable) total += weight_[r * kDirectStreams + st];
+      double pick = std::uniform_real_distribution<double>(0, total)(rng_);
+      std::pair<int, int> chosen = runnable.back();
+      for (auto rs : runnable)
+        if ((pick -= weight_[rs.first * kDirectStreams + rs.second]) <= 0) {
+          chosen = rs;
+          break;
+        }
+      const auto [r, st] = chosen;
+      SimOp op = streams_[r][st].front();
+      streams_[r][st].pop_front();
+      execute(r, op);
+    }
+  }
+
+ private:
+  bool can_run(int r, const SimOp& o) const {
+    if (o.kind != SimOp::kPlan) return true;
+    if (o.op.kind == DirectOpKind::kWaitGeq) {
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(o.op.dst);
+      return static_cast<int32_t>(v - o.op.value) >= 0;
+    }
+    if (o.op.kind == DirectOpKind::kWaitEvent) return records_[r][o.op.event] >= o.event_target;
+    return true;
+  }
+
+  void execute(int r, const SimOp& o) {
+    const size_t n = s_.chunk;
+    switch (o.kind) {
+      case SimOp::kProduce: {
+        auto* p = reinterpret_cast<uint8_t*>(send_of(r));
+        for (size_t i = 0; i < n; ++i) p[i] = pattern(r, o.seq, i);
+        return;
+      }
+      case SimOp::kConsume: {
+        for (int src = 0; src < s_.nranks; ++src)
+          for (size_t i = 0; i < n; ++i)
+            if (recv_[r][src * n + i] != pattern(src, o.seq, i)) {
+              errors_ += "rank " + std::to_string(r) + " op " + std::to_string(o.seq) +
+                         ": wrong bytes from rank " + std::to_string(src) + "; ";
+              break;
+            }
+        std::fill(recv_[r].begin(), recv_[r].end(), 0xEE);  // the application reuses them
+        std::fill(send_[r].begin(), send_[r].end(), 0xEE);
+        return;
+      }
+      case SimOp::kPlan:
+        break;
+    }
+    const DirectOp& d = o.op;
+    switch (d.kind) {
+      case DirectOpKind::kWrite:
+        *reinterpret_cast<uint32_t*>(d.dst) = d.value;
+        break;
+      case DirectOpKind::kCopy:
+        memmove(reinterpret_cast<void*>(d.dst), reinterpret_cast<const void*>(d.src), d.bytes);
+        break;
+      case DirectOpKind::kRecord:
+        ++records_[r][d.event];
+        break;
+      case DirectOpKind::kWaitGeq:
+      case DirectOpKind::kWaitEvent:
+        break;
+    }
+  }
+
+  Scenario s_;
+  std::mt19937 rng_;
+  size_t region_bytes_;
+  void* region_;
+  std::unique_ptr<OpExchange> ex_;
+  std::vector<std::vector<uint8_t>> recv_, send_;
+  std::vector<std::vector<std::deque<SimOp>>> streams_;
+  std::vector<std::vector<uint64_t>> records_, enqueued_records_;
+  std::string errors_;
+  uint64_t steps_ = 0;
+  std::vector<double> weight_ = std::vector<double>(kMaxRanks * kDirectStreams, 1.0);
+};
+
+std::vector<int> random_order(int n, std::mt19937& rng) {
+  std::vector<int> o(static_cast<size_t>(n));
+  std::iota(o.begin(), o.end(), 0);
+  std::shuffle(o.begin(), o.end(), rng);
+  return o;
+}
+
+Scenario scenario(int nranks, bool in_place, const char* modes, int pieces = 1) {
+  Scenario s;
+  s.nranks = nranks;
+  s.in_place = in_place;
+  s.pieces = pieces;
+  s.ops = 2 * static_cast<int>(kOpRing) + 3;  // every ring slot reused
+  s.order = [nranks](int, std::mt19937& rng) { return random_order(nranks, rng); };
+  const std::string m = modes;
+  s.mode = [m](int, int, int, std::mt19937& rng) {
+    if (m == "each") return PairMode::kEachPushes;
+    if (m == "later") return PairMode::kLaterDoesBoth;
+    return rng() % 2 ? PairMode::kEachPushes : PairMode::kLaterDoesBoth;
+  };
+  return s;
+}
+
+std::string run(const Scenario& s, uint64_t seed,
+                const std::function<void(int, int, std::vector<DirectOp>*)>& mutate = nullptr) {
+  Sim sim(s, seed);
+  for (int k = 0; k < s.ops; ++k)
+    sim.build(k, [&](int rank, std::vector<DirectOp>* plan) {
+      if (mutate) mutate(k, rank, plan);
+    });
+  return sim.run();
+}
+
+struct Case {
+  int nranks;
+  bool in_place;
+  const char* modes;
+  int pieces;
+};
+
+class DirectPlanSim : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DirectPlanSim, EveryInterleavingGathersCorrectly) {
+  const Case c = GetParam();
+  for (uint64_t seed = 1; seed <= 40; ++seed)
+    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.pieces), seed), "")
+        << "seed " << seed;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DirectPlanSim,
+    ::testing::Values(Case{2, false, "each", 1}, Case{2, true, "each", 1},
+                      Case{2, false, "later", 1}, Case{2, true, "later", 3},
+                      Case{3, false, "mixed", 2}, Case{4, true, "mixed", 1},
+                      Case{5, false, "mixed", 3}, Case{8, true, "mixed", 1}));
+
+TEST(DirectPlan, TheUsersStreamOnlyRecordsAndWaitsOnEvents) {
+  Scenario s = scenario(3, false, "mixed");
+  Sim sim(s, 7);
+  sim.build(0, [](int, std::vector<DirectOp>* plan) {
+    for (const DirectOp& o : *plan) {
+      if (o.stream != DirectStream::kUser) continue;
+      EXPECT_TRUE(o.kind == DirectOpKind::kRecord || o.kind == DirectOpKind::kWaitEvent);
+    }
+  });
+}
+
+TEST(DirectPlan, InPlaceCopiesNothingLocally) {
+  for (bool in_place : {true, false}) {
+    Scenario s = scenario(2, in_place, "each");
+    Sim sim(s, 3);
+    sim.build(0, [&](int, std::vector<DirectOp>* plan) {
+      int local = 0;
+      for (const DirectOp& o : *plan)
+        local += o.stream == DirectStream::kLocal && o.kind == DirectOpKind::kCopy;
+      EXPECT_EQ(local, in_place ? 0 : 1);
+    });
+  }
+}
+
+// Dropping any flag wait, or any done signal, of one rank in one op is caught: every one of
+// them guards something in some interleaving.
+TEST(DirectPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
+  for (const char* modes : {"each", "later"})
+    for (bool in_place : {false, true}) {
+      Scenario s = scenario(2, in_place, modes);
+      s.ops = 3;
+      s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1}; };
+      for (int victim = 0; victim < 2; ++victim) {
+        // The candidates: rank `victim`'s flag waits and done writes in op 1.
+        std::vector<DirectOp> plan;
+        Sim probe(s, 1);
+        probe.build(1, [&](int rank, std::vector<DirectOp>* p) {
+          if (rank == victim) plan = *p;
+        });
+        for (size_t i = 0; i < plan.size(); ++i) {
+          const DirectOp& o = plan[i];
+          const bool wait = o.kind == DirectOpKind::kWaitGeq;
+          const bool done_signal =
+              o.kind == DirectOpKind::kWrite && o.stream == DirectStream::kPush && i > 3;
+          if (!wait && !done_signal) continue;
+          bool caught = false;
+          for (uint64_t seed = 1; seed <= 60 && !caught; ++seed)
+            caught = !run(s, seed, [&](int k, int rank, std::vector<DirectOp>* p) {
+                        if (k == 1 && rank == victim) p->erase(p->begin() + static_cast<long>(i));
+                      }).empty();
+          EXPECT_TRUE(caught) << modes << (in_place ? " in place" : " out of place") << ", rank "
+                              << victim << " without op " << i;
+        }
+      }
+    }
+}
+
+}  // namespace
+}  // namespace zc

@@ -1,0 +1,200 @@
+// The per-op exchange (src/op_exchange.h) on plain memory: who arrived before whom, the verdict
+// the first rank takes for all, the mode tag and signature checks, the ring, and the pairs'
+// compare-and-swap, from several threads at once.
+#include "op_exchange.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace zc {
+namespace {
+
+// A zero-filled, page-aligned region, as the channel gives it.
+struct Region {
+  explicit Region(uint32_t n) : bytes(OpExchange::region_bytes(n)) {
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  ~Region() { munmap(base, bytes); }
+  size_t bytes;
+  void* base;
+};
+
+OpPost post(uint64_t seq, bool reachable = true, uint64_t count = 100,
+            OpMode mode = OpMode::kEager) {
+  OpPost p;
+  p.seq = seq;
+  p.mode = mode;
+  p.count = count;
+  p.datatype = 7;
+  p.reach = reachable ? uint32_t{kReachPointer} : 0u;
+  p.send.addr = 0x1000 * seq;
+  return p;
+}
+
+auto never = [](uint32_t) { return false; };
+
+TEST(OpExchange, RegionIsWholePagesAndItsFlagsAreDistinct) {
+  for (uint32_t n : {2u, 3u, 8u, 64u}) {
+    Region r(n);
+    EXPECT_EQ(OpExchange::region_bytes(n) % 4096, 0u);
+    OpExchange x(r.base, n);
+    std::set<uint32_t*> seen;
+    for (uint64_t seq = 1; seq <= kOpRing; ++seq)
+      for (uint32_t a = 0; a < n; ++a) {
+        EXPECT_TRUE(seen.insert(x.ready_flag(a, seq)).second);
+        for (uint32_t b = 0; b < n; ++b) EXPECT_TRUE(seen.insert(x.done_flag(a, b, seq)).second);
+      }
+    EXPECT_EQ(seen.size(), x.flag_count());
+    for (uint32_t* f : seen) {
+      EXPECT_GE(f, x.flags_begin());
+      EXPECT_LT(f, x.flags_begin() + x.flag_count());
+      EXPECT_LE(reinterpret_cast<char*>(f + 1), static_cast<char*>(r.base) + r.bytes);
+    }
+  }
+}
+
+TEST(OpExchange, TheFirstToArriveDecidesForEveryone) {
+  Region r(3);
+  OpExchange x(r.base, 3);
+  std::vector<OpPost> earlier(3);
+  Arrival a1, a0, a2;
+  ASSERT_TRUE(x.arrive(1, post(1), &a1, earlier.data(), never));
+  EXPECT_EQ(a1.before, 0u);
+  EXPECT_EQ(a1.verdict, OpVerdict::kRoute);
+  // Later ranks follow even when their own buffers cannot be reached.
+  ASSERT_TRUE(x.arrive(0, post(1, false), &a0, earlier.data(), never));
+  EXPECT_EQ(a0.before, 0b010u);
+  EXPECT_EQ(a0.verdict, OpVerdict::kRoute);
+  EXPECT_EQ(earlier[1].send.addr, 0x1000u) << "the earlier rank's post is handed over";
+  ASSERT_TRUE(x.arrive(2, post(1), &a2, earlier.data(), never));
+  EXPECT_EQ(a2.before, 0b011u);
+  EXPECT_STREQ(a2.mismatch, "");
+  // Op 2: the first cannot be reached, so NCCL runs it on every rank.
+  ASSERT_TRUE(x.arrive(2, post(2, false), &a2, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(0, post(2), &a0, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, post(2), &a1, earlier.data(), never));
+  EXPECT_EQ(a2.verdict, OpVerdict::kNccl);
+  EXPECT_EQ(a0.verdict, OpVerdict::kNccl);
+  EXPECT_EQ(a1.verdict, OpVerdict::kNccl);
+}
+
+TEST(OpExchange, ACapturedOpGoesToNcclAndMeetingAnEagerOneIsAMismatch) {
+  Region r(2);
+  OpExchange x(r.base, 2);
+  std::vector<OpPost> earlier(2);
+  Arrival a0, a1;
+  ASSERT_TRUE(x.arrive(0, post(1, true, 100, OpMode::kCaptured), &a0, earlier.data(), never));
+  EXPECT_EQ(a0.verdict, OpVerdict::kNccl);
+  ASSERT_TRUE(x.arrive(1, post(1), &a1, earlier.data(), never));
+  EXPECT_STRNE(a1.mismatch, "");
+  ASSERT_TRUE(x.arrive(0, post(2, true, 100, OpMode::kCaptured), &a0, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, post(2, true, 100, OpMode::kCaptured), &a1, earlier.data(), never));
+  EXPECT_STREQ(a1.mismatch, "") << "captured on both: NCCL's business";
+  EXPECT_EQ(a1.verdict, OpVerdict::kNccl);
+}
+
+TEST(OpExchange, DifferentCountsAtOnePositionAreAMismatch) {
+  Region r(2);
+  OpExchange x(r.base, 2);
+  std::vector<OpPost> earlier(2);
+  Arrival a0, a1;
+  ASSERT_TRUE(x.arrive(0, post(1, true, 100), &a0, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, post(1, true, 101), &a1, earlier.data(), never));
+  EXPECT_STRNE(a1.mismatch, "");
+}
+
+TEST(OpExchange, ARankTooFarAheadWaitsForTheRingAndCanGiveUp) {
+  Region r(2);
+  OpExchange x(r.base, 2);
+  std::vector<OpPost> earlier(2);
+  Arrival a;
+  for (uint64_t seq = 1; seq <= kOpRing; ++seq) {
+    ASSERT_TRUE(x.arrive(0, post(seq), &a, earlier.data(), never));
+    x.finish(0, seq);
+  }
+  // Op kOpRing + 1 reuses op 1's slot, which rank 1 has not read yet.
+  int asked = 0;
+  EXPECT_FALSE(x.arrive(0, post(kOpRing + 1), &a, earlier.data(), [&](uint32_t) {
+    return ++asked == 100;
+  }));
+  EXPECT_EQ(asked, 100);
+  ASSERT_TRUE(x.arrive(1, post(1), &a, earlier.data(), never));
+  x.finish(1, 1);
+  EXPECT_TRUE(x.arrive(0, post(kOpRing + 1), &a, earlier.data(), never));
+}
+
+TEST(OpExchange, PairsSettleOnceWhoeverClaimsFirst) {
+  Region r(2);
+  OpExchange x(r.base, 2);
+  EXPECT_FALSE(x.pair_settled(0, 1, 1));
+  EXPECT_EQ(x.settle_pair(0, 1, 1, PairMode::kEachPushes), PairMode::kEachPushes);
+  EXPECT_TRUE(x.pair_settled(0, 1, 1));
+  EXPECT_EQ(x.settle_pair(0, 1, 1, PairMode::kLaterDoesBoth), PairMode::kEachPushes);
+  // The slot's next op starts unsettled.
+  EXPECT_FALSE(x.pair_settled(0, 1, 1 + kOpRing));
+  EXPECT_EQ(x.settle_pair(0, 1, 1 + kOpRing, PairMode::kLaterDoesBoth), PairMode::kLaterDoesBoth);
+}
+
+// Ranks on threads issue many ops with random pauses: every op has one first arrival, nested
+// "before" sets, one verdict, and every pair settles to one mode seen alike by both ends.
+TEST(OpExchange, ThreadsAgreeOnEveryOpAcrossManyRingTurns) {
+  constexpr uint32_t kRanks = 4;
+  constexpr uint64_t kOps = 300;
+  Region r(kRanks);
+  OpExchange x(r.base, kRanks);
+  std::vector<std::vector<Arrival>> got(kRanks, std::vector<Arrival>(kOps + 1));
+  std::vector<std::vector<PairMode>> modes(kRanks * kRanks, std::vector<PairMode>(kOps + 1));
+  std::vector<std::thread> threads;
+  for (uint32_t me = 0; me < kRanks; ++me)
+    threads.emplace_back([&, me] {
+      std::mt19937 rng(me + 1);
+      std::vector<OpPost> earlier(kRanks);
+      for (uint64_t seq = 1; seq <= kOps; ++seq) {
+        if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50));
+        Arrival a;
+        const bool reachable = (seq + me) % 3 != 0;
+        ASSERT_TRUE(x.arrive(me, post(seq, reachable), &a, earlier.data(), never));
+        got[me][seq] = a;
+        for (uint32_t p = 0; p < kRanks; ++p) {
+          if (p == me) continue;
+          const bool later = a.before >> p & 1;
+          const uint32_t e = later ? p : me, l = later ? me : p;
+          const PairMode want = rng() % 2 ? PairMode::kEachPushes : PairMode::kLaterDoesBoth;
+          modes[me * kRanks + p][seq] = x.settle_pair(e, l, seq, want);
+        }
+        x.finish(me, seq);
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (uint64_t seq = 1; seq <= kOps; ++seq) {
+    std::set<int> sizes;
+    int firsts = 0;
+    for (uint32_t me = 0; me < kRanks; ++me) {
+      const Arrival& a = got[me][seq];
+      EXPECT_EQ(a.seq, seq);
+      EXPECT_EQ(a.before >> me & 1, 0u);
+      EXPECT_EQ(a.verdict, got[0][seq].verdict) << "op " << seq;
+      EXPECT_STREQ(a.mismatch, "");
+      sizes.insert(__builtin_popcountll(a.before));
+      firsts += a.before == 0;
+      for (uint32_t p = 0; p < kRanks; ++p)
+        if (p != me) {
+          // Exactly one of the two arrived first, and both ends saw the same mode.
+          EXPECT_NE(a.before >> p & 1, got[p][seq].before >> me & 1);
+          EXPECT_EQ(modes[me * kRanks + p][seq], modes[p * kRanks + me][seq]);
+        }
+    }
+    EXPECT_EQ(firsts, 1);
+    EXPECT_EQ(sizes.size(), kRanks) << "the before sets of one op are nested";
+  }
+}
+
+}  // namespace
+}  // namespace zc
