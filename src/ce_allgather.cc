@@ -139,12 +139,11 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
   }
 }
 
-// Housekeeping between ops: exports of freed allocations, and imports beyond the budget once
-// nothing of ours runs (a mapping may only go when no copy can touch it any more).
+// Housekeeping after a routed op: imports beyond the budget go once nothing of ours runs (a
+// mapping may only go when no copy can touch it any more).
 void tidy(CommState& st) {
   CeComm& ce = *st.ce;
   const CudaDriver& cu = *cuda_driver();
-  if (ce.seq % kSweepEvery == 0) sweep_exports(cu);
   if (ce.imports->held_bytes() <= kHeldBudget) return;
   for (int k = 1; k < kDirectStreams; ++k)
     if (cu.cuStreamQuery(ce.streams[k]) != CUDA_SUCCESS) return;
@@ -183,6 +182,9 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   ++ce->seq;
+  // Exports of allocations the application freed are withdrawn now and then, whatever route
+  // the ops take (an export keeps its allocation alive).
+  if (ce->seq % kSweepEvery == 0) sweep_exports(*cu);
   OpPost mine;
   post_for(st, sendbuff, recvbuff, sendcount, datatype, chunk, capturing, &mine);
   Arrival a;
