@@ -7,7 +7,6 @@
 #include "ce_exec.h"
 #include "log.h"
 #include "route_setup.h"
-#include "stats.h"
 
 namespace zc {
 namespace {
