@@ -20,7 +20,8 @@ DEMO=${6:-}
 T=$(readlink -f -- "$(mktemp -d)")
 trap 'rm -rf -- "$T"' EXIT
 # The launcher's inputs come from the environment; start every case from a known one.
-unset LD_PRELOAD NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST
+unset LD_PRELOAD NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST PYTORCH_CUDA_ALLOC_CONF \
+  PYTORCH_ALLOC_CONF
 while IFS= read -r var; do unset "$var"; done < <(compgen -e ZEROCTA_)
 
 mkdir -p "$T/lib"
@@ -138,7 +139,7 @@ case_help() {
     expect_rc 0
     [[ ! -s $T/err ]] || fail "$opt wrote to stderr"
     for word in "usage: zerocta-run" --stats --stats=PATH %p %r %h --log --allgather --lib \
-      --dry-run --version -- "NCCL_* and TORCH_* variables are yours"; do
+      --dry-run --no-alloc-conf --version -- "NCCL_* and TORCH_* variables are yours"; do
       grep -qF -- "$word" "$T/out" || fail "$opt does not mention $word"
     done
     ! grep -qE "NCCL_NVLS_ENABLE|TORCH_SYMM_MEM" "$T/out" || fail "$opt still mentions multicast"
@@ -249,7 +250,7 @@ case_sets_nothing_else() {
   local extra
   extra=$(grep -v -e '^PATH=' -e '^LD_PRELOAD=' -e '^_=' -e '^PWD=' -e '^SHLVL=' "$T/out" | sort |
     tr '\n' ' ')
-  [[ $extra == "ZEROCTA_ALLGATHER=auto ZEROCTA_LOG=info ZEROCTA_STATS=1 " ]] ||
+  [[ $extra == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ZEROCTA_ALLGATHER=auto ZEROCTA_LOG=info ZEROCTA_STATS=1 " ]] ||
     fail "unexpected environment: $extra"
   for var in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST; do
     expect_env_absent "$var"
@@ -271,7 +272,7 @@ case_summary_line() {
   expect_rc 0
   [[ ! -s $T/out ]] || fail "the launcher wrote to stdout"
   [[ $(wc -l <"$T/err") == 1 ]] || fail "expected exactly one line on stderr"
-  [[ $(cat "$T/err") == "zerocta-run: set LD_PRELOAD=$LIB_REAL:$T/pre/libjemalloc.so ZEROCTA_ALLGATHER=auto ZEROCTA_STATS=/tmp/zc-%r.json" ]] ||
+  [[ $(cat "$T/err") == "zerocta-run: set LD_PRELOAD=$LIB_REAL:$T/pre/libjemalloc.so ZEROCTA_ALLGATHER=auto PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ZEROCTA_STATS=/tmp/zc-%r.json" ]] ||
     fail "unexpected summary line"
   # A value that needs quoting is shown quoted, still on one line.
   run "$LAUNCHER" --lib "$LIB" --stats="/tmp/a b/zc.json" true
@@ -287,7 +288,7 @@ case_dry_run() {
   run env LD_PRELOAD="$T/pre/libtcmalloc.so" "$LAUNCHER" --lib "$LIB" --allgather=auto --log \
     info --dry-run
   expect_rc 0
-  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL:$T/pre/libtcmalloc.so"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"ZEROCTA_LOG=info" ]] ||
+  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL:$T/pre/libtcmalloc.so"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"$'\n'"ZEROCTA_LOG=info" ]] ||
     fail "unexpected --dry-run output"
   [[ ! -s $T/err ]] || fail "--dry-run wrote to stderr without a reason"
   run "$LAUNCHER" --lib "$LIB" --dry-run touch "$T/ran"
@@ -304,13 +305,44 @@ case_dry_run() {
   run env ZEROCTA_MIN_BYTES=2G ZEROCTA_ALLGATHER=nccl "$LAUNCHER" --lib "$LIB" \
     --allgather auto --dry-run
   expect_rc 0
-  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"# inherited: ZEROCTA_MIN_BYTES=2G" ]] ||
+  [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"$'\n'"# inherited: ZEROCTA_MIN_BYTES=2G" ]] ||
     fail "--dry-run does not show the inherited ZEROCTA_MIN_BYTES: $(cat "$T/out")"
   # Refusals are the same as without --dry-run.
   run "$LAUNCHER" --lib "$T/nope.so" --dry-run
   expect_refused "$T/nope.so"
   run "$LAUNCHER" --lib "$LIB" --log loud --dry-run
   expect_refused "'loud'"
+}
+
+# --allgather auto|zerocta turns on PyTorch's expandable segments, and only then: not with
+# nccl/off, not when the job set either allocator variable, not with --no-alloc-conf.
+case_alloc_conf() {
+  local word
+  for word in auto zerocta; do
+    run "$LAUNCHER" --lib "$LIB" --allgather "$word" env
+    expect_rc 0
+    expect_env PYTORCH_CUDA_ALLOC_CONF expandable_segments:True
+    expect_env_absent PYTORCH_ALLOC_CONF
+    grep -qF "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" "$T/err" ||
+      fail "the summary line does not say it set PYTORCH_CUDA_ALLOC_CONF"
+  done
+  for word in nccl off; do
+    run "$LAUNCHER" --lib "$LIB" --allgather "$word" env
+    expect_env_absent PYTORCH_CUDA_ALLOC_CONF
+  done
+  run "$LAUNCHER" --lib "$LIB" env
+  expect_env_absent PYTORCH_CUDA_ALLOC_CONF
+  run "$LAUNCHER" --lib "$LIB" --allgather auto --no-alloc-conf env
+  expect_env_absent PYTORCH_CUDA_ALLOC_CONF
+  run env PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128 "$LAUNCHER" --lib "$LIB" --allgather auto env
+  expect_env PYTORCH_CUDA_ALLOC_CONF max_split_size_mb:128
+  run env PYTORCH_ALLOC_CONF=garbage_collection_threshold:0.6 "$LAUNCHER" --lib "$LIB" \
+    --allgather auto env
+  expect_env PYTORCH_ALLOC_CONF garbage_collection_threshold:0.6
+  expect_env_absent PYTORCH_CUDA_ALLOC_CONF
+  # An empty value is a choice too.
+  run env PYTORCH_CUDA_ALLOC_CONF= "$LAUNCHER" --lib "$LIB" --allgather auto env
+  expect_env PYTORCH_CUDA_ALLOC_CONF ""
 }
 
 case_version() {
