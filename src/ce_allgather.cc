@@ -182,8 +182,9 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   ++ce->seq;
   // Exports of allocations the application freed are withdrawn now and then, whatever route
-  // the ops take (an export keeps its allocation alive).
-  if (ce->seq % kSweepEvery == 0) sweep_exports(*cu);
+  // the ops take (an export keeps its allocation alive); never during a capture, which makes
+  // no driver call of ours.
+  if (!capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
   OpPost mine;
   post_for(st, sendbuff, recvbuff, sendcount, datatype, chunk, capturing, &mine);
   Arrival a;
