@@ -31,6 +31,9 @@ enum MemberProblem : uint32_t {
   // CUDA_DEVICE_MAX_CONNECTIONS=1: every stream shares one hardware queue, where a stream's
   // wait on a flag would hold up the work (other ranks' ops included) queued behind it.
   kProblemOneConnection = 1u << 4,
+  // A peer's GPU is not visible in this process (CUDA_VISIBLE_DEVICES giving each rank only its
+  // own GPU, as SLURM's --gpu-bind and Kubernetes do): the route needs to address it.
+  kProblemPeerInvisible = 1u << 5,
 };
 
 // One rank's published facts: fixed layout, copied in and out of shared memory as bytes.

@@ -73,8 +73,10 @@ uint32_t check_members(const CudaDriver& cu, const JoinPlan& plan,
     const int ord = local_ordinal_of(cu, m.uuid);
     CUdevice peer;
     int can = 0;
-    if (ord < 0 || ord == plan.device || cu.cuDeviceGet(&peer, ord) != CUDA_SUCCESS ||
-        cu.cuDeviceCanAccessPeer(&can, me, peer) != CUDA_SUCCESS || !can)
+    if (ord < 0)
+      problems |= kProblemPeerInvisible;
+    else if (ord == plan.device || cu.cuDeviceGet(&peer, ord) != CUDA_SUCCESS ||
+             cu.cuDeviceCanAccessPeer(&can, me, peer) != CUDA_SUCCESS || !can)
       problems |= kProblemP2p;
     if (!fd_probe(m.fd_address, m.pid, kProbeTimeoutMs)) problems |= kProblemFdService;
   }

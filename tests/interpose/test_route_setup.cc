@@ -928,6 +928,18 @@ TEST(RouteSetup, DifferentMinBytesPassesThroughNamingTheSettings) {
   expect_passthrough_pair(r, "different ZEROCTA_* settings", true);
 }
 
+// One GPU visible per process (CUDA_VISIBLE_DEVICES isolation): both ranks meet in the
+// channel, but neither can name the other's GPU, so both pass through and say why at INFO.
+TEST(RouteSetup, PeerGpuInvisibleInThisProcessPassesThroughWithInfoOnly) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_UUID_SEED=1"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"FAKE_CUDA_DEVICES", "1"}, {"DRV_DEVICE", "0"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, "not visible in this process", /*warned=*/false);
+}
+
 TEST(RouteSetup, RankOnAnotherHostPassesThroughWithInfoOnly) {
   // Two "hosts" of one GPU each: another channel directory, another UUID seed.
   Scratch s, chan, chan1, rdv;

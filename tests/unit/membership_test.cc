@@ -61,6 +61,8 @@ TEST(Membership, EachWayToDisagreeIsNamed) {
       {"one connection", [](auto* v) { (*v)[3].problems = zc::kProblemOneConnection; },
        "CUDA_DEVICE_MAX_CONNECTIONS=1", false},
       {"p2p", [](auto* v) { (*v)[3].problems = zc::kProblemP2p; }, "P2P", true},
+      {"invisible", [](auto* v) { (*v)[0].problems = zc::kProblemPeerInvisible; },
+       "not visible in this process", false},
       {"fd", [](auto* v) { (*v)[2].problems = zc::kProblemFdService; }, "fd service", true},
       {"device", [](auto* v) { (*v)[2].problems = zc::kProblemDevice; }, "device", true},
       {"same gpu", [](auto* v) { (*v)[2].uuid[0] = (*v)[1].uuid[0]; }, "share one GPU", true},
