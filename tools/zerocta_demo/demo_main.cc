@@ -1,7 +1,10 @@
 // zerocta-demo: all-gathers on every local GPU, one process per GPU (fork, no MPI), each size
 // run twice on the same communicator: through pncclAllGather (real NCCL, never intercepted)
 // and through ncclAllGather (routed by zerocta when it is preloaded). Prints bus bandwidth of
-// both, the route zerocta reports, and whether the outputs are bitwise identical.
+// both, the route zerocta reports, and whether the outputs are bitwise identical. The buffers
+// are cuMem memory other processes can map (shareable_memory.h), where zerocta's route reaches
+// them; with cudaMalloc buffers every all-gather of this one-process-per-GPU program would go to
+// NCCL.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "shareable_memory.h"
 #include "zerocta.h"
 
 namespace {
@@ -97,9 +101,14 @@ int run_rank(int rank, int nranks, ncclUniqueId id, const std::vector<size_t>& s
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   size_t maxb = sizes.back();
   void *send, *recv_ref, *recv;
-  CK(cudaMalloc(&send, maxb / nranks + 1));
+  const char* why = "";
+  send = shareable_alloc(maxb / nranks + 1, &why);
+  recv = shareable_alloc(maxb + nranks, &why);
+  if (!send || !recv) {
+    fprintf(stderr, "rank %d: %s\n", rank, why);
+    return 1;
+  }
   CK(cudaMalloc(&recv_ref, maxb + nranks));
-  CK(cudaMalloc(&recv, maxb + nranks));
   auto* get_stats =
       reinterpret_cast<int (*)(zerocta_stats_t*)>(dlsym(RTLD_DEFAULT, "zerocta_get_stats"));
   int bad = 0;
@@ -144,8 +153,8 @@ int run_rank(int rank, int nranks, ncclUniqueId id, const std::vector<size_t>& s
     fflush(stdout);
   }
   CK(cudaStreamSynchronize(st));
-  cudaFree(send);
-  cudaFree(recv);
+  shareable_free(send);
+  shareable_free(recv);
   cudaFree(recv_ref);
   CK(ncclCommDestroy(comm));
   return bad ? 2 : 0;
