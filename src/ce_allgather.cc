@@ -62,8 +62,8 @@ bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64
     return true;
   }
   const MemberFacts& m = st.members[static_cast<size_t>(p)];
-  return st.ce->imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes,
-                                 st.ce->seq, out, why);
+  return st.ce->imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes, st.ce->seq,
+                                 out, why);
 }
 
 bool same_process(const CommState& st, int p) {
@@ -89,8 +89,8 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
     if (a.before >> p & 1) {  // I am the later one
       const OpPost& e = ce.earlier[static_cast<size_t>(p)];
       const bool each = !same_process(st, p) && mine.reach != 0;
-      const PairMode m = ops.settle_pair(q, me, a.seq,
-                                         each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
+      const PairMode m =
+          ops.settle_pair(q, me, a.seq, each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
       part.push = true;
       part.pull = m == PairMode::kLaterDoesBoth;
       part.peer_copies = m == PairMode::kEachPushes;
@@ -115,8 +115,7 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
       return false;
     }
     part.push = true;
-    if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, &part.to, why))
-      return false;
+    if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, &part.to, why)) return false;
   }
   return true;
 }
@@ -170,14 +169,15 @@ bool stream_is_capturing(CUstream stream) {
 }
 
 ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
-                          ncclDataType_t datatype, uint64_t chunk, CUstream stream,
-                          bool capturing, bool* to_nccl) {
+                          ncclDataType_t datatype, uint64_t chunk, CUstream stream, bool capturing,
+                          bool* to_nccl) {
   *to_nccl = false;
   const CudaDriver* cu = cuda_driver();
   std::lock_guard<std::mutex> lock(st.issue_mu);
   if (int p = st.poisoned.load(); p != ncclSuccess) return static_cast<ncclResult_t>(p);
   CeComm* ce = st.ce.get();
-  if (!ce || !ce->prepared || !ce->ops || !cu) return fail(st, ncclInternalError, "set-up", "not prepared");
+  if (!ce || !ce->prepared || !ce->ops || !cu)
+    return fail(st, ncclInternalError, "set-up", "not prepared");
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   ++ce->seq;

@@ -10,9 +10,9 @@
 //
 // Layout: a header (magic, version, capacity, key, the `broken` and `poison` words), then
 // `capacity` slots of {state word, MemberFacts}, then, page aligned, the region of the per-op
-// exchange (op_exchange.h) for min(capacity, kOpRanks) ranks. A slot is claimed by a compare-and-swap of its
-// state (empty -> writing), filled, then published (-> joined, release order); a joined slot
-// never changes again.
+// exchange (op_exchange.h) for min(capacity, kOpRanks) ranks. A slot is claimed by a
+// compare-and-swap of its state (empty -> writing), filled, then published (-> joined, release
+// order); a joined slot never changes again.
 #pragma once
 
 #include <cstdint>

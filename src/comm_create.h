@@ -45,7 +45,7 @@ void finish_create(const std::shared_ptr<CommState>& st, ncclComm_t comm, ncclRe
 void freeze_when_ready(CommState& st, bool on_app_thread);
 
 // Before an operation on `st` on the application's thread outside any group: a comm not frozen
-// yet is frozen if NCCL reports it ready; a pass-through comm's arena is freed.
+// yet is frozen if NCCL reports it ready; a pass-through comm's registration is released.
 void settle_before_use(CommState* st);
 
 }  // namespace zc

@@ -30,14 +30,14 @@ enum class RouteState : int {
 // the GPU; once the first routed op prepared them, the peers' imports and the streams and
 // events the plans run on (direct_plan.h).
 struct CeComm {
-  uint32_t join_index = 0;  // this rank's slot in the channel
+  uint32_t join_index = 0;     // this rank's slot in the channel
   void* registered = nullptr;  // the channel's op region, registered with CUDA (host address)
   size_t registered_bytes = 0;
-  CUdeviceptr registered_dev = 0;  // the same region as the GPU addresses it
+  CUdeviceptr registered_dev = 0;   // the same region as the GPU addresses it
   std::unique_ptr<OpExchange> ops;  // at commit, over the registered region
   bool prepared = false;
   uint64_t seq = 0;  // ops posted on this communicator so far
-  ReachNeeds needs;   // who must reach this rank's buffers (at prepare)
+  ReachNeeds needs;  // who must reach this rank's buffers (at prepare)
   std::unique_ptr<PeerImports> imports;
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
   CUevent events[kDirectEvents] = {};

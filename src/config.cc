@@ -410,7 +410,6 @@ const char* to_string(AllGatherMode m) {
   return "unknown";
 }
 
-
 const char* to_string(LogLevel l) {
   switch (l) {
     case LogLevel::kNone:

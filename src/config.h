@@ -30,13 +30,13 @@ struct Config {
   CtaPolicyMode cta_policy = CtaPolicyMode::kZero;  // ZEROCTA_CTA_POLICY
   bool cta_policy_force = false;                    // ZEROCTA_CTA_POLICY_FORCE
   // nccl until zerocta's copy-engine route beats NCCL's kernel path (docs/PERFORMANCE.md).
-  AllGatherMode allgather = AllGatherMode::kNccl;         // ZEROCTA_ALLGATHER
-  uint64_t min_bytes = kDefaultMinBytes;                  // ZEROCTA_MIN_BYTES (total output bytes)
-  uint64_t auto_max_ranks = kDefaultAutoMaxRanks;         // ZEROCTA_AUTO_MAX_RANKS (0 = any)
-  std::string stats;                                      // ZEROCTA_STATS: "" | "0" | "1" | a path
-  bool nvtx = true;                                       // ZEROCTA_NVTX
-  std::string nccl_library;                               // ZEROCTA_NCCL_LIBRARY
-  std::string channel_dir = "/dev/shm";                   // ZEROCTA_CHANNEL_DIR
+  AllGatherMode allgather = AllGatherMode::kNccl;  // ZEROCTA_ALLGATHER
+  uint64_t min_bytes = kDefaultMinBytes;           // ZEROCTA_MIN_BYTES (total output bytes)
+  uint64_t auto_max_ranks = kDefaultAutoMaxRanks;  // ZEROCTA_AUTO_MAX_RANKS (0 = any)
+  std::string stats;                               // ZEROCTA_STATS: "" | "0" | "1" | a path
+  bool nvtx = true;                                // ZEROCTA_NVTX
+  std::string nccl_library;                        // ZEROCTA_NCCL_LIBRARY
+  std::string channel_dir = "/dev/shm";            // ZEROCTA_CHANNEL_DIR
 
   // One line per bad value, e.g.
   // ZEROCTA_LOG="verbose" is invalid (accepted: none|warn|info|debug); using the default "warn"

@@ -58,22 +58,15 @@ CudaDriver* load() {
   ce &= get(gpa, "cuEventCreate", &d.cuEventCreate);
   ce &= get(gpa, "cuEventDestroy", &d.cuEventDestroy);
   ce &= get(gpa, "cuEventRecord", &d.cuEventRecord);
-  ce &= get(gpa, "cuMemAlloc", &d.cuMemAlloc);
-  ce &= get(gpa, "cuMemFree", &d.cuMemFree);
   ce &= get(gpa, "cuMemcpyAsync", &d.cuMemcpyAsync);
-  ce &= get(gpa, "cuMemcpyDtoH", &d.cuMemcpyDtoH);
-  ce &= get(gpa, "cuMemcpyHtoD", &d.cuMemcpyHtoD);
-  ce &= get(gpa, "cuMemsetD32Async", &d.cuMemsetD32Async);
   ce &= get(gpa, "cuStreamWaitValue32", &d.cuStreamWaitValue32);
   ce &= get(gpa, "cuStreamWriteValue32", &d.cuStreamWriteValue32);
-  ce &= get(gpa, "cuMemCreate", &d.cuMemCreate);
   ce &= get(gpa, "cuMemRelease", &d.cuMemRelease);
   ce &= get(gpa, "cuMemAddressReserve", &d.cuMemAddressReserve);
   ce &= get(gpa, "cuMemAddressFree", &d.cuMemAddressFree);
   ce &= get(gpa, "cuMemMap", &d.cuMemMap);
   ce &= get(gpa, "cuMemUnmap", &d.cuMemUnmap);
   ce &= get(gpa, "cuMemSetAccess", &d.cuMemSetAccess);
-  ce &= get(gpa, "cuMemGetAllocationGranularity", &d.cuMemGetAllocationGranularity);
   ce &= get(gpa, "cuMemExportToShareableHandle", &d.cuMemExportToShareableHandle);
   ce &= get(gpa, "cuMemImportFromShareableHandle", &d.cuMemImportFromShareableHandle);
   ce &= get(gpa, "cuThreadExchangeStreamCaptureMode", &d.cuThreadExchangeStreamCaptureMode);
@@ -85,9 +78,6 @@ CudaDriver* load() {
   ce &= get(gpa, "cuMemHostUnregister", &d.cuMemHostUnregister);
   ce &= get(gpa, "cuMemHostGetDevicePointer", &d.cuMemHostGetDevicePointer);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
-  int driver = 0;
-  if (d.cuDriverGetVersion && d.cuDriverGetVersion(&driver) == CUDA_SUCCESS && driver >= 13000)
-    get(gpa, "cuMemcpyBatchAsync", &d.cuMemcpyBatchAsync, 13000);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;
   if (!d.context_ok) return nullptr;

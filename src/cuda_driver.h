@@ -33,22 +33,12 @@ struct CudaDriver {
   CUresult (*cuEventCreate)(CUevent*, unsigned);
   CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuEventRecord)(CUevent, CUstream);
-  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
-  CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-  CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
   CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuGetErrorString)(CUresult, const char**);
-  // CUDA 13 ABI (no failIdx). Optional: copies marked "prefer overlap with compute" run on
-  // the copy engines; a plain same-device cuMemcpyAsync may be run by the driver on SMs.
-  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*,
-                                 size_t*, size_t, CUstream);
-  // Exportable memory for the route's arenas (route_memory.cc); also part of `ce_ok`.
-  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
-                          unsigned long long);
+  // Mapping the peers' exported allocations (route_memory.cc, peer_memory.cc); also part of
+  // `ce_ok`.
   CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
   CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
   CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
@@ -56,8 +46,6 @@ struct CudaDriver {
                        unsigned long long);
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
   CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
-  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
-                                            CUmemAllocationGranularity_flags);
   CUresult (*cuMemExportToShareableHandle)(void*, CUmemGenericAllocationHandle,
                                            CUmemAllocationHandleType, unsigned long long);
   CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*,

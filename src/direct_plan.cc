@@ -61,13 +61,15 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   w.record(S::kPush, kEvReady);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].push)
-      along_spans(v.peers[p].to, v.send,
-                  [&](uint64_t peer, uint64_t mine, uint64_t n) { w.copy(S::kPush, peer, mine, n); });
+      along_spans(v.peers[p].to, v.send, [&](uint64_t peer, uint64_t mine, uint64_t n) {
+        w.copy(S::kPush, peer, mine, n);
+      });
   w.wait_event(S::kPull, kEvReady);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].pull)
-      along_spans(v.peers[p].from, v.recv + static_cast<uint64_t>(p) * v.chunk,
-                  [&](uint64_t peer, uint64_t mine, uint64_t n) { w.copy(S::kPull, mine, peer, n); });
+      along_spans(
+          v.peers[p].from, v.recv + static_cast<uint64_t>(p) * v.chunk,
+          [&](uint64_t peer, uint64_t mine, uint64_t n) { w.copy(S::kPull, mine, peer, n); });
   w.record(S::kPull, kEvPulled);
   w.wait_event(S::kLocal, kEvStart);
   if (!in_place) w.copy(S::kLocal, own, v.send, v.chunk);

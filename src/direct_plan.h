@@ -61,8 +61,8 @@ struct Span {
 
 // What this rank does with one peer in one op.
 struct PeerPart {
-  bool push = false;       // write my chunk into the peer's receive buffer
-  bool pull = false;       // copy the peer's chunk into my receive buffer
+  bool push = false;         // write my chunk into the peer's receive buffer
+  bool pull = false;         // copy the peer's chunk into my receive buffer
   bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
   // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
   // my address space, as spans of `chunk` bytes in total.

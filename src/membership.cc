@@ -45,13 +45,15 @@ Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_br
     if (m.problems & kProblemFlags)
       return no("a rank could not register the channel's flags with CUDA", true);
     if (m.problems & kProblemOneConnection)
-      return no("a rank runs with CUDA_DEVICE_MAX_CONNECTIONS=1 (a flag wait would block its "
-                "only hardware queue)",
-                false);
+      return no(
+          "a rank runs with CUDA_DEVICE_MAX_CONNECTIONS=1 (a flag wait would block its "
+          "only hardware queue)",
+          false);
     if (m.problems & kProblemPeerInvisible)
-      return no("a peer's GPU is not visible in this process (CUDA_VISIBLE_DEVICES isolates the "
-                "ranks?); the route needs every peer GPU visible",
-                false);
+      return no(
+          "a peer's GPU is not visible in this process (CUDA_VISIBLE_DEVICES isolates the "
+          "ranks?); the route needs every peer GPU visible",
+          false);
     if (m.problems & kProblemP2p) return no("a peer's GPU is not reachable by direct P2P", true);
     if (m.problems & kProblemFdService)
       return no("a rank could not reach a peer's fd service (another network namespace?)", true);

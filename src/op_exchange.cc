@@ -26,7 +26,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be 
 
 constexpr size_t kPage = 4096;
 
-size_t posts_offset() { return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64; }
+size_t posts_offset() {
+  return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64;
+}
 size_t pairs_offset(uint32_t nranks) {
   return posts_offset() + sizeof(SharedPost) * nranks * kOpRing;
 }
@@ -88,8 +90,8 @@ Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
   // nobody posts there again before every rank finished this op (ring_free).
   if ((a.before | me) == all) shared_->arrival[slot].store(0, std::memory_order_release);
   if (a.before == 0) {
-    a.verdict = mine.mode == OpMode::kEager && mine.reach != 0 ? OpVerdict::kRoute
-                                                               : OpVerdict::kNccl;
+    a.verdict =
+        mine.mode == OpMode::kEager && mine.reach != 0 ? OpVerdict::kRoute : OpVerdict::kNccl;
     shared_->verdict[slot].store(mine.seq << 2 | static_cast<uint64_t>(a.verdict),
                                  std::memory_order_release);
   } else {
@@ -115,8 +117,7 @@ Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
 
 namespace {
 std::atomic<uint64_t>* pair_at(void* base, uint32_t nranks, uint32_t e, uint32_t l, uint64_t seq) {
-  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(base) +
-                                                  pairs_offset(nranks)) +
+  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(base) + pairs_offset(nranks)) +
          (size_t{e} * nranks + l) * kOpRing + slot_of(seq);
 }
 }  // namespace

@@ -44,7 +44,7 @@ namespace zc {
 
 constexpr uint32_t kOpRing = 16;
 constexpr uint32_t kMaxExtents = 160;  // per buffer: physical allocations one post can describe
-constexpr uint32_t kOpRanks = 64;     // ranks the exchange can serve
+constexpr uint32_t kOpRanks = 64;      // ranks the exchange can serve
 
 enum class OpMode : uint32_t { kEager = 1, kCaptured = 2 };
 enum class OpVerdict : uint32_t { kRoute = 1, kNccl = 2 };

@@ -60,8 +60,7 @@ uint64_t export_block(const CudaDriver& cu, const Block& b) {
   FdService* service = fd_service();
   if (!service) return 0;
   CUmemGenericAllocationHandle h = 0;
-  if (cu.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(b.base)) != CUDA_SUCCESS)
-    return 0;
+  if (cu.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(b.base)) != CUDA_SUCCESS) return 0;
   int fd = -1;
   const bool ok = cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                                   0) == CUDA_SUCCESS;
@@ -88,8 +87,7 @@ bool describe_extents(const CudaDriver& cu, uint64_t addr, uint64_t bytes, OpBuf
 bool pointer_reachable(const CudaDriver& cu, uint64_t addr, const ReachNeeds& needs) {
   unsigned type = 0;
   uint64_t legacy_ipc = 0, managed = 0;  // booleans of the driver's own width: read as nonzero
-  if (!attribute(cu, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr, &type) ||
-      type != CU_MEMORYTYPE_DEVICE)
+  if (!attribute(cu, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr, &type) || type != CU_MEMORYTYPE_DEVICE)
     return false;
   attribute(cu, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr, &managed);
   if (managed) return false;
@@ -155,8 +153,8 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
     return false;
   bool ok = true;
   for (size_t i = 0; i < fds.size(); ++i) {
-    ArenaMapping m;
-    if (ok && fds[i] >= 0 && arena_import(cu, fds[i], wanted[i]->bytes, device_, &m)) {
+    ImportedMapping m;
+    if (ok && fds[i] >= 0 && import_mapping(cu, fds[i], wanted[i]->bytes, device_, &m)) {
       maps_[{pid, wanted[i]->block_id}] = Mapping{m.va, m.bytes, m.handle, 0};
       held_ += m.bytes;
     } else if (ok) {
@@ -196,11 +194,11 @@ bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
 }
 
 void PeerImports::release(const CudaDriver& cu, Mapping* m) {
-  ArenaMapping a;
+  ImportedMapping a;
   a.va = m->va;
   a.bytes = m->bytes;
   a.handle = m->handle;
-  arena_release(cu, &a);
+  release_mapping(cu, &a);
   held_ -= m->bytes;
 }
 

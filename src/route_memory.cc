@@ -7,7 +7,7 @@ namespace {
 
 // Reserves, maps and opens for `device` an allocation already held in `handle`.
 bool map_for(const CudaDriver& cu, CUmemGenericAllocationHandle handle, size_t bytes, int device,
-             ArenaMapping* out) {
+             ImportedMapping* out) {
   CUdeviceptr va = 0;
   if (cu.cuMemAddressReserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS) return false;
   if (cu.cuMemMap(va, bytes, 0, handle, 0) != CUDA_SUCCESS) {
@@ -31,7 +31,7 @@ bool map_for(const CudaDriver& cu, CUmemGenericAllocationHandle handle, size_t b
 
 }  // namespace
 
-bool arena_import(const CudaDriver& cu, int fd, size_t bytes, int device, ArenaMapping* out) {
+bool import_mapping(const CudaDriver& cu, int fd, size_t bytes, int device, ImportedMapping* out) {
   CUmemGenericAllocationHandle h = 0;
   void* os_handle = reinterpret_cast<void*>(static_cast<uintptr_t>(fd));
   if (cu.cuMemImportFromShareableHandle(&h, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
@@ -44,12 +44,12 @@ bool arena_import(const CudaDriver& cu, int fd, size_t bytes, int device, ArenaM
   return true;
 }
 
-void arena_release(const CudaDriver& cu, ArenaMapping* arena) {
-  if (!arena->va) return;
-  cu.cuMemUnmap(arena->va, arena->bytes);
-  cu.cuMemAddressFree(arena->va, arena->bytes);
-  cu.cuMemRelease(arena->handle);
-  *arena = ArenaMapping{};
+void release_mapping(const CudaDriver& cu, ImportedMapping* m) {
+  if (!m->va) return;
+  cu.cuMemUnmap(m->va, m->bytes);
+  cu.cuMemAddressFree(m->va, m->bytes);
+  cu.cuMemRelease(m->handle);
+  *m = ImportedMapping{};
 }
 
 }  // namespace zc

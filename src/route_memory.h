@@ -10,7 +10,7 @@
 
 namespace zc {
 
-struct ArenaMapping {
+struct ImportedMapping {
   CUdeviceptr va = 0;
   size_t bytes = 0;  // mapped bytes: the whole allocation
   CUmemGenericAllocationHandle handle = 0;
@@ -20,9 +20,9 @@ struct ArenaMapping {
 // Maps the allocation behind `fd` (of `bytes`, its whole size: cuMemMap needs offset 0 and the
 // imported granularity) at a new address, accessible from `device`. The descriptor stays the
 // caller's to close. False (nothing held) on failure.
-bool arena_import(const CudaDriver& cu, int fd, size_t bytes, int device, ArenaMapping* out);
+bool import_mapping(const CudaDriver& cu, int fd, size_t bytes, int device, ImportedMapping* out);
 
 // Unmaps and releases; the physical memory goes when its last mapping anywhere goes.
-void arena_release(const CudaDriver& cu, ArenaMapping* arena);
+void release_mapping(const CudaDriver& cu, ImportedMapping* m);
 
 }  // namespace zc

@@ -251,8 +251,7 @@ ncclResult_t route_prepare(CommState& st) {
   if (int p = st.poisoned.load()) return static_cast<ncclResult_t>(p);
   CeComm* ce = st.ce.get();
   const CudaDriver* cu = cuda_driver();
-  if (!ce || !cu || !ce->ops || st.route.load() != RouteState::kCommitted)
-    return ncclInternalError;
+  if (!ce || !cu || !ce->ops || st.route.load() != RouteState::kCommitted) return ncclInternalError;
   if (ce->prepared) return ncclSuccess;
   // PyTorch captures in global mode, where these calls would invalidate the capture.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;

@@ -2,14 +2,14 @@
 //
 //   join     before the init, split or shrink is forwarded to NCCL, on the creating thread
 //            (inside an application group: at its outermost ncclGroupEnd, before NCCL's):
-//            allocate and export this rank's arena, check P2P and the fd service of every
-//            earlier member, publish the facts in the channel. A local failure is a fact too.
+//            open the channel, register its per-op region with CUDA, publish the facts, check
+//            P2P and the fd service of every member seen. A local failure is a fact too.
 //   freeze   when NCCL's init is seen complete (host-only work, so it may run in any thread's
 //            ncclCommGetAsyncError): read the frozen membership, agree() (membership.h), unlink
 //            the channel's name, log the decision. Commit or pass-through, alike on every rank.
 //   prepare  at the first routed all-gather, on the application's thread at group depth 0:
-//            fetch the peers' arena descriptors from their fd services, map them, verify each
-//            peer's marker, create the streams and events. A failure here poisons.
+//            peer access to the GPUs of peers in this process, the streams and events. A
+//            failure here poisons. (Each op then reaches its peers' buffers: ce_allgather.h.)
 //   teardown at Finalize/Destroy (drains first) or Abort (releases every device wait first).
 // After commit, a failure poisons the communicator: the channel's poison word tells the peers,
 // and ncclCommGetAsyncError answers ncclRemoteError on every rank.
@@ -47,7 +47,7 @@ void route_join(CommState& st, const JoinPlan& plan);
 
 // The freeze phase, for a comm in kJoined whose init NCCL completed (st.rank, st.nranks set).
 // `on_app_thread`: false inside another thread's poll, where no CUDA call may be made (the
-// arena of a comm that will not route is then released at the next route_settle()).
+// registration of a comm that will not route is then released at the next route_settle()).
 void route_freeze(CommState& st, bool on_app_thread);
 
 // On the application's thread outside any group: frees what a pass-through comm still holds.

@@ -974,8 +974,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
               CUDA_SUCCESS);
 }
 
-CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
-                        CUdeviceptr ptr) {
+CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   std::string what = "cuMemGetAccess ptr=" + addr(ptr);
   FAKE_CUDA_FAIL_POINT("cuMemGetAccess", what, CUDA_ERROR_UNKNOWN);
   if (flags == nullptr || location == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -990,8 +989,8 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
 }
 
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
-  std::string what = "cuCtxEnablePeerAccess peer=" + fake::hex_ptr(peer) +
-                     fake::strf(" flags=%u", flags);
+  std::string what =
+      "cuCtxEnablePeerAccess peer=" + fake::hex_ptr(peer) + fake::strf(" flags=%u", flags);
   FAKE_CUDA_FAIL_POINT("cuCtxEnablePeerAccess", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
@@ -1003,8 +1002,8 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
 }
 
 CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
-  std::string what = "cuMemHostRegister ptr=" + fake::hex_ptr(p) +
-                     fake::strf(" bytes=%zu flags=%u", bytes, flags);
+  std::string what =
+      "cuMemHostRegister ptr=" + fake::hex_ptr(p) + fake::strf(" bytes=%zu flags=%u", bytes, flags);
   FAKE_CUDA_FAIL_POINT("cuMemHostRegister", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;

@@ -1,9 +1,9 @@
 // Faults on the GPU: nothing hangs and nothing is corrupted when a peer dies, when the
 // application aborts a communicator with zerocta's operations queued, or when ranks disagree on
-// what an op is (captured on one rank, eager on the other). Two ranks, run with the multi-process harness; the ranks set ZEROCTA_ALLGATHER
-// themselves (ZEROCTA_FAULT_ALLGATHER, default zerocta), so with LD_PRELOAD=libzerocta.so every
-// all-gather takes zerocta's copy-engine route, and without it the same test measures NCCL
-// alone (a baseline).
+// what an op is (captured on one rank, eager on the other). Two ranks, run with the multi-process
+// harness; the ranks set ZEROCTA_ALLGATHER themselves (ZEROCTA_FAULT_ALLGATHER, default zerocta),
+// so with LD_PRELOAD=libzerocta.so every all-gather takes zerocta's copy-engine route, and without
+// it the same test measures NCCL alone (a baseline).
 //
 //   FaultKill.PeerKilledMidStream   rank 1 SIGKILLs itself after issuing op N of a stream of
 //       all-gathers; rank 0's watchdog thread aborts the communicator when no op completed

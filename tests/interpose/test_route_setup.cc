@@ -270,7 +270,7 @@ TEST(RouteSetup, FakeCudaOffersTheCopyEngineApiOnlyWithFakeCudaCe) {
     EXPECT_EQ(rnum(off, k, "ag.ag_pass"), 1);
   }
   EXPECT_TRUE(
-      contains(off.log, "cuGetProcAddress symbol=cuMemCreate version=12000 flags=1 not_found"))
+      contains(off.log, "cuGetProcAddress symbol=cuMemHostRegister version=12000 flags=1 not_found"))
       << off.describe();
   EXPECT_FALSE(contains(off.log, "cuda cuMemCreate ")) << off.describe();
   EXPECT_FALSE(contains(off.log, "cuda cuMemHostRegister ")) << off.describe();

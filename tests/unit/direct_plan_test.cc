@@ -60,8 +60,8 @@ class Sim {
   Sim(const Scenario& s, uint64_t seed) : s_(s), rng_(seed) {
     const uint32_t n = static_cast<uint32_t>(s.nranks);
     region_bytes_ = OpExchange::region_bytes(n);
-    region_ = mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+    region_ =
+        mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ex_.reset(new OpExchange(region_, n));
     recv_.assign(n, std::vector<uint8_t>(s.chunk * n, 0xEE));
     send_.assign(n, std::vector<uint8_t>(s.chunk, 0xEE));
@@ -287,16 +287,14 @@ class DirectPlanSim : public ::testing::TestWithParam<Case> {};
 TEST_P(DirectPlanSim, EveryInterleavingGathersCorrectly) {
   const Case c = GetParam();
   for (uint64_t seed = 1; seed <= 40; ++seed)
-    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.pieces), seed), "")
-        << "seed " << seed;
+    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.pieces), seed), "") << "seed " << seed;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, DirectPlanSim,
-    ::testing::Values(Case{2, false, "each", 1}, Case{2, true, "each", 1},
-                      Case{2, false, "later", 1}, Case{2, true, "later", 3},
-                      Case{3, false, "mixed", 2}, Case{4, true, "mixed", 1},
-                      Case{5, false, "mixed", 3}, Case{8, true, "mixed", 1}));
+INSTANTIATE_TEST_SUITE_P(Shapes, DirectPlanSim,
+                         ::testing::Values(Case{2, false, "each", 1}, Case{2, true, "each", 1},
+                                           Case{2, false, "later", 1}, Case{2, true, "later", 3},
+                                           Case{3, false, "mixed", 2}, Case{4, true, "mixed", 1},
+                                           Case{5, false, "mixed", 3}, Case{8, true, "mixed", 1}));
 
 TEST(DirectPlan, TheUsersStreamOnlyRecordsAndWaitsOnEvents) {
   Scenario s = scenario(3, false, "mixed");

@@ -121,9 +121,8 @@ TEST(OpExchange, ARankTooFarAheadWaitsForTheRingAndCanGiveUp) {
   }
   // Op kOpRing + 1 reuses op 1's slot, which rank 1 has not read yet.
   int asked = 0;
-  EXPECT_FALSE(x.arrive(0, post(kOpRing + 1), &a, earlier.data(), [&](uint32_t) {
-    return ++asked == 100;
-  }));
+  EXPECT_FALSE(
+      x.arrive(0, post(kOpRing + 1), &a, earlier.data(), [&](uint32_t) { return ++asked == 100; }));
   EXPECT_EQ(asked, 100);
   ASSERT_TRUE(x.arrive(1, post(1), &a, earlier.data(), never));
   x.finish(1, 1);

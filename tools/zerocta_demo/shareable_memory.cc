@@ -59,7 +59,8 @@ void* shareable_alloc(size_t bytes, const char** why) {
   }
   bytes = (bytes + g - 1) / g * g;
   if (create(&h, bytes, &prop, 0) != CUDA_SUCCESS || reserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS ||
-      map(va, bytes, 0, h, 0) != CUDA_SUCCESS || set_access(va, bytes, &access, 1) != CUDA_SUCCESS) {
+      map(va, bytes, 0, h, 0) != CUDA_SUCCESS ||
+      set_access(va, bytes, &access, 1) != CUDA_SUCCESS) {
     *why = "exportable cuMem allocation failed";
     return nullptr;  // the process ends on this error: nothing to unwind
   }
