@@ -45,7 +45,8 @@
 //
 // Streams and events are fake handles ("stream#3", "event#7"); destroying an unknown (or
 // already destroyed) one is CUDA_ERROR_INVALID_HANDLE. cuStreamQuery/cuStreamSynchronize
-// succeed; cuStreamIsCapturing answers NONE; cuThreadExchangeStreamCaptureMode swaps a
+// succeed; cuStreamIsCapturing answers NONE (ACTIVE for every stream but the legacy one with
+// FAKE_CUDA_CAPTURING=1); cuThreadExchangeStreamCaptureMode swaps a
 // per-thread mode. Calls that need a context (stream/event creation, copies, memsets, stream
 // memory operations, cuMemAlloc) fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
 // has none current.
@@ -416,8 +417,12 @@ CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   std::string what = "cuStreamIsCapturing stream=" + stream_name(stream);
   FAKE_CUDA_FAIL_POINT("cuStreamIsCapturing", what, CUDA_ERROR_UNKNOWN);
   if (status == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return done(what + " status=none", CUDA_SUCCESS);
+  // FAKE_CUDA_CAPTURING=1: every stream but the legacy one is being captured (this process
+  // captures its all-gathers into a graph where a peer may run them eagerly).
+  const bool capturing =
+      env_is_1("FAKE_CUDA_CAPTURING") && stream != nullptr && stream != CU_STREAM_LEGACY;
+  *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return done(what + (capturing ? " status=active" : " status=none"), CUDA_SUCCESS);
 }
 
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {

@@ -269,8 +269,8 @@ TEST(RouteSetup, FakeCudaOffersTheCopyEngineApiOnlyWithFakeCudaCe) {
     EXPECT_EQ(decisions(off, pid_of(off, k)), std::vector<std::string>{}) << off.describe();
     EXPECT_EQ(rnum(off, k, "ag.ag_pass"), 1);
   }
-  EXPECT_TRUE(
-      contains(off.log, "cuGetProcAddress symbol=cuMemHostRegister version=12000 flags=1 not_found"))
+  EXPECT_TRUE(contains(off.log,
+                       "cuGetProcAddress symbol=cuMemHostRegister version=12000 flags=1 not_found"))
       << off.describe();
   EXPECT_FALSE(contains(off.log, "cuda cuMemCreate ")) << off.describe();
   EXPECT_FALSE(contains(off.log, "cuda cuMemHostRegister ")) << off.describe();
@@ -1267,6 +1267,48 @@ TEST(RouteSetup, RanksIssuingDifferentCountsAtOnePositionBothFail) {
   EXPECT_TRUE(warned) << r.describe();
   // The earlier rank's wait was released by the poison, not by the fake's time limit.
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+// One rank captures its all-gather into a graph where the other runs it eagerly (the mode tag):
+// whoever arrives later finds the mismatch; both ranks see an error and nobody hangs.
+TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_CAPTURING=1"},
+                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
+  expect_clean_pair(r, chan);
+  bool warned = false;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    warned = warned || any_contains(warns(r, pid_of(r, k)), "captured an all-gather");
+    long long seen = rnum(r, k, "ag.rc");
+    if (seen == 0) seen = rnum(r, k, "ag.async");
+    if (seen == 0) seen = rnum(r, k, "ag.next_rc");
+    EXPECT_TRUE(seen == kNcclInvalidUsage || seen == kNcclRemoteError)
+        << "no error after eager met captured: " << seen << "\n"
+        << r.describe();
+  }
+  EXPECT_TRUE(warned) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+// Both ranks capture: the op goes to NCCL on both (captured ops are NCCL's), no error.
+TEST(RouteSetup, CapturedOnEveryRankGoesToNccl) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"FAKE_CUDA_CAPTURING", "1"}, {"DRV_AG_CHECK", "1"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.async"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.next_rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
+    EXPECT_GE(rnum(r, k, "ag.ag_pass"), 1);
+    EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid_of(r, k)), 0) << "a copy on a captured op";
+  }
+  EXPECT_EQ(warns(r, pid_of(r, 0)), std::vector<std::string>{}) << r.describe();
 }
 
 }  // namespace
