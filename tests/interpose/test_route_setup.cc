@@ -1270,11 +1270,14 @@ TEST(RouteSetup, RanksIssuingDifferentCountsAtOnePositionBothFail) {
 }
 
 // One rank captures its all-gather into a graph where the other runs it eagerly (the mode tag):
-// whoever arrives later finds the mismatch; both ranks see an error and nobody hangs.
+// the later one (the capturing rank, held back) finds the mismatch; both ranks see an error and
+// nobody hangs. (Had the capturing rank come first, it would learn of the error at its first
+// call after the other rank found it.)
 TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
   Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_CAPTURING=1"},
-                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
+  RunResult r = run_route(
+      {"ranks", "2", "basic", "r1:FAKE_CUDA_CAPTURING=1", "r1:DRV_SLEEP_BEFORE_AG_MS=300"},
+      with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
   expect_clean_pair(r, chan);
   bool warned = false;
   for (int k = 0; k < 2; ++k) {
