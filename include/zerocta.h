@@ -52,7 +52,8 @@ typedef struct {
   uint64_t comms_created;     /* communicators created through the shim */
   uint64_t comms_zero_policy; /* of those, created with NCCL_CTA_POLICY_ZERO */
   uint64_t comms_ce_ready;    /* of those, with an agreed copy-engine pool */
-  uint64_t pool_bytes;        /* GPU memory held by zerocta pools in this process now */
+  uint64_t pool_bytes;        /* memory zerocta's route holds in this process now: its pinned
+                                 host flags and its mappings of peers' buffers */
   uint64_t inner_calls;       /* NCCL's calls into its own API, passed straight through */
 } zerocta_stats_t;
 

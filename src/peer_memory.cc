@@ -7,6 +7,7 @@
 
 #include "fd_exchange.h"
 #include "route_memory.h"
+#include "stats.h"
 
 namespace zc {
 namespace {
@@ -157,6 +158,7 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
     if (ok && fds[i] >= 0 && import_mapping(cu, fds[i], wanted[i]->bytes, device_, &m)) {
       maps_[{pid, wanted[i]->block_id}] = Mapping{m.va, m.bytes, m.handle, 0};
       held_ += m.bytes;
+      stats_pool_bytes_add(static_cast<int64_t>(m.bytes));
     } else if (ok) {
       ok = false;
       *why = fds[i] < 0 ? "a peer no longer exports a buffer it posted"
@@ -200,6 +202,7 @@ void PeerImports::release(const CudaDriver& cu, Mapping* m) {
   a.handle = m->handle;
   release_mapping(cu, &a);
   held_ -= m->bytes;
+  stats_pool_bytes_add(-static_cast<int64_t>(m->bytes));
 }
 
 void PeerImports::trim(const CudaDriver& cu, uint64_t keep_from_seq) {

@@ -17,7 +17,8 @@
 //                       across processes when its allocation allows POSIX fds (PyTorch's
 //                       expandable segments do). An import keeps the exporter's memory alive
 //                       until it is unmapped, even after the exporter freed it: the caches are
-//                       bounded, and `held_bytes` reports what this rank holds of its peers.
+//                       bounded, and `held_bytes` (and the stats' pool_bytes gauge) report what
+//                       this rank holds of its peers.
 //   anything else       (host, managed, stream-ordered pools): not reachable; the op then goes
 //                       to NCCL when this rank decides it (op_exchange.h).
 #pragma once
