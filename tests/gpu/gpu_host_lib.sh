@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared by the GPU-host scripts (run_gpu_suite.sh, run_reliability.sh); sourced, not run.
+# Shared by the GPU-host scripts (run_gpu_suite.sh, run_reliability.sh, run_do_no_harm.sh,
+# run_zero_copy.sh); sourced, not run.
 
 # The paths every GPU-host script starts from: OUTDIR (created) as OUT, $ZEROCTA_BUILD (default
 # ./build) as BUILD, the shim, the test binaries, CUDA's libraries and the system NCCL. Exits 2
@@ -62,5 +63,23 @@ expect_in_log() {
   local name=$1 log=$2 pattern=$3 what=$4
   if [ "$(result_of "$name")" = PASS ] && ! grep -q -- "$pattern" "$log"; then
     record "$name" FAIL "$what"
+  fi
+}
+
+# step NAME TIMEOUT CMD...: runs CMD (if NAME is selected) with its output in OUT/NAME.log and
+# records PASS on exit 0, FAIL with the status, or FAIL "hung" when TIMEOUT seconds ran out.
+step() {
+  local name=$1 secs=$2
+  shift 2
+  selected "$name" || return 0
+  local start=$SECONDS
+  timeout --kill-after=20 "$secs" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    record "$name" FAIL "hung: killed after ${secs}s"
+  elif [ $rc -ne 0 ]; then
+    record "$name" FAIL "exit $rc ($name.log)"
+  else
+    record "$name" PASS "$((SECONDS - start))s"
   fi
 }

@@ -40,23 +40,6 @@ NGPU=$(count_gpus)
 NPROC=$((NGPU > 8 ? 8 : NGPU))
 shm_before=$(find /dev/shm -maxdepth 1 -name 'zerocta-*' | wc -l)
 
-# step NAME TIMEOUT CMD...: PASS on exit 0 (log OUT/NAME.log).
-step() {
-  local name=$1 secs=$2
-  shift 2
-  selected "$name" || return 0
-  local start=$SECONDS
-  timeout --kill-after=20 "$secs" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    record "$name" FAIL "hung: killed after ${secs}s"
-  elif [ $rc -ne 0 ]; then
-    record "$name" FAIL "exit $rc ($name.log)"
-  else
-    record "$name" PASS "$((SECONDS - start))s"
-  fi
-}
-
 # coll_step NAME CMD...: runs CMD without and with the library (default mode) under NCCL's COLL
 # log and compares the sequences.
 coll_step() {

@@ -29,22 +29,6 @@ NGPU=$(count_gpus)
 NPROC=$((NGPU > 8 ? 8 : NGPU))
 RECORD_WIDTH=20
 
-step() {  # step NAME TIMEOUT CMD...: PASS on exit 0 (log OUT/NAME.log)
-  local name=$1 secs=$2
-  shift 2
-  selected "$name" || return 0
-  local start=$SECONDS
-  timeout --kill-after=20 "$secs" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    record "$name" FAIL "hung: killed after ${secs}s"
-  elif [ $rc -ne 0 ]; then
-    record "$name" FAIL "exit $rc ($name.log)"
-  else
-    record "$name" PASS "$((SECONDS - start))s"
-  fi
-}
-
 SHIMMED=(env "LD_PRELOAD=$SHIM" ZEROCTA_ALLGATHER=zerocta ZEROCTA_LOG=info)
 TORCH=("$TORCHRUN" --standalone "--nproc-per-node=$NPROC" "$HERE/zero_copy_torch.py")
 

@@ -1242,6 +1242,28 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
+// Both ranks of a pair whose op differed (DRV_AG_CHECK=1): each saw an error — from its op, else
+// from ncclCommGetAsyncError after it — and its next call fails too; one WARN names `why`; the
+// earlier rank's wait was released by the poison, not by the fake's time limit.
+void expect_error_on_both(const RunResult& r, const std::string& why) {
+  bool warned = false;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    warned = warned || any_contains(warns(r, pid_of(r, k)), why);
+    long long seen = rnum(r, k, "ag.rc");
+    if (seen == 0) seen = rnum(r, k, "ag.async");
+    EXPECT_TRUE(seen == kNcclInvalidUsage || seen == kNcclRemoteError)
+        << "no error after the op: " << seen << "\n"
+        << r.describe();
+    const long long next = rnum(r, k, "ag.next_rc");
+    EXPECT_TRUE(next == kNcclInvalidUsage || next == kNcclRemoteError)
+        << "the next call on a poisoned comm: " << next << "\n"
+        << r.describe();
+  }
+  EXPECT_TRUE(warned) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
 TEST(RouteSetup, RanksIssuingDifferentCountsAtOnePositionBothFail) {
   // An application bug (NCCL's behaviour is undefined there): the later rank finds the
   // mismatch, poisons the comm and releases every wait; the earlier one, whose stream waits for
@@ -1251,25 +1273,7 @@ TEST(RouteSetup, RanksIssuingDifferentCountsAtOnePositionBothFail) {
   RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_AG_BYTES=8192"},
                           with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
   expect_clean_pair(r, chan);
-  bool warned = false;
-  for (int k = 0; k < 2; ++k) {
-    SCOPED_TRACE("rank " + std::to_string(k));
-    const std::string pid = pid_of(r, k);
-    warned = warned || any_contains(warns(r, pid), "ranks disagree on the op");
-    // The op's own code, else the comm's asynchronous error after it: the first error seen.
-    long long seen = rnum(r, k, "ag.rc");
-    if (seen == 0) seen = rnum(r, k, "ag.async");
-    EXPECT_TRUE(seen == kNcclInvalidUsage || seen == kNcclRemoteError)
-        << "no error after a mismatched op: " << seen << "\n"
-        << r.describe();
-    const long long next = rnum(r, k, "ag.next_rc");
-    EXPECT_TRUE(next == kNcclInvalidUsage || next == kNcclRemoteError)
-        << "the next call on a poisoned comm: " << next << "\n"
-        << r.describe();
-  }
-  EXPECT_TRUE(warned) << r.describe();
-  // The earlier rank's wait was released by the poison, not by the fake's time limit.
-  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+  expect_error_on_both(r, "ranks disagree on the op");
 }
 
 // One rank captures its all-gather into a graph where the other runs it eagerly (the mode tag):
@@ -1282,19 +1286,7 @@ TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
       {"ranks", "2", "basic", "r1:FAKE_CUDA_CAPTURING=1", "r1:DRV_SLEEP_BEFORE_AG_MS=300"},
       with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
   expect_clean_pair(r, chan);
-  bool warned = false;
-  for (int k = 0; k < 2; ++k) {
-    SCOPED_TRACE("rank " + std::to_string(k));
-    warned = warned || any_contains(warns(r, pid_of(r, k)), "captured an all-gather");
-    long long seen = rnum(r, k, "ag.rc");
-    if (seen == 0) seen = rnum(r, k, "ag.async");
-    if (seen == 0) seen = rnum(r, k, "ag.next_rc");
-    EXPECT_TRUE(seen == kNcclInvalidUsage || seen == kNcclRemoteError)
-        << "no error after eager met captured: " << seen << "\n"
-        << r.describe();
-  }
-  EXPECT_TRUE(warned) << r.describe();
-  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+  expect_error_on_both(r, "captured an all-gather");
 }
 
 // Both ranks capture: the op goes to NCCL on both (captured ops are NCCL's), no error.
