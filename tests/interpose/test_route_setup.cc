@@ -259,6 +259,16 @@ void expect_passthrough_pair(const RunResult& r, const std::string& why, bool wa
   EXPECT_EQ(waits_not_satisfied(r), 0);
 }
 
+// A two-rank world run with `args` (`extra` on top of the route's environment) in which both
+// ranks pass through for a reason containing `why`, logged as expect_passthrough_pair says.
+void expect_pair_passes_through(const std::vector<std::string>& args, const Env& extra,
+                                const std::string& why, bool warned) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route(args, with(route_env(chan, rdv, unique_id_text()), extra), s);
+  expect_clean_pair(r, chan);
+  expect_passthrough_pair(r, why, warned);
+}
+
 // ---- The fake CUDA driver ----
 
 TEST(RouteSetup, FakeCudaOffersTheCopyEngineApiOnlyWithFakeCudaCe) {
@@ -883,64 +893,42 @@ TEST(RouteSetup, RegistrationFailureOnTheLaterRankPassesThroughEverywhere) {
 }
 
 TEST(RouteSetup, RegistrationFailureOnTheEarlierRankPassesThroughNamingTheRegistration) {
-  Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemHostRegister",
-                           "r0:DRV_SLEEP_BEFORE_INIT_MS=200"},
-                          route_env(chan, rdv, unique_id_text()), s);
-  expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "register the channel's flags", true);
+  expect_pair_passes_through({"ranks", "2", "basic", "r1:FAKE_CUDA_FAIL=cuMemHostRegister",
+                              "r0:DRV_SLEEP_BEFORE_INIT_MS=200"},
+                             {}, "register the channel's flags", true);
 }
 
 TEST(RouteSetup, OneHardwareQueueOnOneRankPassesThroughWithInfoOnly) {
   // CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM asks for it): one hardware queue for every
   // stream, where a flag wait would hold up all the work behind it. A setting of the
   // application, not a fault: INFO, no WARN.
-  Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic", "r1:CUDA_DEVICE_MAX_CONNECTIONS=1"},
-                          route_env(chan, rdv, unique_id_text()), s);
-  expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "CUDA_DEVICE_MAX_CONNECTIONS=1", /*warned=*/false);
+  expect_pair_passes_through({"ranks", "2", "basic", "r1:CUDA_DEVICE_MAX_CONNECTIONS=1"}, {},
+                             "CUDA_DEVICE_MAX_CONNECTIONS=1", /*warned=*/false);
 }
 
 TEST(RouteSetup, NoP2pPassesThroughNamingP2p) {
-  Scratch s, chan, rdv;
-  RunResult r =
-      run_route({"ranks", "2", "basic"},
-                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_NO_P2P", "1"}}), s);
-  expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "P2P", true);
+  expect_pair_passes_through({"ranks", "2", "basic"}, {{"FAKE_CUDA_NO_P2P", "1"}}, "P2P", true);
 }
 
 TEST(RouteSetup, NoP2pIsSeenWhenTheRanksJoinAtTheSameTime) {
   // Slow driver queries make both ranks read the members before either has published: each
   // pair of ranks must still be checked by one of them.
-  Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic"},
-                          with(route_env(chan, rdv, unique_id_text()),
-                               {{"FAKE_CUDA_NO_P2P", "1"}, {"FAKE_CUDA_DELAY", "cuDeviceGet:300"}}),
-                          s);
-  expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "P2P", true);
+  expect_pair_passes_through({"ranks", "2", "basic"},
+                             {{"FAKE_CUDA_NO_P2P", "1"}, {"FAKE_CUDA_DELAY", "cuDeviceGet:300"}},
+                             "P2P", true);
 }
 
 TEST(RouteSetup, DifferentMinBytesPassesThroughNamingTheSettings) {
-  Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic", "r1:ZEROCTA_MIN_BYTES=1"},
-                          route_env(chan, rdv, unique_id_text()), s);
-  expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "different ZEROCTA_* settings", true);
+  expect_pair_passes_through({"ranks", "2", "basic", "r1:ZEROCTA_MIN_BYTES=1"}, {},
+                             "different ZEROCTA_* settings", true);
 }
 
 // One GPU visible per process (CUDA_VISIBLE_DEVICES isolation): both ranks meet in the
 // channel, but neither can name the other's GPU, so both pass through and say why at INFO.
 TEST(RouteSetup, PeerGpuInvisibleInThisProcessPassesThroughWithInfoOnly) {
-  Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic", "r1:FAKE_CUDA_UUID_SEED=1"},
-                          with(route_env(chan, rdv, unique_id_text()),
-                               {{"FAKE_CUDA_DEVICES", "1"}, {"DRV_DEVICE", "0"}}),
-                          s);
-  expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "not visible in this process", /*warned=*/false);
+  expect_pair_passes_through({"ranks", "2", "basic", "r1:FAKE_CUDA_UUID_SEED=1"},
+                             {{"FAKE_CUDA_DEVICES", "1"}, {"DRV_DEVICE", "0"}},
+                             "not visible in this process", /*warned=*/false);
 }
 
 TEST(RouteSetup, RankOnAnotherHostPassesThroughWithInfoOnly) {
