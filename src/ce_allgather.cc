@@ -11,10 +11,11 @@
 namespace zc {
 namespace {
 
-// Imports of peers' buffers a rank keeps mapped before it trims those of past ops: an import
-// keeps memory alive that its owner may have freed (peer_memory.h).
+// Imports of peers' buffers a rank keeps mapped before it releases the least recently used: an
+// import keeps memory alive that its owner may have freed (peer_memory.h).
 constexpr uint64_t kHeldBudget = uint64_t{16} << 30;
-// Every this many ops, exports of allocations the application freed are withdrawn.
+// Every this many ops, exports of allocations the application freed are withdrawn, and (offset
+// by half) the peers are asked which of the allocations imported from them they still export.
 constexpr uint64_t kSweepEvery = 64;
 
 // Fills my post for op `seq`. reach stays 0 where a peer that needs my buffers could not reach
@@ -62,8 +63,13 @@ bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64
     return true;
   }
   const MemberFacts& m = st.members[static_cast<size_t>(p)];
-  return st.ce->imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes, st.ce->seq,
-                                 out, why);
+  CeComm& ce = *st.ce;
+  // My copies that touch p's buffers have finished once my push stream tells p so.
+  const DoneMark done{
+      ce.ops->done_flag(static_cast<uint32_t>(p), static_cast<uint32_t>(st.rank), ce.seq),
+      static_cast<uint32_t>(ce.seq)};
+  return ce.imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes, ce.seq, done,
+                             out, why);
 }
 
 bool same_process(const CommState& st, int p) {
@@ -137,15 +143,13 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
   }
 }
 
-// Housekeeping after a routed op: imports beyond the budget go once nothing of ours runs (a
-// mapping may only go when no copy can touch it any more).
+// Housekeeping after a routed op: mappings of peers' allocations that their owners freed, or
+// beyond the budget, go once the ops that used them have finished. The owners are asked half a
+// sweep period after they sweep their exports, so a freed allocation is seen within about two
+// periods.
 void tidy(CommState& st) {
   CeComm& ce = *st.ce;
-  const CudaDriver& cu = *cuda_driver();
-  if (ce.imports->held_bytes() <= kHeldBudget) return;
-  for (int k = 1; k < kDirectStreams; ++k)
-    if (cu.cuStreamQuery(ce.streams[k]) != CUDA_SUCCESS) return;
-  ce.imports->trim(cu, ce.seq);
+  ce.imports->tidy(*cuda_driver(), ce.seq % kSweepEvery == kSweepEvery / 2, kHeldBudget);
 }
 
 ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char* why) {

@@ -231,14 +231,15 @@ void close_conn(FdServiceState* s, size_t i) {
   s->conns.erase(s->conns.begin() + ptrdiff_t(i));
 }
 
-// Answers one request (`count` tokens at `body`): the statuses and the found descriptors in
-// one message, sent without waiting. The table lock is held until the kernel has taken its
-// references, so a concurrent withdraw cannot close (and reuse) a descriptor being sent.
-bool serve_request(FdServiceState* s, int fd, const uint8_t* body, uint32_t count) {
+// Answers one request (`count` tokens at `body`): the statuses and, unless only the statuses
+// were asked for, the found descriptors in one message, sent without waiting. The table lock
+// is held until the kernel has taken its references, so a concurrent withdraw cannot close
+// (and reuse) a descriptor being sent.
+bool serve_request(FdServiceState* s, int fd, const uint8_t* body, uint32_t count, bool with_fds) {
   uint8_t reply[kMaxReplyBytes];
   int fds[kFdMaxPerMessage];
   size_t nfds = 0;
-  put_header(reply, fd_wire::kReply, count);
+  put_header(reply, with_fds ? fd_wire::kReply : fd_wire::kStatusReply, count);
   const char* why = nullptr;
   std::lock_guard<std::mutex> lock(s->mu);
   for (uint32_t i = 0; i < count; ++i) {
@@ -248,7 +249,7 @@ bool serve_request(FdServiceState* s, int fd, const uint8_t* body, uint32_t coun
     uint32_t status = fd_wire::kUnknown;
     if (it != s->table.end()) {
       status = fd_wire::kFound;
-      fds[nfds++] = it->second;
+      if (with_fds) fds[nfds++] = it->second;
     }
     memcpy(reply + sizeof(Header) + i * sizeof(uint32_t), &status, sizeof(status));
   }
@@ -282,7 +283,7 @@ bool serve_readable(FdServiceState* s, Conn* c) {
     size_t need = sizeof(Header);
     if (h.kind == fd_wire::kHello) {
       if (h.count != 0) return false;
-    } else if (h.kind == fd_wire::kRequest) {
+    } else if (h.kind == fd_wire::kRequest || h.kind == fd_wire::kStatusRequest) {
       if (h.count > kFdMaxPerMessage) return false;
       need += h.count * sizeof(uint64_t);
     } else {
@@ -296,7 +297,7 @@ bool serve_readable(FdServiceState* s, Conn* c) {
       put_header(hello, fd_wire::kHelloReply, 0);
       ok = send_all(c->fd, hello, sizeof(hello), nullptr, 0, -1, &why);
     } else {
-      ok = serve_request(s, c->fd, c->buf + sizeof(Header), h.count);
+      ok = serve_request(s, c->fd, c->buf + sizeof(Header), h.count, h.kind == fd_wire::kRequest);
     }
     if (!ok) return false;
     memmove(c->buf, c->buf + need, c->have - need);
@@ -528,11 +529,12 @@ int connect_service(const char* address, int expected_pid, int64_t deadline, con
   return -1;
 }
 
-// One request/reply round trip for `count` tokens; the found descriptors go to out[i].
-bool fetch_batch(int fd, const uint64_t* tokens, uint32_t count, int* out, int64_t deadline,
-                 const char** why) {
+// One request/reply round trip for `count` tokens: statuses[i] for each, and with `fds` the
+// found descriptors, fds[i] (-1 for the others).
+bool exchange_batch(int fd, const uint64_t* tokens, uint32_t count, uint32_t* statuses, int* fds,
+                    int64_t deadline, const char** why) {
   uint8_t request[kMaxRequestBytes];
-  put_header(request, fd_wire::kRequest, count);
+  put_header(request, fds ? fd_wire::kRequest : fd_wire::kStatusRequest, count);
   memcpy(request + sizeof(Header), tokens, count * sizeof(uint64_t));
   if (!send_all(fd, request, sizeof(Header) + count * sizeof(uint64_t), nullptr, 0, deadline, why))
     return false;
@@ -540,8 +542,9 @@ bool fetch_batch(int fd, const uint64_t* tokens, uint32_t count, int* out, int64
   std::vector<int> got;
   got.reserve(count);
   Header h;
+  const uint16_t want = fds ? fd_wire::kReply : fd_wire::kStatusReply;
   bool ok = recv_exact(fd, reply, sizeof(Header), deadline, &got, why);
-  if (ok && (!read_header(reply, &h) || h.kind != fd_wire::kReply || h.count != count)) {
+  if (ok && (!read_header(reply, &h) || h.kind != want || h.count != count)) {
     *why = "malformed reply";
     ok = false;
   }
@@ -549,13 +552,13 @@ bool fetch_batch(int fd, const uint64_t* tokens, uint32_t count, int* out, int64
     ok = recv_exact(fd, reply + sizeof(Header), count * sizeof(uint32_t), deadline, &got, why);
   size_t next = 0;
   for (uint32_t i = 0; ok && i < count; ++i) {
-    uint32_t status;
-    memcpy(&status, reply + sizeof(Header) + i * sizeof(uint32_t), sizeof(status));
-    if (status == fd_wire::kFound && next < got.size()) {
-      out[i] = got[next++];
-    } else if (status != fd_wire::kUnknown) {
+    memcpy(&statuses[i], reply + sizeof(Header) + i * sizeof(uint32_t), sizeof(uint32_t));
+    const bool found = statuses[i] == fd_wire::kFound;
+    if ((!found && statuses[i] != fd_wire::kUnknown) || (found && fds && next == got.size())) {
       *why = "malformed reply";
       ok = false;
+    } else if (found && fds) {
+      fds[i] = got[next++];
     }
   }
   if (ok && next != got.size()) {
@@ -563,6 +566,22 @@ bool fetch_batch(int fd, const uint64_t* tokens, uint32_t count, int* out, int64
     ok = false;
   }
   if (!ok) close_descriptors(got.data() + next, got.size() - next);
+  return ok;
+}
+
+// Asks the service at `address` about `n` tokens, in messages of at most kFdMaxPerMessage on
+// one connection: statuses, and with `fds` the descriptors (fd_fetch).
+bool ask_service(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                 uint32_t* statuses, int* fds, int timeout_ms, const char** why) {
+  const int64_t deadline = now_ms() + timeout_ms;
+  const int fd = connect_service(address, expected_pid, deadline, why);
+  bool ok = fd >= 0;
+  for (size_t start = 0; ok && start < n; start += kFdMaxPerMessage) {
+    const uint32_t count = uint32_t(std::min(n - start, kFdMaxPerMessage));
+    ok = exchange_batch(fd, tokens + start, count, statuses + start, fds ? fds + start : nullptr,
+                        deadline, why);
+  }
+  if (fd >= 0) close(fd);
   return ok;
 }
 
@@ -607,27 +626,34 @@ FdService* fd_service() {
 
 bool fd_fetch(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
               std::vector<int>* fds, int timeout_ms, const char** why) {
-  const char* reason = nullptr;
-  if (fds == nullptr || (tokens == nullptr && n > 0) || timeout_ms <= 0) {
-    if (fds != nullptr) fds->assign(n, -1);
-    if (why != nullptr) *why = "invalid argument";
-    return false;
+  const char* reason = "invalid argument";
+  if (fds != nullptr) fds->assign(n, -1);
+  bool ok = fds != nullptr && (tokens != nullptr || n == 0) && timeout_ms > 0;
+  if (ok && n > 0) {
+    std::vector<uint32_t> statuses(n);
+    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), fds->data(), timeout_ms,
+                     &reason);
+    if (!ok) {
+      close_descriptors(fds->data(), fds->size());
+      fds->assign(n, -1);
+    }
   }
-  fds->assign(n, -1);
-  if (n == 0) return true;
-  const int64_t deadline = now_ms() + timeout_ms;
-  const int fd = connect_service(address, expected_pid, deadline, &reason);
-  bool ok = fd >= 0;
-  for (size_t start = 0; ok && start < n; start += kFdMaxPerMessage) {
-    const uint32_t count = uint32_t(std::min(n - start, kFdMaxPerMessage));
-    ok = fetch_batch(fd, tokens + start, count, fds->data() + start, deadline, &reason);
+  if (!ok && why != nullptr) *why = reason;
+  return ok;
+}
+
+bool fd_published(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                  std::vector<bool>* published, int timeout_ms, const char** why) {
+  const char* reason = "invalid argument";
+  if (published != nullptr) published->assign(n, false);
+  bool ok = published != nullptr && (tokens != nullptr || n == 0) && timeout_ms > 0;
+  if (ok && n > 0) {
+    std::vector<uint32_t> statuses(n);
+    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), nullptr, timeout_ms,
+                     &reason);
+    for (size_t i = 0; ok && i < n; ++i) (*published)[i] = statuses[i] == fd_wire::kFound;
   }
-  if (fd >= 0) close(fd);
-  if (!ok) {
-    close_descriptors(fds->data(), fds->size());
-    fds->assign(n, -1);
-    if (why != nullptr) *why = reason;
-  }
+  if (!ok && why != nullptr) *why = reason;
   return ok;
 }
 

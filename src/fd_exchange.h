@@ -18,9 +18,10 @@
 // Wire format (both ends are on one host, so fields are in host byte order): a 16-byte
 // header {magic, version, kind, count, reserved = 0} followed by `count` items. A request
 // carries up to kFdMaxPerMessage 64-bit tokens; its reply carries one 32-bit status per
-// token and, through SCM_RIGHTS, one descriptor per "found" status, in token order. A
-// hello (count 0) is answered by a hello (count 0). Anything else, including descriptors
-// sent to the service, closes the connection.
+// token and, through SCM_RIGHTS, one descriptor per "found" status, in token order. A status
+// request is the same without descriptors: which tokens are still published. A hello (count
+// 0) is answered by a hello (count 0). Anything else, including descriptors sent to the
+// service, closes the connection.
 //
 // fork(): in a child forked after the service started, fd_service() returns nullptr (the
 // thread does not exist there) and the child's copies of the service's descriptors are
@@ -44,7 +45,14 @@ constexpr int kFdServiceIdleMs = 2000;
 namespace fd_wire {
 constexpr uint32_t kMagic = 0x4446435a;  // "ZCFD" in little-endian memory
 constexpr uint16_t kVersion = 1;
-enum Kind : uint16_t { kHello = 1, kHelloReply = 2, kRequest = 3, kReply = 4 };
+enum Kind : uint16_t {
+  kHello = 1,
+  kHelloReply = 2,
+  kRequest = 3,
+  kReply = 4,
+  kStatusRequest = 5,
+  kStatusReply = 6,
+};
 enum Status : uint32_t { kFound = 1, kUnknown = 2 };
 struct Header {
   uint32_t magic;
@@ -91,6 +99,12 @@ FdService* fd_service();
 // close). Returns within timeout_ms (> 0) in total.
 bool fd_fetch(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
               std::vector<int>* fds, int timeout_ms, const char** why);
+
+// Which of `tokens` the service at `address` still publishes: (*published)[i] says token i's
+// descriptor is there. Credentials and failure as in fd_fetch (*published is then all false).
+// Lets a process that imported a peer's allocation learn that the peer freed it.
+bool fd_published(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                  std::vector<bool>* published, int timeout_ms, const char** why);
 
 // Reachability check: connect, credentials as in fd_fetch, one hello round trip, within
 // timeout_ms (> 0).

@@ -13,6 +13,14 @@ namespace zc {
 namespace {
 
 constexpr int kFdTimeoutMs = 5000;
+// Asking an owner which allocations it still exports is housekeeping on the application's
+// thread: it gives up soon and tries again later.
+constexpr int kFdAskTimeoutMs = 200;
+
+// Whether the op behind `d` has finished its copies (flags compare as wrapping counters).
+bool finished(const DoneMark& d) {
+  return !d.flag || static_cast<int32_t>(__atomic_load_n(d.flag, __ATOMIC_ACQUIRE) - d.value) >= 0;
+}
 
 template <typename T>
 bool attribute(const CudaDriver& cu, CUpointer_attribute a, uint64_t p, T* out) {
@@ -149,6 +157,7 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
     wanted.push_back(&e);
   }
   if (tokens.empty()) return true;
+  owners_[pid] = fd_address;
   std::vector<int> fds;
   if (!fd_fetch(fd_address, pid, tokens.data(), tokens.size(), &fds, kFdTimeoutMs, why))
     return false;
@@ -156,7 +165,11 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
   for (size_t i = 0; i < fds.size(); ++i) {
     ImportedMapping m;
     if (ok && fds[i] >= 0 && import_mapping(cu, fds[i], wanted[i]->bytes, device_, &m)) {
-      maps_[{pid, wanted[i]->block_id}] = Mapping{m.va, m.bytes, m.handle, 0};
+      Mapping& kept = maps_[{pid, wanted[i]->block_id}];
+      kept.va = m.va;
+      kept.bytes = m.bytes;
+      kept.handle = m.handle;
+      kept.token = wanted[i]->token;
       held_ += m.bytes;
       stats_pool_bytes_add(static_cast<int64_t>(m.bytes));
     } else if (ok) {
@@ -171,7 +184,7 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
 
 bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
                           const char* fd_address, uint64_t addr, uint64_t bytes, uint64_t seq,
-                          std::vector<Span>* out, const char** why) {
+                          DoneMark done, std::vector<Span>* out, const char** why) {
   out->clear();
   if (addr < buf.addr || bytes > buf.bytes || addr - buf.addr > buf.bytes - bytes) {
     *why = "a peer posted a buffer smaller than the op";
@@ -184,6 +197,7 @@ bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
     if (p < e.base || p >= e.base + e.bytes) continue;
     Mapping& m = maps_[{pid, e.block_id}];
     m.last_seq = seq;
+    m.done = done;
     const uint64_t n = std::min(addr + bytes, e.base + e.bytes) - p;
     out->push_back(Span{m.va + (p - e.base), n});
     p += n;
@@ -205,14 +219,45 @@ void PeerImports::release(const CudaDriver& cu, Mapping* m) {
   stats_pool_bytes_add(-static_cast<int64_t>(m->bytes));
 }
 
-void PeerImports::trim(const CudaDriver& cu, uint64_t keep_from_seq) {
-  for (auto it = maps_.begin(); it != maps_.end();) {
-    if (it->second.last_seq >= keep_from_seq) {
-      ++it;
-      continue;
+// Asks every owner which of our mappings' allocations it still exports. An owner that does not
+// answer (its process is gone, or busy past the time limit) leaves its mappings as they are.
+void PeerImports::mark_freed() {
+  for (const auto& [pid, address] : owners_) {
+    std::vector<uint64_t> tokens;
+    std::vector<Mapping*> asked;
+    for (auto it = maps_.lower_bound({pid, 0}); it != maps_.end() && it->first.first == pid; ++it) {
+      tokens.push_back(it->second.token);
+      asked.push_back(&it->second);
     }
+    std::vector<bool> published;
+    if (tokens.empty() || !fd_published(address.c_str(), pid, tokens.data(), tokens.size(),
+                                        &published, kFdAskTimeoutMs, nullptr))
+      continue;
+    for (size_t i = 0; i < asked.size(); ++i)
+      if (!published[i]) asked[i]->freed = true;
+  }
+}
+
+void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
+  if (ask_owners) mark_freed();
+  std::vector<std::map<Key, Mapping>::iterator> idle;  // finished, still wanted
+  for (auto it = maps_.begin(); it != maps_.end();) {
+    if (!finished(it->second.done)) {
+      ++it;
+    } else if (it->second.freed) {
+      release(cu, &it->second);
+      it = maps_.erase(it);
+    } else {
+      idle.push_back(it++);
+    }
+  }
+  if (held_ <= budget) return;
+  std::sort(idle.begin(), idle.end(),
+            [](const auto& a, const auto& b) { return a->second.last_seq < b->second.last_seq; });
+  for (auto it : idle) {
+    if (held_ <= budget) break;
     release(cu, &it->second);
-    it = maps_.erase(it);
+    maps_.erase(it);
   }
 }
 

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -53,7 +54,18 @@ bool describe_buffer(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const 
 // they were (freed by the application). Cheap enough to call every few ops.
 void sweep_exports(const CudaDriver& cu);
 
-// One communicator's imports of its peers' allocations, on `device`.
+// When the copies of one op that touched a peer's buffers have finished: the flag this rank's
+// push stream writes after them (done[p][me] = the op's number, direct_plan.h). Flags only
+// grow, so a later op's value means this one finished too.
+struct DoneMark {
+  const uint32_t* flag = nullptr;  // host memory the device writes; null: nothing to wait for
+  uint32_t value = 0;
+};
+
+// One communicator's imports of its peers' allocations, on `device`. A mapping goes when the
+// last op that used it has finished and either its owner no longer exports the allocation (it
+// freed it: keeping the mapping would keep the memory alive, out of its allocator's sight) or
+// the imports hold more than their budget (least recently used first).
 class PeerImports {
  public:
   explicit PeerImports(int device) : device_(device) {}
@@ -62,12 +74,14 @@ class PeerImports {
   PeerImports& operator=(const PeerImports&) = delete;
 
   // [addr, addr + bytes) of the peer's buffer `buf` (posted by process `pid` whose fd service
-  // is at `fd_address`) as spans here; false with *why when it cannot be mapped.
+  // is at `fd_address`) as spans here, for op `seq` whose copies end with `done`; false with
+  // *why when it cannot be mapped.
   bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
-               uint64_t addr, uint64_t bytes, uint64_t seq, std::vector<Span>* out,
+               uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, std::vector<Span>* out,
                const char** why);
-  // Unmaps what no op since `keep_from_seq` used (call only when no stream of ours runs).
-  void trim(const CudaDriver& cu, uint64_t keep_from_seq);
+  // Releases what may go (see the class comment). `ask_owners`: first ask each owner's fd
+  // service which allocations it still exports (a socket round trip per owner process).
+  void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
   uint64_t held_bytes() const { return held_; }
 
  private:
@@ -75,14 +89,20 @@ class PeerImports {
     CUdeviceptr va = 0;
     uint64_t bytes = 0;
     CUmemGenericAllocationHandle handle = 0;
-    uint64_t last_seq = 0;
+    uint64_t token = 0;     // the owner's fd-service token for the allocation
+    uint64_t last_seq = 0;  // the last op that used it
+    DoneMark done;          // when that op's copies finished
+    bool freed = false;     // its owner no longer exports it
   };
+  using Key = std::pair<int, uint64_t>;  // (pid, block id)
   bool import_missing(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
                       uint64_t addr, uint64_t bytes, const char** why);
+  void mark_freed();
   void release(const CudaDriver& cu, Mapping* m);
   int device_;
   uint64_t held_ = 0;
-  std::map<std::pair<int, uint64_t>, Mapping> maps_;  // (pid, block id) -> mapping
+  std::map<Key, Mapping> maps_;
+  std::map<int, std::string> owners_;  // pid -> its fd service's address
 };
 
 // Lets `device`'s context reach cudaMalloc memory of `peer_device` by address. Tolerates

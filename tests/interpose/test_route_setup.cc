@@ -1230,6 +1230,42 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
+TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
+  // New buffers every 10 ops, the old ones freed first (a caching allocator's empty_cache()):
+  // 30 generations of allocations. A peer's import of a freed allocation would keep its memory
+  // alive, out of its allocator's sight; the owner withdraws the export at its next sweep and
+  // the importer, asking half a sweep (32 ops) later, releases the mapping once the ops that
+  // used it are done. So at the end a rank holds the imports of the last few generations only
+  // (up to 2 granules of 2 MiB each per generation), not of all 30 — and never imported an
+  // allocation twice.
+  constexpr int kOps = 300, kFreshEvery = 10, kGenerations = kOps / kFreshEvery;
+  constexpr long long kGranule = 2LL << 20;
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"DRV_AG_REPEAT", std::to_string(kOps)},
+                                {"DRV_AG_FRESH_EVERY", std::to_string(kFreshEvery)}}),
+                          s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    const int imports = cuda_calls(r, "cuMemImportFromShareableHandle", pid);
+    EXPECT_GE(imports, kGenerations / 2) << r.describe();
+    EXPECT_LE(imports, 2 * kGenerations) << "an allocation imported twice\n" << r.describe();
+    // Held at the end: the last generations, whose frees no sweep has seen yet (at most 8).
+    EXPECT_LE(rnum(r, k, "ag.pool_bytes"), 8 * 2 * kGranule + (1 << 20))
+        << imports << " imports; the freed ones are still mapped\n"
+        << r.describe();
+    EXPECT_GE(cuda_calls(r, "cuMemUnmap", pid), imports - 16) << r.describe();
+    expect_nothing_left(r, k);
+  }
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
 // Both ranks of a pair whose op differed (DRV_AG_CHECK=1): each saw an error — from its op, else
 // from ncclCommGetAsyncError after it — and its next call fails too; one WARN names `why`; the
 // earlier rank's wait was released by the poison, not by the fake's time limit.

@@ -301,6 +301,37 @@ TEST(FdExchange, UnknownAndWithdrawnTokensAnswerMinusOne) {
   EXPECT_EQ(count_open(ino_a), 0);
 }
 
+// The status query answers what a fetch would find, without sending a descriptor: a process
+// that imported a peer's allocation learns from it that the peer freed (withdrew) it.
+TEST(FdExchange, PublishedAnswersWithoutDescriptors) {
+  FdService* s = service();
+  ASSERT_NE(s, nullptr);
+  ino_t ino_a = 0, ino_b = 0;
+  const uint64_t a = publish_content("status a", &ino_a);
+  const uint64_t b = publish_content("status b", &ino_b);
+  s->withdraw(b);
+  std::vector<uint64_t> tokens = {a, b, 0, a};
+  for (size_t i = 0; i < 2 * zc::kFdMaxPerMessage; ++i) tokens.push_back(i % 2 ? a : b);
+  std::vector<bool> published;
+  const char* why = nullptr;
+  ASSERT_TRUE(zc::fd_published(s->address(), getpid(), tokens.data(), tokens.size(), &published,
+                               kTimeoutMs, &why))
+      << why;
+  ASSERT_EQ(published.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i)
+    EXPECT_EQ(published[i], tokens[i] == a) << "token " << i;
+  EXPECT_EQ(count_open(ino_a), 1) << "a descriptor came with the statuses (only the service's "
+                                     "own duplicate may be open)";
+
+  s->withdraw(a);
+  ASSERT_TRUE(zc::fd_published(s->address(), getpid(), &a, 1, &published, kTimeoutMs, &why));
+  EXPECT_FALSE(published[0]);
+  // A service that is not there: false, every answer "not published".
+  EXPECT_FALSE(zc::fd_published("zerocta-nobody-1-0000000000000000", 0, tokens.data(), 3,
+                                &published, 200, &why));
+  EXPECT_EQ(published, std::vector<bool>(3, false));
+}
+
 TEST(FdExchange, SixHundredTokensInOneFetch) {
   constexpr size_t kCount = 600;
   static_assert(kCount > 2 * zc::kFdMaxPerMessage, "spans three messages");

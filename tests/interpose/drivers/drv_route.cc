@@ -27,7 +27,8 @@
 //             finalize|abort|kill|none, DRV_KILL_AFTER_INIT_MS (kill itself that long after
 //             the init), DRV_SLEEP_BEFORE_INIT_MS / DRV_SLEEP_AFTER_INIT_MS, DRV_LIST_CHANNEL=1
 //             (prints the channel directory's names just before its own init),
-//             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers),
+//             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers;
+//             DRV_AG_FRESH_EVERY=K: new buffers every K of them, the old ones freed first),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them).
 
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
@@ -56,6 +57,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -257,11 +259,20 @@ struct Gather {
 // issues it once more (<tag>.next_rc, <tag>.next_data_ok): a rank's error shows in the op, or
 // in the next call.
 void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped = false) {
-  Gather g(r, n, static_cast<size_t>(env_long("DRV_AG_BYTES", 4096)), g_device);
+  const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
+  auto fresh = std::make_unique<Gather>(r, n, bytes, g_device);
   if (long ms = env_long("DRV_SLEEP_BEFORE_AG_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
   ncclResult_t rc = ncclSuccess;
   int ok = 1;
+  const long fresh_every = env_long("DRV_AG_FRESH_EVERY", 0);
   for (long i = 0, repeat = env_long("DRV_AG_REPEAT", 1); i < repeat; ++i) {
+    // The old buffers are freed before the new ones exist, as a caching allocator's
+    // empty_cache() and a fresh allocation would.
+    if (fresh_every > 0 && i > 0 && i % fresh_every == 0) {
+      fresh.reset();
+      fresh = std::make_unique<Gather>(r, n, bytes, g_device);
+    }
+    Gather& g = *fresh;
     memset(g.recv.data(), 0xee, g.recv.size());
     if (grouped) ncclGroupStart();
     ncclResult_t op = g.issue(c);
@@ -276,6 +287,7 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   out(tag + ".rc", rc);
   out(tag + ".data_ok", ok);
   if (env_long("DRV_AG_CHECK", 0) != 1) return;
+  Gather& g = *fresh;
   ncclResult_t state = ncclSuccess;
   const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
   out(tag + ".async", poll != ncclSuccess ? poll : state);
