@@ -117,37 +117,70 @@ void NcclRanks::create_comms(const ncclUniqueId& id) {
 
 void NcclRanks::set_device(int i) const { ZCB_CUDA(cudaSetDevice(ranks_[i].rank)); }
 
+const WindowCalls kNcclWindowCalls = {ncclGroupStart, ncclCommWindowRegister, ncclGroupEnd};
+
+std::vector<ncclWindow_t> register_windows(const WindowCalls& nccl,
+                                           const std::vector<ncclComm_t>& comms,
+                                           const std::vector<void*>& ptrs, size_t bytes) {
+  std::vector<ncclWindow_t> wins(comms.size(), nullptr);  // sized now: NCCL writes at group end
+  const bool group = comms.size() > 1;
+  ncclResult_t r = group ? nccl.group_start() : ncclSuccess;
+  if (r != ncclSuccess)
+    fatal("ncclGroupStart failed: %s (%d)", ncclGetErrorString(r), static_cast<int>(r));
+  for (size_t i = 0; i < comms.size(); ++i) {
+    r = nccl.window_register(comms[i], ptrs[i], bytes, &wins[i], NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess)
+      fatal("ncclCommWindowRegister(%zu bytes) failed on local rank %zu: %s (%d)", bytes, i,
+            ncclGetErrorString(r), static_cast<int>(r));
+  }
+  r = group ? nccl.group_end() : ncclSuccess;
+  if (r != ncclSuccess)
+    fatal("ncclGroupEnd after ncclCommWindowRegister(%zu bytes) failed: %s (%d)", bytes,
+          ncclGetErrorString(r), static_cast<int>(r));
+  return wins;
+}
+
 std::vector<char*> NcclRanks::alloc(size_t bytes) {
   std::vector<char*> out;
-  {
-    // nccl-ce: ncclMemAlloc (cuMem) memory in symmetric windows; the registrations of several
-    // local ranks are collective, so they go in one group.
-    LocalGroup group(size() > 1 && path_ == PathId::kNcclCe);
-    for (Rank& k : ranks_) {
-      ZCB_CUDA(cudaSetDevice(k.rank));
-      Buffer b;
-      if (path_ == PathId::kNcclCe) {
-        ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
-        ZCB_NCCL(ncclCommWindowRegister(k.comm, b.ptr, bytes, &b.win, NCCL_WIN_COLL_SYMMETRIC));
-      } else if (o_.alloc == BufferAlloc::kCuMem) {
-        b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes);
-        b.ptr = b.cumem->ptr();
-      } else {
-        ZCB_CUDA(cudaMalloc(&b.ptr, bytes));
-      }
-      out.push_back(static_cast<char*>(b.ptr));
-      k.buffers.push_back(std::move(b));
+  for (Rank& k : ranks_) {
+    ZCB_CUDA(cudaSetDevice(k.rank));  // ncclMemAlloc, cuMem and cudaMalloc use the current GPU
+    Buffer b;
+    if (path_ == PathId::kNcclCe) {
+      ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
+    } else if (o_.alloc == BufferAlloc::kCuMem) {
+      b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes);
+      b.ptr = b.cumem->ptr();
+    } else {
+      ZCB_CUDA(cudaMalloc(&b.ptr, bytes));
     }
+    out.push_back(static_cast<char*>(b.ptr));
+    k.buffers.push_back(std::move(b));
   }
-  // A grouped registration fills its window in ncclGroupEnd: check after the group.
-  if (path_ == PathId::kNcclCe)
-    for (const Rank& k : ranks_)
-      if (k.buffers.back().win == nullptr)
-        fatal(
-            "ncclCommWindowRegister returned no window for %zu bytes on rank %d: NCCL cannot "
-            "use its copy-engine path on this machine (symmetric memory unsupported)",
-            bytes, k.rank);
+  if (path_ == PathId::kNcclCe) register_windows(bytes);
   return out;
+}
+
+void NcclRanks::register_windows(size_t bytes) {
+  std::vector<ncclComm_t> comms;
+  std::vector<void*> ptrs;
+  for (const Rank& k : ranks_) {
+    comms.push_back(k.comm);
+    ptrs.push_back(k.buffers.back().ptr);
+  }
+  const std::vector<ncclWindow_t> wins =
+      zcb::register_windows(kNcclWindowCalls, comms, ptrs, bytes);
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    // NCCL 2.28 answers success without a window only when the communicator has no symmetric
+    // memory and NCCL_LOCAL_REGISTER=0 (src/dev_runtime.cc, ncclCommWindowRegister).
+    if (wins[i] == nullptr)
+      fatal(
+          "ncclCommWindowRegister returned no window for %zu bytes on rank %d: the communicator "
+          "has no symmetric memory (NCCL wants one node, every GPU pair P2P-connected, cuMem, "
+          "NCCL_WIN_ENABLE=1) and NCCL_LOCAL_REGISTER=0, so NCCL's copy-engine all-gather "
+          "cannot run",
+          bytes, ranks_[i].rank);
+    ranks_[i].buffers.back().win = wins[i];
+  }
 }
 
 void NcclRanks::collective(CollOp op, const std::vector<Placement>& place, size_t count,

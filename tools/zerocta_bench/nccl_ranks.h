@@ -39,9 +39,9 @@ class NcclRanks {
   int nranks() const { return nranks_; }
   void set_device(int i) const;
 
-  // One buffer of `bytes` per local rank, as the path allocates it: ncclMemAlloc plus a
-  // symmetric window (nccl-ce; collective: every process calls it with the same sizes in the
-  // same order), else --alloc (cudaMalloc or cumem).
+  // One buffer of `bytes` per local rank, as the path allocates it: ncclMemAlloc with the
+  // rank's GPU current, then a symmetric window over it (nccl-ce; collective: every process
+  // calls it with the same sizes in the same order), else --alloc (cudaMalloc or cumem).
   std::vector<char*> alloc(size_t bytes);
 
   // One collective on every local rank, nccl-tests' arguments (count as CollShape::count,
@@ -67,6 +67,7 @@ class NcclRanks {
     std::vector<Buffer> buffers;
   };
   void create_comms(const ncclUniqueId& id);
+  void register_windows(size_t bytes);  // nccl-ce: a window over each rank's newest buffer
   void free_buffers();
 
   const Options& o_;
@@ -76,6 +77,24 @@ class NcclRanks {
   double init_ms_ = 0;
   ShimProbe shim_;
 };
+
+// The NCCL calls of a window registration, as a table so that the self-test can stand in for
+// NCCL's grouped behaviour without a GPU.
+struct WindowCalls {
+  ncclResult_t (*group_start)();
+  ncclResult_t (*window_register)(ncclComm_t, void*, size_t, ncclWindow_t*, int);
+  ncclResult_t (*group_end)();
+};
+extern const WindowCalls kNcclWindowCalls;
+
+// One NCCL_WIN_COLL_SYMMETRIC window of `bytes` per communicator, over ptrs[i]. Several go in
+// one group: each registration waits in a barrier for its peers, so one thread cannot make them
+// one after another. Inside a group NCCL only queues the request and writes the window through
+// the caller's pointer in ncclGroupEnd, so every pointer handed over is a slot of the result,
+// which outlives the group. fatal() on a failing call; a null window is the caller's to judge.
+std::vector<ncclWindow_t> register_windows(const WindowCalls& nccl,
+                                           const std::vector<ncclComm_t>& comms,
+                                           const std::vector<void*>& ptrs, size_t bytes);
 
 // Sends this process's shim totals of collective `op` to the parent (no-op without the shim).
 // With several local ranks the totals are the whole process's, sent once.

@@ -1,7 +1,8 @@
 // --self-test: CPU checks of everything in the bench that can be wrong without a GPU: option
 // parsing, sizes and buffers per op, bandwidth math, the reductions' test data, aggregation
 // over ranks, init times and time ratios, route tags, the workers' environment, the JSON
-// writer, cumem chunking, the contention statistics and run order, nvidia-smi parsing. Prints "N
+// writer, cumem chunking, the contention statistics and run order, nvidia-smi parsing, grouped
+// window registration. Prints "N
 // passed, M failed" and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "gpu_telemetry.h"
 #include "json_writer.h"
 #include "launcher.h"
+#include "nccl_ranks.h"
 #include "options.h"
 #include "reduce_pattern.h"
 #include "report.h"
@@ -639,6 +641,53 @@ void test_telemetry() {
          std::string::npos);
 }
 
+// NCCL 2.28's window registration without a GPU: outside a group the call fills the window at
+// once; inside one it only queues the caller's pointer, and ncclGroupEnd writes the window
+// through it (src/group.cc, ncclCommGroupRegisterSymmetric).
+struct FakeNccl {
+  int depth = 0, starts = 0, calls = 0;
+  std::vector<std::pair<ncclWindow_t*, ncclWindow_t>> queued;
+} g_nccl;
+
+ncclWindow_t fake_window(ncclComm_t comm) { return reinterpret_cast<ncclWindow_t>(comm); }
+
+ncclResult_t fake_group_start() {
+  ++g_nccl.depth;
+  ++g_nccl.starts;
+  return ncclSuccess;
+}
+ncclResult_t fake_register(ncclComm_t comm, void*, size_t, ncclWindow_t* win, int flags) {
+  ++g_nccl.calls;
+  if (flags != NCCL_WIN_COLL_SYMMETRIC) return ncclInvalidArgument;
+  if (g_nccl.depth == 0)
+    *win = fake_window(comm);
+  else
+    g_nccl.queued.emplace_back(win, fake_window(comm));
+  return ncclSuccess;
+}
+ncclResult_t fake_group_end() {
+  if (--g_nccl.depth == 0)
+    for (const auto& q : g_nccl.queued) *q.first = q.second;
+  g_nccl.queued.clear();
+  return ncclSuccess;
+}
+
+void test_window_registration() {
+  const WindowCalls fake = {fake_group_start, fake_register, fake_group_end};
+  char mem[2];
+  std::vector<ncclComm_t> comms = {reinterpret_cast<ncclComm_t>(0x1000),
+                                   reinterpret_cast<ncclComm_t>(0x2000)};
+  // --one-process: both in one group, and each window lands in its own slot after it.
+  std::vector<ncclWindow_t> wins = register_windows(fake, comms, {&mem[0], &mem[1]}, 1 << 20);
+  EXPECT(g_nccl.starts == 1 && g_nccl.calls == 2 && g_nccl.depth == 0);
+  EXPECT(wins.size() == 2 && wins[0] == fake_window(comms[0]) && wins[1] == fake_window(comms[1]));
+  // One rank per process: the plain call, no group.
+  g_nccl = FakeNccl();
+  wins = register_windows(fake, {comms[1]}, {&mem[1]}, 1 << 20);
+  EXPECT(g_nccl.starts == 0 && g_nccl.calls == 1);
+  EXPECT(wins.size() == 1 && wins[0] == fake_window(comms[1]));
+}
+
 }  // namespace
 
 int run_self_test() {
@@ -658,6 +707,7 @@ int run_self_test() {
   test_cumem_chunks();
   test_contention_stats();
   test_telemetry();
+  test_window_registration();
   printf("zerocta-bench self-test: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? kExitOk : kExitFailed;
 }
