@@ -8,7 +8,8 @@ slice) and out of place, over odd and large sizes and several dtypes, on fresh t
 time (so buffers move, are freed and reused), then reports how many all-gathers took each
 route (zerocta_get_stats, when the shim is loaded). With --bench it also times a 256 MiB-per-
 rank all-gather alone, in and out of place (median and spread of 20 after 5 warm-ups, and the
-time the call takes on the host).
+time the call takes on the host). With ZG_EXPECT=ce it also checks that memory a rank frees
+comes back although a peer had imported it.
 
 Run it with the shim (LD_PRELOAD=libzerocta.so ZEROCTA_ALLGATHER=zerocta) and with and without
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: with them every op must take the copy
@@ -40,6 +41,42 @@ def routes():
     op, nroutes = 0, 3
     calls = lambda r: buf[(op * nroutes + r) * 2]
     return calls(1), calls(0) + calls(2)
+
+
+def freed_memory_returns(rank, world, dev):
+    """A peer's import must not keep memory alive that its owner freed: all-gather into 1 GiB
+    outputs, free them (empty_cache() hands the allocations back to the driver), then run 160
+    small all-gathers - past the owners' sweep of their exports and the peers' question about
+    them (every 64 ops each) - and see the freed memory come back as free device memory. The
+    peers imported about 1 GiB in all (the halves they write into, or read); the sum over the
+    ranks of what came back must be at least 3/4 of it. Returns the number of failures."""
+
+    import torch
+    import torch.distributed as dist
+
+    n = (512 << 20) // 2  # bf16 elements per rank: 1 GiB outputs on 2 ranks
+    out = torch.empty(n * world, dtype=torch.bfloat16, device=dev)
+    dist.all_gather_into_tensor(out, out.narrow(0, n * rank, n))
+    torch.cuda.synchronize()
+    del out
+    torch.cuda.empty_cache()
+    dist.barrier()
+    free_before = torch.cuda.mem_get_info()[0]
+    small = torch.ones(1 << 16, dtype=torch.bfloat16, device=dev)
+    for _ in range(160):
+        gathered = torch.empty(small.numel() * world, dtype=small.dtype, device=dev)
+        dist.all_gather_into_tensor(gathered, small)
+    torch.cuda.synchronize()
+    dist.barrier()
+    came_back = torch.tensor([torch.cuda.mem_get_info()[0] - free_before], device=dev)
+    dist.all_reduce(came_back)
+    total = came_back.item()
+    want = world * (world - 1) * n * 2 * 3 // 4
+    ok = total >= want
+    print(f"rank {rank}: freed outputs, 160 ops later {total / 2**20:.0f} MiB came back on all "
+          f"ranks (want >= {want / 2**20:.0f}): {'ok' if ok else 'STILL HELD by a peer'}",
+          flush=True)
+    return 0 if ok else 1
 
 
 def main():
@@ -88,6 +125,8 @@ def main():
         if expect == "nccl" and r[0] != 0:
             print(f"rank {rank}: expected every all-gather to go to NCCL", flush=True)
             failures += 1
+    if os.environ.get("ZG_EXPECT", "") == "ce":
+        failures += freed_memory_returns(rank, world, dev)
     if bench:
         n = (256 << 20) // 2
         for in_place in (True, False):
