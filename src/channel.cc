@@ -21,7 +21,7 @@ namespace zc {
 namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f6368616eull;  // "zerochan"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 // A child's channel has one slot per parent rank; parents beyond this size never route here.
 constexpr uint32_t kMaxCapacity = 1u << 16;
 
@@ -34,6 +34,8 @@ struct Header {
   uint32_t capacity;
   uint32_t header_bytes;
   uint32_t slot_bytes;
+  uint32_t op_ranks;  // the ranks the op exchange has room for
+  uint32_t reserved32;
   uint64_t key_lo, key_hi;
   std::atomic<uint32_t> broken;
   std::atomic<int32_t> poison;
@@ -49,14 +51,13 @@ struct Slot {
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory words must be lock-free");
 
 // The op exchange starts on a page boundary (it is registered with CUDA) after the slots, with
-// room for the ranks the exchange serves.
+// room for `op_ranks` ranks.
 constexpr size_t kPage = 4096;
-uint32_t op_ranks(uint32_t capacity) { return capacity < kOpRanks ? capacity : kOpRanks; }
 size_t op_region_offset(uint32_t capacity) {
   return (sizeof(Header) + sizeof(Slot) * capacity + kPage - 1) / kPage * kPage;
 }
-size_t segment_bytes(uint32_t capacity) {
-  return op_region_offset(capacity) + OpExchange::region_bytes(op_ranks(capacity));
+size_t segment_bytes(const ChannelShape& shape) {
+  return op_region_offset(shape.capacity) + OpExchange::region_bytes(shape.op_ranks);
 }
 
 Header* header_of(void* map) { return static_cast<Header*>(map); }
@@ -73,10 +74,10 @@ std::string random_suffix() {
 
 // Creates the segment complete under a private name and links it into place. Returns the
 // mapping, or nullptr: *exists when another rank created it first, else *why.
-void* create_linked(int dirfd, const std::string& name, const CommKey& key, uint32_t capacity,
-                    bool* exists, const char** why) {
+void* create_linked(int dirfd, const std::string& name, const CommKey& key,
+                    const ChannelShape& shape, bool* exists, const char** why) {
   *exists = false;
-  const size_t bytes = segment_bytes(capacity);
+  const size_t bytes = segment_bytes(shape);
   const std::string tmp = name + ".tmp." + random_suffix();
   int fd = openat(dirfd, tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -97,9 +98,10 @@ void* create_linked(int dirfd, const std::string& name, const CommKey& key, uint
   Header* h = header_of(map);
   h->magic = kMagic;
   h->version = kVersion;
-  h->capacity = capacity;
+  h->capacity = shape.capacity;
   h->header_bytes = sizeof(Header);
   h->slot_bytes = sizeof(Slot);
+  h->op_ranks = shape.op_ranks;
   h->key_lo = key.lo;
   h->key_hi = key.hi;
   const int linked = linkat(dirfd, tmp.c_str(), dirfd, name.c_str(), 0);
@@ -115,9 +117,9 @@ void* create_linked(int dirfd, const std::string& name, const CommKey& key, uint
 }
 
 // Opens a segment another rank created, trusting nothing in it.
-void* open_existing(int dirfd, const std::string& name, const CommKey& key, uint32_t capacity,
-                    const char** why) {
-  const size_t bytes = segment_bytes(capacity);
+void* open_existing(int dirfd, const std::string& name, const CommKey& key,
+                    const ChannelShape& shape, const char** why) {
+  const size_t bytes = segment_bytes(shape);
   int fd = openat(dirfd, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     *why = "the channel segment vanished while joining";
@@ -134,9 +136,9 @@ void* open_existing(int dirfd, const std::string& name, const CommKey& key, uint
     return nullptr;
   }
   const Header* h = header_of(map);
-  if (h->magic != kMagic || h->version != kVersion || h->capacity != capacity ||
-      h->header_bytes != sizeof(Header) || h->slot_bytes != sizeof(Slot) || h->key_lo != key.lo ||
-      h->key_hi != key.hi) {
+  if (h->magic != kMagic || h->version != kVersion || h->capacity != shape.capacity ||
+      h->op_ranks != shape.op_ranks || h->header_bytes != sizeof(Header) ||
+      h->slot_bytes != sizeof(Slot) || h->key_lo != key.lo || h->key_hi != key.hi) {
     munmap(map, bytes);
     *why = "a corrupt or foreign channel segment (another zerocta version?)";
     return nullptr;
@@ -156,8 +158,9 @@ bool member_alive(const MemberFacts& m) {
 }  // namespace
 
 std::unique_ptr<Channel> Channel::open(const std::string& dir, const CommKey& key,
-                                       uint32_t capacity, const char** why) {
-  if (capacity == 0 || capacity > kMaxCapacity) {
+                                       const ChannelShape& shape, const char** why) {
+  if (shape.capacity == 0 || shape.capacity > kMaxCapacity || shape.op_ranks > kOpRanks ||
+      shape.op_ranks > shape.capacity) {
     *why = "communicator too large for a channel";
     return nullptr;
   }
@@ -168,15 +171,16 @@ std::unique_ptr<Channel> Channel::open(const std::string& dir, const CommKey& ke
   }
   const std::string name = "zerocta-" + key.hex();
   bool exists = false;
-  void* map = create_linked(dirfd, name, key, capacity, &exists, why);
-  if (!map && exists) map = open_existing(dirfd, name, key, capacity, why);
+  void* map = create_linked(dirfd, name, key, shape, &exists, why);
+  if (!map && exists) map = open_existing(dirfd, name, key, shape, why);
   close(dirfd);
   if (!map) return nullptr;
 
   std::unique_ptr<Channel> c(new Channel);
   c->map_ = map;
-  c->bytes_ = segment_bytes(capacity);
-  c->capacity_ = capacity;
+  c->bytes_ = segment_bytes(shape);
+  c->capacity_ = shape.capacity;
+  c->op_ranks_ = shape.op_ranks;
   c->dir_ = dir;
   c->name_ = name;
   Header* h = header_of(map);
@@ -244,7 +248,7 @@ void* Channel::op_region() const { return static_cast<char*>(map_) + op_region_o
 
 size_t Channel::op_region_bytes() const { return bytes_ - op_region_offset(capacity_); }
 
-uint32_t Channel::op_region_ranks() const { return op_ranks(capacity_); }
+uint32_t Channel::op_region_ranks() const { return op_ranks_; }
 
 int channel_entries(const std::string& dir) {
   DIR* d = opendir(dir.c_str());

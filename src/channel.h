@@ -10,7 +10,9 @@
 //
 // Layout: a header (magic, version, capacity, key, the `broken` and `poison` words), then
 // `capacity` slots of {state word, MemberFacts}, then, page aligned, the region of the per-op
-// exchange (op_exchange.h) for min(capacity, kOpRanks) ranks. A slot is claimed by a
+// exchange (op_exchange.h) for `op_ranks` ranks: the most that could ever route here (about
+// 165 KiB a rank, pinned once registered, so a child of a large parent must not reserve room
+// for all of the parent's ranks). A slot is claimed by a
 // compare-and-swap of its state (empty -> writing), filled, then published (-> joined, release
 // order); a joined slot never changes again.
 #pragma once
@@ -25,14 +27,19 @@
 
 namespace zc {
 
+// A channel's size, the same on every rank (a rank that computes another cannot open it).
+struct ChannelShape {
+  uint32_t capacity = 0;  // slots: the communicator's size, or the parent's for a child
+  uint32_t op_ranks = 0;  // room in the op exchange: <= capacity and <= kOpRanks
+};
+
 class Channel {
  public:
-  // Opens (creating it if this rank is first) the channel of `key`, with `capacity` slots: the
-  // communicator's size, or the parent's for a child. nullptr with *why when this rank cannot
-  // take part; its peers then see a missing member. A segment left by a dead process is marked
-  // broken for every member (all of them pass through).
+  // Opens (creating it if this rank is first) the channel of `key`, of `shape`. nullptr with
+  // *why when this rank cannot take part; its peers then see a missing member. A segment left
+  // by a dead process is marked broken for every member (all of them pass through).
   static std::unique_ptr<Channel> open(const std::string& dir, const CommKey& key,
-                                       uint32_t capacity, const char** why);
+                                       const ChannelShape& shape, const char** why);
   // Claims slot `mine.join_index` and publishes `mine` there. A slot claimed already marks the
   // channel broken for every member instead.
   void publish(const MemberFacts& mine);
@@ -61,7 +68,7 @@ class Channel {
   Channel() = default;
   void* map_ = nullptr;
   size_t bytes_ = 0;
-  uint32_t capacity_ = 0;
+  uint32_t capacity_ = 0, op_ranks_ = 0;
   std::string dir_, name_;
   bool linked_ = true;
 };

@@ -158,6 +158,14 @@ bool route_wanted(int nranks) {
          static_cast<uint64_t>(nranks) <= cfg.auto_max_ranks;
 }
 
+ChannelShape channel_shape(uint32_t capacity) {
+  const Config& cfg = config();
+  uint64_t room = std::min<uint64_t>(capacity, kOpRanks);
+  if (cfg.allgather == AllGatherMode::kAuto && cfg.auto_max_ranks != 0)
+    room = std::min<uint64_t>(room, cfg.auto_max_ranks);
+  return ChannelShape{capacity, static_cast<uint32_t>(room)};
+}
+
 void route_not_joining(CommState& st, int nranks) {
   const Config& cfg = config();
   st.route_why = nranks < 2                              ? "a communicator of one rank"
@@ -175,7 +183,7 @@ void route_join(CommState& st, const JoinPlan& plan) {
   std::lock_guard<std::mutex> lock(st.route_mu);
   st.device = plan.device;
   const char* why = nullptr;
-  st.channel = Channel::open(cfg.channel_dir, plan.key, plan.capacity, &why);
+  st.channel = Channel::open(cfg.channel_dir, plan.key, channel_shape(plan.capacity), &why);
   if (!st.channel) {
     st.route_why = why;
     say_join_failure(why);
@@ -219,7 +227,9 @@ void route_freeze(CommState& st, bool on_app_thread) {
     a.warn = false;
   }
   if (a.commit && static_cast<uint32_t>(st.nranks) > st.channel->op_region_ranks()) {
-    a.commit = false;  // a child of more ranks than its parent: cannot happen, kept as a guard
+    // Only a child can be larger than its channel's op room (channel_shape), and in auto mode
+    // the ZEROCTA_AUTO_MAX_RANKS check above said no first; kept as a guard.
+    a.commit = false;
     a.why = "the channel has no room for this many ranks";
   }
   say_decision(st, a);

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "op_exchange.h"
+
 namespace {
 
 class ChannelTest : public ::testing::Test {
@@ -39,9 +41,40 @@ class ChannelTest : public ::testing::Test {
 
 const zc::CommKey kKey{0x1111, 0x2222};
 
+// A channel with room in the op exchange for every slot.
+zc::ChannelShape shape(uint32_t n) { return zc::ChannelShape{n, n}; }
+
+off_t file_size(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+TEST_F(ChannelTest, OpRoomIsSizedByItsOwnCountNotBySlots) {
+  // A child of a 64-rank parent in auto mode with ZEROCTA_AUTO_MAX_RANKS=2: 64 slots, op room
+  // for 2 ranks. Its file is a fraction of one with room for all 64, and a rank that computed
+  // another room cannot open it.
+  const char* why = nullptr;
+  const std::string path = dir_ + "/zerocta-" + kKey.hex();
+  auto small = zc::Channel::open(dir_, kKey, zc::ChannelShape{64, 2}, &why);
+  ASSERT_TRUE(small) << why;
+  EXPECT_EQ(small->op_region_ranks(), 2u);
+  EXPECT_EQ(small->op_region_bytes(), zc::OpExchange::region_bytes(2));
+  const off_t small_bytes = file_size(path);
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, zc::ChannelShape{64, 8}, &why));
+  small->unlink_name();
+  auto full = zc::Channel::open(dir_, kKey, shape(64), &why);
+  ASSERT_TRUE(full) << why;
+  EXPECT_EQ(full->op_region_ranks(), 64u);
+  EXPECT_LT(small_bytes * 10, file_size(path)) << "the room for 62 more ranks dominates";
+  full->unlink_name();
+  // Room beyond the slots or beyond what the exchange serves is refused.
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, zc::ChannelShape{2, 4}, &why));
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, zc::ChannelShape{128, 128}, &why));
+}
+
 TEST_F(ChannelTest, CreatesAPrivateSegmentAndLeavesNothingBehind) {
   const char* why = nullptr;
-  auto c = zc::Channel::open(dir_, kKey, 4, &why);
+  auto c = zc::Channel::open(dir_, kKey, shape(4), &why);
   ASSERT_TRUE(c) << why;
   struct stat st;
   ASSERT_EQ(stat((dir_ + "/" + c->name()).c_str(), &st), 0);
@@ -73,7 +106,7 @@ TEST_F(ChannelTest, ProcessesRacingToCreateMeetInOneSegment) {
       close(go[1]);
       if (read(go[0], &b, 1) != 0) _exit(3);  // released together by the close below
       const char* why = nullptr;
-      auto c = zc::Channel::open(dir_, kKey, kProcs, &why);
+      auto c = zc::Channel::open(dir_, kKey, shape(kProcs), &why);
       if (!c) _exit(1);
       c->publish(facts(static_cast<uint32_t>(i)));
       c.release();  // keep the name: the parent reads the result
@@ -90,7 +123,7 @@ TEST_F(ChannelTest, ProcessesRacingToCreateMeetInOneSegment) {
   }
   EXPECT_EQ(zc::channel_entries(dir_), 1);
   const char* why = nullptr;
-  auto c = zc::Channel::open(dir_, kKey, kProcs, &why);
+  auto c = zc::Channel::open(dir_, kKey, shape(kProcs), &why);
   ASSERT_TRUE(c) << why;
   const auto m = c->members();
   ASSERT_EQ(m.size(), static_cast<size_t>(kProcs));
@@ -106,15 +139,15 @@ TEST_F(ChannelTest, RefusesSegmentsItDidNotMake) {
   ASSERT_EQ(fchmod(fd, 0644), 0);
   ASSERT_EQ(ftruncate(fd, 1 << 16), 0);
   close(fd);
-  EXPECT_FALSE(zc::Channel::open(dir_, kKey, 4, &why));
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, shape(4), &why));
   EXPECT_NE(std::string(why).find("foreign"), std::string::npos) << why;
   // Private but of another size (ranks disagree on nranks, or garbage).
   ASSERT_EQ(chmod(path.c_str(), 0600), 0);
-  EXPECT_FALSE(zc::Channel::open(dir_, kKey, 4, &why));
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, shape(4), &why));
   // The right size, but not our header.
   ASSERT_EQ(unlink(path.c_str()), 0);
   {
-    auto real = zc::Channel::open(dir_, kKey, 4, &why);
+    auto real = zc::Channel::open(dir_, kKey, shape(4), &why);
     ASSERT_TRUE(real);
     real.release();  // leaves a well-formed segment of capacity 4 behind
   }
@@ -122,12 +155,12 @@ TEST_F(ChannelTest, RefusesSegmentsItDidNotMake) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(pwrite(fd, "garbage!", 8, 0), 8);
   close(fd);
-  EXPECT_FALSE(zc::Channel::open(dir_, kKey, 4, &why));
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, shape(4), &why));
   EXPECT_NE(std::string(why).find("corrupt"), std::string::npos) << why;
   // A symbolic link in its place.
   ASSERT_EQ(unlink(path.c_str()), 0);
   ASSERT_EQ(symlink("/etc/passwd", path.c_str()), 0);
-  EXPECT_FALSE(zc::Channel::open(dir_, kKey, 4, &why));
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, shape(4), &why));
   ASSERT_EQ(unlink(path.c_str()), 0);
 }
 
@@ -136,7 +169,7 @@ TEST_F(ChannelTest, AMemberLeftByADeadProcessMarksTheChannelBroken) {
   pid_t p = fork();
   ASSERT_GE(p, 0);
   if (p == 0) {
-    auto c = zc::Channel::open(dir_, kKey, 2, &why);
+    auto c = zc::Channel::open(dir_, kKey, shape(2), &why);
     if (!c) _exit(1);
     zc::MemberFacts m;
     m.join_index = 0;
@@ -148,15 +181,15 @@ TEST_F(ChannelTest, AMemberLeftByADeadProcessMarksTheChannelBroken) {
   int status = 0;
   ASSERT_EQ(waitpid(p, &status, 0), p);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  auto c = zc::Channel::open(dir_, kKey, 2, &why);
+  auto c = zc::Channel::open(dir_, kKey, shape(2), &why);
   ASSERT_TRUE(c) << why;
   EXPECT_NE(c->broken(), 0u);
 }
 
 TEST_F(ChannelTest, ASlotClaimedTwiceMarksTheChannelBroken) {
   const char* why = nullptr;
-  auto a = zc::Channel::open(dir_, kKey, 2, &why);
-  auto b = zc::Channel::open(dir_, kKey, 2, &why);
+  auto a = zc::Channel::open(dir_, kKey, shape(2), &why);
+  auto b = zc::Channel::open(dir_, kKey, shape(2), &why);
   ASSERT_TRUE(a && b);
   a->publish(facts(1));
   EXPECT_EQ(a->broken(), 0u);
@@ -168,8 +201,8 @@ TEST_F(ChannelTest, ASlotClaimedTwiceMarksTheChannelBroken) {
 
 TEST_F(ChannelTest, ThePoisonWordReachesEveryMember) {
   const char* why = nullptr;
-  auto a = zc::Channel::open(dir_, kKey, 2, &why);
-  auto b = zc::Channel::open(dir_, kKey, 2, &why);
+  auto a = zc::Channel::open(dir_, kKey, shape(2), &why);
+  auto b = zc::Channel::open(dir_, kKey, shape(2), &why);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(b->poisoned(), 0);
   a->poison(5);
@@ -179,9 +212,9 @@ TEST_F(ChannelTest, ThePoisonWordReachesEveryMember) {
 
 TEST_F(ChannelTest, ADirectoryThatCannotHoldItIsAFailedJoin) {
   const char* why = nullptr;
-  EXPECT_FALSE(zc::Channel::open("/nonexistent/zerocta", kKey, 2, &why));
+  EXPECT_FALSE(zc::Channel::open("/nonexistent/zerocta", kKey, shape(2), &why));
   ASSERT_NE(why, nullptr);
-  EXPECT_FALSE(zc::Channel::open(dir_, kKey, 0, &why));
+  EXPECT_FALSE(zc::Channel::open(dir_, kKey, shape(0), &why));
 }
 
 }  // namespace
