@@ -7,6 +7,7 @@
 #include "ce_exec.h"
 #include "log.h"
 #include "route_setup.h"
+#include "stats.h"
 
 namespace zc {
 namespace {
@@ -97,6 +98,7 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
       const bool each = !same_process(st, p) && mine.reach != 0;
       const PairMode m =
           ops.settle_pair(q, me, a.seq, each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
+      stats_pair_settled(m == PairMode::kEachPushes);
       part.push = true;
       part.pull = m == PairMode::kLaterDoesBoth;
       part.peer_copies = m == PairMode::kEachPushes;

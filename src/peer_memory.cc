@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include "fd_exchange.h"
@@ -158,6 +159,8 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
   }
   if (tokens.empty()) return true;
   owners_[pid] = fd_address;
+  const auto started = std::chrono::steady_clock::now();
+  uint64_t mapped = 0, mapped_bytes = 0;
   std::vector<int> fds;
   if (!fd_fetch(fd_address, pid, tokens.data(), tokens.size(), &fds, kFdTimeoutMs, why))
     return false;
@@ -172,6 +175,8 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
       kept.token = wanted[i]->token;
       held_ += m.bytes;
       stats_pool_bytes_add(static_cast<int64_t>(m.bytes));
+      ++mapped;
+      mapped_bytes += m.bytes;
     } else if (ok) {
       ok = false;
       *why = fds[i] < 0 ? "a peer no longer exports a buffer it posted"
@@ -179,6 +184,10 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
     }
     if (fds[i] >= 0) close(fds[i]);  // the mapping holds the memory now
   }
+  const auto took = std::chrono::steady_clock::now() - started;
+  stats_peer_mapped(
+      mapped, mapped_bytes,
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
   return ok;
 }
 
@@ -217,6 +226,7 @@ void PeerImports::release(const CudaDriver& cu, Mapping* m) {
   release_mapping(cu, &a);
   held_ -= m->bytes;
   stats_pool_bytes_add(-static_cast<int64_t>(m->bytes));
+  stats_peer_unmapped(m->bytes);
 }
 
 // Asks every owner which of our mappings' allocations it still exports. An owner that does not

@@ -39,6 +39,9 @@ std::atomic<uint64_t> g_comms_zero_policy{0};
 std::atomic<uint64_t> g_comms_ce_ready{0};
 std::atomic<int64_t> g_pool_bytes{0};  // signed: a free may be counted before its alloc is seen
 std::atomic<uint64_t> g_inner_calls{0};
+std::atomic<uint64_t> g_pairs_each{0}, g_pairs_later_both{0};
+std::atomic<uint64_t> g_peer_mappings{0}, g_peer_mapped_bytes{0}, g_peer_map_micros{0};
+std::atomic<uint64_t> g_peer_unmapped_bytes{0};
 // The process whose counters these are; the exit report runs only there.
 std::atomic<pid_t> g_owner_pid{0};
 
@@ -62,6 +65,9 @@ void reset_counters() {
   g_comms_zero_policy.store(0, kRelaxed);
   g_comms_ce_ready.store(0, kRelaxed);
   g_inner_calls.store(0, kRelaxed);
+  for (auto* c : {&g_pairs_each, &g_pairs_later_both, &g_peer_mappings, &g_peer_mapped_bytes,
+                  &g_peer_map_micros, &g_peer_unmapped_bytes})
+    c->store(0, kRelaxed);
 }
 
 // A forked child inherits a copy of the parent's counters; without this it would report the
@@ -136,6 +142,17 @@ void print_table(const zerocta_stats_t& s) {
              s.inner_calls);
 }
 
+void print_route(const RouteStats& r) {
+  if (r.pairs_each_pushes + r.pairs_later_does_both + r.peer_mappings == 0) return;
+  char mapped[32], unmapped[32];
+  human_bytes(r.peer_mapped_bytes, mapped, sizeof(mapped));
+  human_bytes(r.peer_unmapped_bytes, unmapped, sizeof(unmapped));
+  log_report("stats route pairs each_pushes=%" PRIu64 " later_does_both=%" PRIu64
+             " peer_mappings=%" PRIu64 " (%s, %.1f ms) unmapped=%s",
+             r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
+             static_cast<double>(r.peer_map_micros) / 1000.0, unmapped);
+}
+
 void report_at_exit() {
   // A child made by vfork/clone without our atfork handler still shares this handler; it
   // must not report (or overwrite) the counters of the process that gathered them.
@@ -145,6 +162,7 @@ void report_at_exit() {
     zerocta_stats_t s;
     stats_snapshot(&s);
     print_table(s);
+    print_route(route_stats_snapshot());
     return;
   }
   if (stats_to_file(mode)) write_json_if_changed(mode);
@@ -178,6 +196,29 @@ void stats_comm_ce_ready() { g_comms_ce_ready.fetch_add(1, kRelaxed); }
 void stats_pool_bytes_add(int64_t delta) { g_pool_bytes.fetch_add(delta, kRelaxed); }
 
 void stats_inner_call() { g_inner_calls.fetch_add(1, kRelaxed); }
+
+void stats_pair_settled(bool each_pushes) {
+  (each_pushes ? g_pairs_each : g_pairs_later_both).fetch_add(1, kRelaxed);
+}
+
+void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros) {
+  g_peer_mappings.fetch_add(mappings, kRelaxed);
+  g_peer_mapped_bytes.fetch_add(bytes, kRelaxed);
+  g_peer_map_micros.fetch_add(micros, kRelaxed);
+}
+
+void stats_peer_unmapped(uint64_t bytes) { g_peer_unmapped_bytes.fetch_add(bytes, kRelaxed); }
+
+RouteStats route_stats_snapshot() {
+  RouteStats r;
+  r.pairs_each_pushes = g_pairs_each.load(kRelaxed);
+  r.pairs_later_does_both = g_pairs_later_both.load(kRelaxed);
+  r.peer_mappings = g_peer_mappings.load(kRelaxed);
+  r.peer_mapped_bytes = g_peer_mapped_bytes.load(kRelaxed);
+  r.peer_map_micros = g_peer_map_micros.load(kRelaxed);
+  r.peer_unmapped_bytes = g_peer_unmapped_bytes.load(kRelaxed);
+  return r;
+}
 
 void stats_install_reporter() {
   // A function-local static: thread-safe, once per process, and after the first call only an
@@ -222,7 +263,7 @@ void stats_snapshot(zerocta_stats_t* out) {
 
 void stats_reset() { reset_counters(); }
 
-std::string stats_json(const zerocta_stats_t& s, pid_t pid) {
+std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& route) {
   std::string out = "{";
   char buf[96];
   snprintf(buf, sizeof(buf), "\"version\":\"%d.%d.%d\",\"pid\":%ld,", ZEROCTA_VERSION_MAJOR,
@@ -233,7 +274,15 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid) {
   append_field(&out, "comms_ce_ready", s.comms_ce_ready);
   append_field(&out, "pool_bytes", s.pool_bytes);
   append_field(&out, "inner_calls", s.inner_calls);
-  out += "\"ops\":{";
+  out += "\"route\":{";
+  append_field(&out, "pairs_each_pushes", route.pairs_each_pushes);
+  append_field(&out, "pairs_later_does_both", route.pairs_later_does_both);
+  append_field(&out, "peer_mappings", route.peer_mappings);
+  append_field(&out, "peer_mapped_bytes", route.peer_mapped_bytes);
+  append_field(&out, "peer_map_micros", route.peer_map_micros);
+  append_field(&out, "peer_unmapped_bytes", route.peer_unmapped_bytes);
+  out.back() = '}';
+  out += ",\"ops\":{";
   bool first_op = true;
   for (int op = 0; op < zerocta_op_count; ++op) {
     bool first_route = true;
@@ -268,7 +317,7 @@ int stats_write_json(const char* path) {
 
 int stats_write_json(const char* path, const zerocta_stats_t& s) {
   if (path == nullptr || path[0] == '\0') return EINVAL;
-  const std::string json = stats_json(s, getpid());
+  const std::string json = stats_json(s, getpid(), route_stats_snapshot());
 
   // O_NOFOLLOW: a planted symlink cannot redirect the write (ELOOP). O_NONBLOCK: a planted FIFO
   // cannot block the exit path in open(); the fstat check below then refuses it.

@@ -13,6 +13,12 @@ void stats_comm_created(bool zero_policy);
 void stats_comm_ce_ready();
 void stats_pool_bytes_add(int64_t delta);
 void stats_inner_call();
+// The route's own doings, beside the per-op counters (JSON "route", one line at exit): how
+// each pair of ranks moved its chunks (counted by the later rank of the pair), and what
+// mapping peers' buffers cost — the first op on a new buffer pays it, later ones reuse it.
+void stats_pair_settled(bool each_pushes);
+void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros);
+void stats_peer_unmapped(uint64_t bytes);
 
 // Installs the at-exit reporter and the fork handler once (called lazily at the first NCCL
 // call, never from a constructor). Only the process that gathered the counters reports them:

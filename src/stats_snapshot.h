@@ -16,11 +16,20 @@ namespace zc {
 // in calls but not yet in bytes).
 void stats_snapshot(zerocta_stats_t* out);
 
+// The route's own doings (stats.h), as counted so far.
+struct RouteStats {
+  uint64_t pairs_each_pushes = 0, pairs_later_does_both = 0;
+  uint64_t peer_mappings = 0, peer_mapped_bytes = 0, peer_map_micros = 0;
+  uint64_t peer_unmapped_bytes = 0;
+};
+RouteStats route_stats_snapshot();
+
 // Zeroes every counter. pool_bytes is a gauge of memory held now, not a counter, so it stays.
 void stats_reset();
 
-// The snapshot as one JSON object (see zerocta_write_stats_json), newline-terminated.
-std::string stats_json(const zerocta_stats_t& stats, pid_t pid);
+// The snapshot as one JSON object (see zerocta_write_stats_json), newline-terminated; the
+// route's doings under "route".
+std::string stats_json(const zerocta_stats_t& stats, pid_t pid, const RouteStats& route = {});
 
 // Writes stats_json(current snapshot, getpid()) to path: never follows a final symlink, creates
 // with mode 0600, refuses (EPERM) anything but a regular file owned by the effective user.

@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -1244,7 +1246,8 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
   RunResult r = run_route({"ranks", "2", "basic"},
                           with(route_env(chan, rdv, unique_id_text()),
                                {{"DRV_AG_REPEAT", std::to_string(kOps)},
-                                {"DRV_AG_FRESH_EVERY", std::to_string(kFreshEvery)}}),
+                                {"DRV_AG_FRESH_EVERY", std::to_string(kFreshEvery)},
+                                {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}}),
                           s);
   expect_clean_pair(r, chan);
   for (int k = 0; k < 2; ++k) {
@@ -1261,6 +1264,13 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
         << imports << " imports; the freed ones are still mapped\n"
         << r.describe();
     EXPECT_GE(cuda_calls(r, "cuMemUnmap", pid), imports - 16) << r.describe();
+    // The stats file (written at the communicator's teardown) counts the same mappings, and
+    // the releases unmapped some of them.
+    std::ifstream file(s.dir() + "/stats-" + pid + ".json");
+    const std::string json((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_TRUE(contains(json, "\"peer_mappings\":" + std::to_string(imports) + ",")) << json;
+    EXPECT_FALSE(contains(json, "\"peer_unmapped_bytes\":0}")) << json;
     expect_nothing_left(r, k);
   }
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
