@@ -7,10 +7,12 @@ with it. Standard library only.
 
 Prints whether every rank's loss at every step is bitwise identical (else the first differing
 step), whether every rank's final weights are (their checksums), both runs' median step time
-and the ratio zerocta/plain, and the routes zerocta counted for the all-gathers: from the
-ZEROCTA_STATS JSON files in --stats-dir (one per rank, the whole process life) when given,
-else from the counters the record holds (taken in-process after the last step). The last line
-is the verdict. Exit status: 0 MATCH, 1 MISMATCH or an invalid run, 2 a usage problem.
+and the ratio zerocta/plain, when both runs were profiled (fsdp2_gpt.py --profile-steps) their
+exposed all-gather share and time per step (exposed_comm.py), and the routes zerocta counted
+for the all-gathers: from the ZEROCTA_STATS JSON files in --stats-dir (one per rank, the whole
+process life) when given, else from the counters the record holds (taken in-process after the
+last step). The last line is the verdict. Exit status: 0 MATCH, 1 MISMATCH or an invalid run,
+2 a usage problem.
 
 --second-plain: the second run is also without zerocta (a determinism check of the program
 itself: run_pair.sh BASELINE_TWICE=1).
@@ -85,6 +87,18 @@ def describe_routes(routes):
                      for r, (c, b) in sorted(routes.items()))
 
 
+def exposure(rec):
+    """(share, ms per step) of the exposed all-gather in a record's profiled steps, all ranks
+    together, or None when the run was not profiled or its profile found no step."""
+    prof = rec.get("profile")
+    if not prof:
+        return None
+    total = prof["all_ranks"]
+    if not total["steps"] or total["exposed_allgather_share"] is None:
+        return None
+    return total["exposed_allgather_share"], total["exposed_allgather_us"] / total["steps"] / 1000
+
+
 def compare(plain, other, second_plain, stats_dir):
     """Returns (problems, summary dict, report lines)."""
     problems, lines = [], []
@@ -134,12 +148,20 @@ def compare(plain, other, second_plain, stats_dir):
         lines.append("median step: plain %.2f ms, %s %.2f ms, ratio %.3f (%d timed steps, "
                      "slowest rank per step)" % (t0, second, t1, ratio,
                                                  plain["timing"]["timed_steps"]))
+    e0, e1 = exposure(plain), exposure(other)
+    if e0 and e1:
+        lines.append("exposed all-gather (profiled steps, all ranks): plain %.1f %% of the step "
+                     "(%.2f ms/step), %s %.1f %% (%.2f ms/step)" %
+                     (100 * e0[0], e0[1], second, 100 * e1[0], e1[1]))
 
     summary = {"losses_identical": losses_equal, "weights_identical": weights_equal,
                "first_difference": (None if diff is None else
                                     {"step": diff[0], "rank": diff[1], "plain": diff[2],
                                      "other": diff[3]}),
                "median_step_ms": {"plain": t0, "other": t1}, "ratio": ratio}
+    if e0 and e1:
+        summary["exposed_allgather"] = {"plain": {"share": e0[0], "ms_per_step": e0[1]},
+                                        "other": {"share": e1[0], "ms_per_step": e1[1]}}
     if not second_plain:
         if stats_dir:
             routes, comms, n_files = allgather_routes_from_stats_files(stats_dir)

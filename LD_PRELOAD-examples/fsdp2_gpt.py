@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node=2 fsdp2_gpt.py --config compute|comm|tiny
         [--steps 60] [--warmup 10] [--prefetch 2] [--seed 1234]
-        [--deterministic strict|warn|off] [--out run.json]
+        [--deterministic strict|warn|off] [--out run.json] [--profile-steps N [--keep-trace]]
 
 Precision: fp32 sharded master weights and optimizer state; MixedPrecisionPolicy(param_dtype
 bf16, reduce_dtype fp32), so blocks compute in bf16, all-gathers move bf16 and gradients are
@@ -18,6 +18,14 @@ Rank 0 prints every step's loss (repr of the Python float, and the fp32 tensor's
 and its step time, and with --out writes a JSON record that compare_runs.py reads: per-rank
 loss bits, per-step time (slowest rank), median, a checksum of every rank's parameter shards
 after the last step, versions, and zerocta's counters when it is preloaded.
+
+--profile-steps N profiles the last N steps with torch.profiler on every rank and measures how
+much of the step the all-gathers are exposed, i.e. run on the GPU while no compute kernel does
+(exposed_comm.py says how activities are classified); rank 0 prints one line for all ranks and
+the record's "profile" holds every rank's numbers. Profiling only observes: the losses and
+weights are those of an unprofiled run, but the profiled steps run slower and are left out of
+the timing. Each rank's trace is written next to --out (NAME.trace-rankR.json; without --out
+into the temporary directory) and deleted after the analysis unless --keep-trace.
 """
 
 import json
@@ -104,9 +112,15 @@ def main():
     p = train_common.common_args(__doc__.split("\n")[0], steps=60, warmup=10)
     p.add_argument("--config", choices=sorted(CONFIGS), default="compute")
     p.add_argument("--prefetch", type=int, default=2, help="blocks prefetched ahead (0 = off)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="profile the last N steps for the exposed all-gather share (0 = off)")
+    p.add_argument("--keep-trace", action="store_true",
+                   help="keep each rank's exported trace of the profiled steps")
     args = p.parse_args()
-    if args.steps <= args.warmup:
-        p.error("--steps must be larger than --warmup")
+    if args.profile_steps < 0:
+        p.error("--profile-steps must not be negative")
+    if args.steps <= args.warmup + args.profile_steps:
+        p.error("--steps must be larger than --warmup plus --profile-steps")
     cfg = dict(CONFIGS[args.config])
 
     train_common.set_determinism(args.deterministic)
@@ -123,12 +137,16 @@ def main():
     n_params = sum(q.numel() for q in model.parameters())  # DTensor numel: the global size
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95),
                             weight_decay=0.1, fused=True)
-    bits, values, step_ms = train_common.train(model, opt, cfg, args, rank, world, device)
+    profiler = (train_common.StepProfiler(args.steps - args.profile_steps, args.profile_steps,
+                                          args.out, rank, args.keep_trace)
+                if args.profile_steps else None)
+    bits, values, step_ms = train_common.train(model, opt, cfg, args, rank, world, device,
+                                               profiler=profiler)
     header = {"name": args.config, "precision": PRECISION, "params": n_params,
               "prefetch": args.prefetch}
     shards = [q.to_local() if isinstance(q, DTensor) else q for q in model.parameters()]
     status = train_common.report("fsdp2_gpt", args, cfg, header, shards, bits, values, step_ms,
-                                 rank, device)
+                                 rank, device, profiler)
     torch.distributed.destroy_process_group()
     return status
 

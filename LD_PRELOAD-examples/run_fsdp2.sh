@@ -7,7 +7,8 @@
 # ${ZEROCTA_FSDP_ALLGATHER:-auto}), in OUTDIR/fsdp2-CONFIG/. Prints each pair's comparison and
 # verdict, then writes OUTDIR/fsdp2-summary.json (every pair's summary) and a last line.
 # Environment: ZEROCTA_FSDP_ALLGATHER, FSDP_ARGS (more fsdp2_gpt.py options, e.g.
-# "--steps 30 --prefetch 1"), and everything run_pair.sh reads (ZEROCTA_BUILD, TORCHRUN,
+# "--steps 30 --prefetch 1", or "--profile-steps 5" for both runs' exposed all-gather share,
+# which the comparison then prints), and everything run_pair.sh reads (ZEROCTA_BUILD, TORCHRUN,
 # PAIR_TIMEOUT_S, BASELINE_TWICE, ...). Exit status: 0 if every pair matched, 1 otherwise,
 # 2 a usage problem.
 set -euo pipefail

@@ -7,7 +7,8 @@
 #     e.g. run_pair.sh 2 /tmp/zc ddp LD_PRELOAD-examples/ddp.py
 #
 # SCRIPT must accept --out FILE (fsdp2_gpt.py, ddp.py). Everything goes to OUTDIR/NAME/:
-# plain.log/.json, zerocta.log/.json, stats/ (one ZEROCTA_STATS file per rank), summary.json.
+# plain.log/.json, zerocta.log/.json, stats/ (one ZEROCTA_STATS file per rank), summary.json,
+# and with fsdp2_gpt.py --profile-steps N --keep-trace each rank's plain/zerocta.trace-rankR.json.
 #
 # Environment:
 #   ZEROCTA_BUILD            build directory with libzerocta.so (default: <repo>/build)

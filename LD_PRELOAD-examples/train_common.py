@@ -1,6 +1,7 @@
 """What the training examples (fsdp2_gpt.py, ddp.py) share: environment and determinism
 settings, process-group start-up, per-step timing, exact loss bits, a parameter checksum,
-and the JSON record that compare_runs.py reads.
+profiling of the last steps for their exposed communication, and the JSON record that
+compare_runs.py reads.
 
 Import this module before torch: it sets the environment variables that must be in place
 before CUDA, cuBLAS and NCCL initialise.
@@ -14,6 +15,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 
 # cuBLAS is deterministic only with a fixed workspace configuration, read when its first
 # handle is created; torch.use_deterministic_algorithms(True) refuses matmuls without it.
@@ -25,6 +27,7 @@ import torch.utils.deterministic  # noqa: E402,F401  (fill_uninitialized_memory 
 
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+import exposed_comm  # noqa: E402
 import gpt_model  # noqa: E402
 import zerocta_stats  # noqa: E402
 
@@ -85,6 +88,59 @@ class StepTimer:
         return self.start_ev.elapsed_time(self.end_ev)
 
 
+class StepProfiler:
+    """Profiles steps [first, first + count) with torch.profiler and measures their exposed
+    communication from the exported trace (exposed_comm.py).
+
+    CPU activity is recorded as well as CUDA: the step markers (record_function) that delimit
+    the steps in the trace are CPU ranges. The profiler only observes, so the steps compute
+    exactly what they would without it, but they run slower (CUPTI, and the recording of every
+    CPU op); timing_summary leaves them out. The trace goes next to the record (--out:
+    NAME.trace-rankR.json) or into the temporary directory, and is deleted after the analysis
+    unless keep.
+    """
+
+    def __init__(self, first, count, out, rank, keep):
+        self.first, self.count, self.keep = first, count, keep
+        stem = (os.path.splitext(os.path.abspath(out))[0] if out else
+                os.path.join(tempfile.gettempdir(), "profile-%d" % os.getpid()))
+        self.trace_path = "%s.trace-rank%d.json" % (stem, rank)
+        self.result = None  # exposed_comm.analyze's dict, after the last profiled step
+        self._prof = None
+
+    def profiled(self, step):
+        return self.first <= step < self.first + self.count
+
+    def step(self, step):
+        """A context for the timed part of `step`: a marked range while profiling, nothing
+        outside the profiled steps."""
+        return self._profile(step) if self.profiled(step) else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _profile(self, step):
+        if step == self.first:
+            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                            torch.profiler.ProfilerActivity.CUDA])
+            self._prof.start()
+        with torch.profiler.record_function(exposed_comm.STEP_MARKER):
+            yield
+        if step == self.first + self.count - 1:
+            self._prof.stop()
+            self._prof.export_chrome_trace(self.trace_path)
+            self.result = exposed_comm.analyze_trace_file(self.trace_path)
+            if not self.keep:
+                os.remove(self.trace_path)
+
+    def rank_result(self):
+        """This rank's analysis, with the path of its trace if it was kept (else null)."""
+        return dict(self.result, trace=self.trace_path if self.keep else None)
+
+    def record(self, per_rank):
+        """The record's "profile": the steps, every rank's result and all ranks combined."""
+        return {"steps": [self.first, self.first + self.count - 1], "ranks": per_rank,
+                "all_ranks": exposed_comm.combine(per_rank)}
+
+
 # Odd multipliers: a multiplication by an odd number is invertible modulo 2**64, so changing
 # any one element always changes its term, and thus the sum.
 _CHUNK = 1 << 24
@@ -138,9 +194,10 @@ def zerocta_record():
     return rec
 
 
-def timing_summary(step_ms, warmup):
-    """Median/min/max of the steps after `warmup` (each the slowest rank's time)."""
-    timed = step_ms[warmup:]
+def timing_summary(step_ms, warmup, profiled=0):
+    """Median/min/max of the steps after `warmup` and before the last `profiled` ones (each
+    the slowest rank's time)."""
+    timed = step_ms[warmup:len(step_ms) - profiled]
     if not timed:
         return {"timed_steps": 0}
     return {"timed_steps": len(timed), "median_step_ms": statistics.median(timed),
@@ -184,8 +241,9 @@ def common_args(description, steps, warmup):
     return p
 
 
-def train(model, opt, cfg, args, rank, world, device, autocast_dtype=None):
-    """args.steps steps of next-token prediction on synthetic_batch data.
+def train(model, opt, cfg, args, rank, world, device, autocast_dtype=None, profiler=None):
+    """args.steps steps of next-token prediction on synthetic_batch data, the steps of
+    `profiler` (a StepProfiler) profiled.
 
     Returns (loss bits, loss values, step times in ms) of this rank. Rank 0 prints every step.
     """
@@ -200,28 +258,33 @@ def train(model, opt, cfg, args, rank, world, device, autocast_dtype=None):
             x, y = gpt_model.synthetic_batch(step, rank, world, cfg["batch"], cfg["seq"],
                                              cfg["vocab"], args.seed, device)
             opt.zero_grad(set_to_none=True)
-            timer.start()
-            with amp:
-                logits = model(x)
-            loss = gpt_model.lm_loss(logits, y)
-            loss.backward()
-            opt.step()
-            ms = timer.stop()
+            with profiler.step(step) if profiler else contextlib.nullcontext():
+                timer.start()
+                with amp:
+                    logits = model(x)
+                loss = gpt_model.lm_loss(logits, y)
+                loss.backward()
+                opt.step()
+                ms = timer.stop()
             bits.append(loss_bits(loss))
             values.append(loss.item())
             step_ms.append(ms)
             if rank == 0:
+                note = ("  (warm-up)" if step < args.warmup else
+                        "  (profiled)" if profiler and profiler.profiled(step) else "")
                 print("step %3d loss %r bits %08x %9.2f ms%s" %
-                      (step, values[-1], bits[-1], ms,
-                       "  (warm-up)" if step < args.warmup else ""), flush=True)
+                      (step, values[-1], bits[-1], ms, note), flush=True)
     return bits, values, step_ms
 
 
-def report(script, args, cfg, header, local_tensors, bits, values, step_ms, rank, device):
+def report(script, args, cfg, header, local_tensors, bits, values, step_ms, rank, device,
+           profiler=None):
     """Gathers every rank's results, prints the summary (rank 0), writes args.out (rank 0).
 
     header: script-specific fields of the record (name, precision, params, ...).
     local_tensors: this rank's parameters (its shards under FSDP) for the checksum.
+    profiler: the StepProfiler train() ran with, if any: its steps are left out of the timing
+    and the record's "profile" holds every rank's analysis (else null).
     Returns the exit status: 1 if any rank saw a non-finite loss.
     """
     zerocta = zerocta_record()  # before the gathers below add their own NCCL calls
@@ -229,9 +292,10 @@ def report(script, args, cfg, header, local_tensors, bits, values, step_ms, rank
     per_rank = gather_from_ranks({
         "losses_hex": ["%08x" % b for b in bits], "step_ms": step_ms, "checksum": checksum,
         "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
-        "zerocta": zerocta, "finite": all(math.isfinite(v) for v in values)})
+        "zerocta": zerocta, "finite": all(math.isfinite(v) for v in values),
+        "profile": profiler.rank_result() if profiler else None})
     slowest = [max(r["step_ms"][i] for r in per_rank) for i in range(len(step_ms))]
-    timing = timing_summary(slowest, args.warmup)
+    timing = timing_summary(slowest, args.warmup, profiler.count if profiler else 0)
     finite = all(r["finite"] for r in per_rank)
     if rank == 0:
         record = dict(header)
@@ -245,6 +309,7 @@ def report(script, args, cfg, header, local_tensors, bits, values, step_ms, rank
             "checksum": [r["checksum"] for r in per_rank],
             "peak_gib": [r["peak_gib"] for r in per_rank],
             "zerocta": [r["zerocta"] for r in per_rank] if zerocta is not None else None,
+            "profile": profiler.record([r["profile"] for r in per_rank]) if profiler else None,
             "versions": environment_record(),
         })
         if args.out:
@@ -254,6 +319,10 @@ def report(script, args, cfg, header, local_tensors, bits, values, step_ms, rank
               (script, header.get("name", "-"), len(per_rank), values[0], values[-1],
                "" if finite else " (NON-FINITE)", timing.get("median_step_ms", float("nan")),
                timing["timed_steps"], max(r["peak_gib"] for r in per_rank), checksum))
+        if profiler:
+            print("%s: profiled steps %d-%d, all ranks: %s" %
+                  (script, profiler.first, profiler.first + profiler.count - 1,
+                   exposed_comm.describe(record["profile"]["all_ranks"])))
         for line in zerocta_stats.describe(zerocta_stats.snapshot()):
             print("zerocta-stats rank 0: %s" % line)
         sys.stdout.flush()
