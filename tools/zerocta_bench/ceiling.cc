@@ -1,5 +1,6 @@
 // The ceiling path of the sweep: bare peer writes (peer_push.h) timed exactly like the NCCL
 // paths, with the same check, so its busbw is directly comparable.
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -15,18 +16,47 @@ namespace zcb {
 
 namespace {
 
+// GPU g's buffers for one size: fresh, zeroed, after every GPU is done with the previous
+// size's (peers write into this GPU's recv buffer).
+void fresh_buffers(int g, uint64_t chunk, uint64_t total, HostBarrier* barrier,
+                   std::vector<PeerBuffers>* bufs) {
+  PeerBuffers& b = (*bufs)[g];
+  barrier->wait();  // nobody writes the previous buffers any more
+  ZCB_CUDA(cudaFree(b.recv));
+  ZCB_CUDA(cudaFree(b.send));
+  ZCB_CUDA(cudaMalloc(&b.recv, total));
+  ZCB_CUDA(cudaMalloc(&b.send, chunk));
+  ZCB_CUDA(cudaMemset(b.recv, 0, total));
+  ZCB_CUDA(cudaMemset(b.send, 0, chunk));
+  ZCB_CUDA(cudaDeviceSynchronize());
+  barrier->wait();  // every GPU's buffers exist before anyone writes a peer's
+}
+
+// The first pushes on this size's fresh buffers, out of place, every GPU starting together:
+// steady_clock from the call to the end of the stream's synchronize.
+FirstOpResult first_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk,
+                           HostBarrier* barrier, cudaStream_t stream) {
+  barrier->wait();
+  const auto start = std::chrono::steady_clock::now();
+  enqueue_pushes(g, bufs, chunk, false, stream);
+  const auto called = std::chrono::steady_clock::now();
+  ZCB_CUDA(cudaStreamSynchronize(stream));
+  const auto done = std::chrono::steady_clock::now();
+  barrier->wait();  // every GPU's first writes are done before anyone poisons its recv
+  FirstOpResult r{};
+  r.call_ms = std::chrono::duration<double, std::milli>(called - start).count();
+  r.ms = std::chrono::duration<double, std::milli>(done - start).count();
+  return r;
+}
+
 void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barrier,
                  std::vector<PeerBuffers>* bufs) {
   setup_peer_gpu(g, n, ch);
   const int elem = o.dtype.bytes;
-  SweepBuffers sb = sweep_buffers(o, n);
-  ZCB_CUDA(cudaMalloc(&(*bufs)[g].recv, sb.max_recv));
-  ZCB_CUDA(cudaMalloc(&(*bufs)[g].send, sb.max_send));
   cudaStream_t stream;
   ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   IterTimer timer(o.iters);
   WrongCounter wrong;
-  barrier->wait();  // every GPU's buffers exist before anyone reads a peer's
 
   std::vector<uint64_t> sizes = sweep_sizes(o);
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -34,11 +64,13 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
     if (count == 0) continue;
     const uint64_t chunk = count * elem;
     const uint64_t total = chunk * n;
+    fresh_buffers(g, chunk, total, barrier, bufs);
     RowMsg row{};
     row.rank = g;
     row.size_index = static_cast<int32_t>(si);
     row.bytes = total;
     row.count = count;
+    row.first = first_pushes(g, *bufs, chunk, barrier, stream);
     for (int in_place = 0; in_place < 2; ++in_place) {
       PlaceResult& pr = in_place ? row.ip : row.oop;
       const uint64_t seed = pattern_seed(o.seed, static_cast<int>(si), in_place);

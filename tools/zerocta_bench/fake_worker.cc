@@ -1,8 +1,9 @@
 // Synthetic worker for --fake-gpus (see worker.h). The numbers follow a simple bandwidth model
-// per path and op, and a simple start-up model; everything else (unique-id forwarding,
-// barriers, shim detection, init times, route counters, policy counters, faults) goes through
-// the same protocol as the real workers. ZCB_FAKE_NO_POLICY=<path> makes the shim report
-// communicators without the zero-CTA policy.
+// per path and op, and simple start-up and first-op models; everything else (unique-id
+// forwarding, barriers, shim detection, init times, route counters, policy counters, faults)
+// goes through the same protocol as the real workers. ZCB_FAKE_NO_POLICY=<path> makes the shim
+// report communicators without the zero-CTA policy; ZCB_FAKE_FIRST_FALLBACK=<path> sends the
+// first size's first op to NCCL.
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +67,17 @@ void model_init(PathId p, int rank, InitTimesMsg* m) {
   m->first_op_ms = 40.0 + rank + (p == PathId::kZerocta ? 5.0 : 0.0);
 }
 
+// The first op on a size's fresh buffers (ms): a little host work, the op itself, and on
+// zerocta's ce route the import of the peers' allocations (a fixed cost plus one per GiB).
+FirstOpResult model_first_op(PathId p, bool ce_route, double op_us, uint64_t bytes, int rank) {
+  FirstOpResult f{};
+  f.call_ms = 0.02 + 0.001 * rank;
+  if (ce_route) f.call_ms += 1.5 + 4.0 * static_cast<double>(bytes) / (1ull << 30);
+  if (p == PathId::kNcclCe) f.call_ms += 0.1;  // NCCL's first use of the windows
+  f.ms = f.call_ms + op_us / 1000.0;
+  return f;
+}
+
 void send_hello(Channel* ch, int rank, PathId path) {
   HelloMsg h{};
   h.rank = rank;
@@ -96,13 +108,15 @@ void exchange_id(Channel* ch, int rank, PathId path) {
 }
 
 // The shim's routing: only all-gathers of zerocta (and zerocta-auto from 16 MiB) take "ce".
+bool takes_ce(PathId path, CollOp op, uint64_t bytes) {
+  return op == CollOp::kAllGather &&
+         (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20)));
+}
+
 void fill_routes(PathId path, CollOp op, uint64_t bytes, uint64_t calls, bool fallback,
                  uint64_t* r) {
   if (!path_uses_shim(path)) return;
-  const bool ce =
-      op == CollOp::kAllGather &&
-      (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20)));
-  if (ce) {
+  if (takes_ce(path, op, bytes)) {
     r[zerocta_route_ce] = calls - (fallback ? 1 : 0);
     r[zerocta_route_passthrough] = fallback ? 1 : 0;
   } else {
@@ -183,6 +197,14 @@ void fake_sweep(const Options& o, PathId path, const std::vector<int>& ranks, in
       row.size_index = static_cast<int32_t>(si);
       row.count = s.count;
       row.bytes = s.bytes;
+      row.first =
+          model_first_op(path, takes_ce(path, o.op, s.bytes),
+                         model_op_time_us(path, o.op, s.bytes, nranks, 0, rank), s.bytes, rank);
+      if (rank == ranks.front()) {
+        fill_routes(path, o.op, s.bytes, local, si == 0 && fault("ZCB_FAKE_FIRST_FALLBACK", path),
+                    row.first.route_calls);
+        for (int i = 0; i < zerocta_route_count; ++i) totals[i] += row.first.route_calls[i];
+      }
       for (int ip = 0; ip < 2; ++ip) {
         PlaceResult& pr = ip ? row.ip : row.oop;
         pr.mean_us = model_op_time_us(path, o.op, row.bytes, nranks, ip, rank);
@@ -225,6 +247,7 @@ void fake_ceiling_sweep(const Options& o, PathId path, int nranks, Channel* ch) 
       if (row.count == 0) continue;
       row.oop.mean_us = model_time_us(path, row.bytes, 0, g);
       row.oop.median_us = row.oop.mean_us;
+      row.first = model_first_op(path, false, row.oop.mean_us, row.bytes, g);
       row.oop.wrong = o.check ? 0 : -1;
       row.ip = row.oop;
       ch->send(kMsgRow, &row, sizeof(row));

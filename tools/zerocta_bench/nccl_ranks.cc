@@ -219,6 +219,10 @@ void NcclRanks::check_async_error() {
 }
 
 void NcclRanks::free_buffers() {
+  for (const Rank& k : ranks_) {
+    cudaSetDevice(k.rank);
+    cudaDeviceSynchronize();
+  }
   // Windows first, in one group (deregistration is collective), then the memory.
   if (path_ == PathId::kNcclCe) {
     ncclGroupStart();
@@ -241,10 +245,6 @@ void NcclRanks::free_buffers() {
 }
 
 NcclRanks::~NcclRanks() {
-  for (const Rank& k : ranks_) {
-    cudaSetDevice(k.rank);
-    cudaDeviceSynchronize();
-  }
   free_buffers();
   if (size() > 1) {
     // One thread finalizing several communicators: in one group, or the first one's

@@ -43,6 +43,9 @@ class NcclRanks {
   // rank's GPU current, then a symmetric window over it (nccl-ce; collective: every process
   // calls it with the same sizes in the same order), else --alloc (cudaMalloc or cumem).
   std::vector<char*> alloc(size_t bytes);
+  // Frees every buffer alloc() made, newest first, once each local device is idle (nccl-ce:
+  // the windows deregistered in one group first; collective like alloc()).
+  void free_buffers();
 
   // One collective on every local rank, nccl-tests' arguments (count as CollShape::count,
   // ncclSum, root kBroadcastRoot); place[i] and streams[i] belong to local rank i.
@@ -68,7 +71,6 @@ class NcclRanks {
   };
   void create_comms(const ncclUniqueId& id);
   void register_windows(size_t bytes);  // nccl-ce: a window over each rank's newest buffer
-  void free_buffers();
 
   const Options& o_;
   PathId path_;

@@ -17,6 +17,9 @@ constexpr double kStartupCublas = 4.0;
 constexpr double kBusbw = 75e9;
 constexpr double kOpLatency = 40e-6;
 constexpr double kCheckBw = 50e9;  // fill + poison + compare
+// Per size: fresh buffers (allocate, zero, barriers, free; nccl-ce: two window registrations)
+// and the first op's one-time costs on them (zerocta: the peers' allocations imported).
+constexpr double kFreshBuffers = 0.2;
 constexpr double kGemmFlops = 400e12;
 
 // One collective of nccl-tests size `bytes`: busbw = bytes * factor / time.
@@ -39,7 +42,8 @@ double estimate_sweep_s(const Options& o, PathId p, int nranks) {
     const CollShape s = sweep_shape(o, size, nranks);
     if (s.count == 0) continue;
     const double check = o.check ? 0.01 + (s.send_bytes + s.recv_bytes) / kCheckBw : 0;
-    t += 2 * (ops * op_s(o.op, s.bytes, nranks) + check);
+    t += kFreshBuffers + op_s(o.op, s.bytes, nranks) +
+         2 * (ops * op_s(o.op, s.bytes, nranks) + check);
   }
   return t;
 }

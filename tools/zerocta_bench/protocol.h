@@ -70,11 +70,22 @@ struct PlaceResult {
   uint64_t route_calls[zerocta_route_count];  // the op's calls per zerocta route (shim paths)
 };
 
+// The first operation on one size's freshly allocated buffers (out of place, zeroed buffers,
+// entered after a barrier, before the check, the warm-ups and the timed loop): the one-time
+// costs of new buffers (zerocta across processes: exporting and importing the allocations),
+// wall time on steady_clock. With several local ranks, the whole group's.
+struct FirstOpResult {
+  double call_ms;                             // the call alone (enqueue)
+  double ms;                                  // the call to the end of its stream's synchronize
+  uint64_t route_calls[zerocta_route_count];  // its route per zerocta route (shim paths)
+};
+
 struct RowMsg {
   int32_t rank;
   int32_t size_index;
   uint64_t bytes;  // nccl-tests' size column of the op actually run (CollShape::bytes)
   uint64_t count;  // the NCCL call's count argument (CollShape::count)
+  FirstOpResult first;
   PlaceResult oop;
   PlaceResult ip;
 };

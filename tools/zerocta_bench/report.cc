@@ -114,6 +114,9 @@ bool add_row(PathResult* r, const RowMsg& m, int nranks, CollOp op) {
   const bool first = a.reported == 0;
   a.bytes = m.bytes;
   a.count = m.count;
+  a.first.ms = first ? m.first.ms : std::max(a.first.ms, m.first.ms);
+  a.first.call_ms = first ? m.first.call_ms : std::max(a.first.call_ms, m.first.call_ms);
+  for (int i = 0; i < zerocta_route_count; ++i) a.first.routes[i] += m.first.route_calls[i];
   fold(&a.oop, m.oop, first);
   fold(&a.ip, m.ip, first);
   if (++a.reported != nranks) return false;
@@ -180,10 +183,13 @@ double PathResult::avg_busbw() const {
 
 uint64_t PathResult::off_route_calls(int route) const {
   uint64_t n = 0;
-  for (const RowAgg& row : rows)
+  for (const RowAgg& row : rows) {
+    for (int i = 0; i < zerocta_route_count; ++i)
+      if (i != route) n += row.first.routes[i];
     for (const PlaceAgg* p : {&row.oop, &row.ip})
       for (int i = 0; i < zerocta_route_count; ++i)
         if (i != route) n += p->routes[i];
+  }
   return n;
 }
 
@@ -275,12 +281,13 @@ void print_table_header(FILE* f, bool with_routes) {
           "#\n# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
           "in-place          \n",
           "", "", "", "", "");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s%s\n",
+  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s  %9s%s\n",
           "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-          "algbw", "busbw", "#wrong", "oop-med", "ip-med", with_routes ? "  route" : "");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %8s  %8s\n",
+          "algbw", "busbw", "#wrong", "oop-med", "ip-med", "first-op",
+          with_routes ? "  route" : "");
+  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %8s  %8s  %9s\n",
           "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-          "(GB/s)", "", "(us)", "(us)");
+          "(GB/s)", "", "(us)", "(us)", "(ms)");
   fflush(f);
 }
 
@@ -293,11 +300,15 @@ std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool
   for (const PlaceAgg* p : {&row.oop, &row.ip})
     n += snprintf(buf + n, sizeof(buf) - n, "  %7s  %6.2f  %6.2f  %5s",
                   time_str(p->time_us).c_str(), p->algbw, p->busbw, wrong_str(p->wrong).c_str());
-  n += snprintf(buf + n, sizeof(buf) - n, "  %8.2f  %8.2f", row.oop.median_us, row.ip.median_us);
+  n += snprintf(buf + n, sizeof(buf) - n, "  %8.2f  %8.2f  %9.3f", row.oop.median_us,
+                row.ip.median_us, row.first.ms);
   std::string s(buf, static_cast<size_t>(n));
   if (with_routes) {
     std::string a = route_tag(row.oop.routes), c = route_tag(row.ip.routes);
     s += "  " + (a == c ? a : a + "|" + c);
+    // The first op's route only where it differs from the out-of-place calls'.
+    const std::string first = route_tag(row.first.routes);
+    if (first != "-" && first != a) s += " first:" + first;
   }
   return s;
 }

@@ -29,10 +29,18 @@ struct PlaceAgg {
   double busbw = 0;  // algbw * bus_factor(op, n)
 };
 
+// The first op on a size's fresh buffers (FirstOpResult) over ranks.
+struct FirstOpAgg {
+  double ms = 0;       // max over ranks: call to synchronized
+  double call_ms = 0;  // max over ranks: the call alone
+  uint64_t routes[zerocta_route_count] = {};
+};
+
 struct RowAgg {
   uint64_t bytes = 0;
   uint64_t count = 0;
   int reported = 0;  // ranks heard from
+  FirstOpAgg first;
   PlaceAgg oop, ip;
 };
 
@@ -61,8 +69,8 @@ struct PathResult {
   double first_op_ms() const;
   int64_t wrong_total() const;  // over complete rows, -1 when nothing was checked
   double avg_busbw() const;     // over complete rows and both placements, like nccl-tests
-  // zerocta path: timed all-gathers that did not take the ce route (summed over ranks);
-  // off_route_calls: those that did not take `route`.
+  // zerocta path: all-gathers of the rows (first ops, checks, warm-ups, timed loops) that did
+  // not take the ce route (summed over ranks); off_route_calls: those that did not take `route`.
   uint64_t non_ce_calls() const { return off_route_calls(zerocta_route_ce); }
   uint64_t off_route_calls(int route) const;
 };

@@ -1,7 +1,8 @@
 // The comparison printed after the sweep: busbw of every path, each path's time against
-// nccl-kernel per size and placement (and zerocta's busbw ratios for all-gathers), % of the
-// copy-engine ceiling, a summary of the time ratios ("the policy changes this op by N %") and
-// the start-up table (init and first op against nccl-kernel).
+// nccl-kernel per size and placement (and zerocta's busbw ratios for all-gathers), the first
+// op on each size's fresh buffers, % of the copy-engine ceiling, a summary of the time ratios
+// ("the policy changes this op by N %") and the start-up table (init and first op against
+// nccl-kernel).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,10 +33,10 @@ struct Column {
   std::function<double(size_t, bool)> value;
 };
 
-// A comparison table: one row per size and placement (out-of-place rows first), one column
-// per entry; rows no path completed are left out.
+// A comparison table: one row per size and placement (out-of-place rows first; only those with
+// oop_only), one column per entry; rows no path completed are left out.
 void print_table(FILE* f, const BenchReport& b, const std::vector<const PathResult*>& paths,
-                 const std::string& title, const std::vector<Column>& cols) {
+                 const std::string& title, const std::vector<Column>& cols, bool oop_only = false) {
   fprintf(f, "#\n# %s\n", title.c_str());
   std::string h = "#  place          size";
   std::vector<int> widths;
@@ -44,7 +45,7 @@ void print_table(FILE* f, const BenchReport& b, const std::vector<const PathResu
     h += "  " + std::string(widths.back() - c.header.size(), ' ') + c.header;
   }
   fprintf(f, "%s\n", h.c_str());
-  for (int ip = 0; ip < 2; ++ip)
+  for (int ip = 0; ip < (oop_only ? 1 : 2); ++ip)
     for (size_t i = 0; i < b.sizes.size(); ++i) {
       const PathResult* any = nullptr;
       for (const PathResult* p : paths)
@@ -61,7 +62,7 @@ void print_table(FILE* f, const BenchReport& b, const std::vector<const PathResu
 }
 
 // busbw of every path; time ratios against nccl-kernel (with zerocta's busbw ratios for
-// all-gathers); the % of the copy-engine ceiling when it ran.
+// all-gathers); the first op per size; the % of the copy-engine ceiling when it ran.
 void print_comparison_tables(FILE* f, const BenchReport& b,
                              const std::vector<const PathResult*>& paths) {
   const int n = b.nranks;
@@ -96,6 +97,16 @@ void print_comparison_tables(FILE* f, const BenchReport& b,
                 "Time of each path / time of nccl-kernel, " + op +
                     " (> 1: slower than nccl-kernel; mean times, max over ranks)",
                 ratios);
+
+  std::vector<Column> first;
+  for (const PathResult* p : paths)
+    first.push_back({path_name(p->path), "%*.3f", [=](size_t i, bool) {
+                       return p->complete(i, n) ? p->rows[i].first.ms : NAN;
+                     }});
+  print_table(f, b, paths,
+              "First op on each size's fresh buffers (ms, call to synchronized, max over ranks; "
+              "out of place, before the warm-ups)",
+              first, true);
 
   if (ceil) {
     std::vector<Column> pct;

@@ -1,5 +1,6 @@
-// The --json document: machine, options, every path (init times, every row per placement with
-// the route counters and the time ratio against nccl-kernel) and the contention results.
+// The --json document: machine, options, every path (init times, every row's first op on fresh
+// buffers and its placements with the route counters and the time ratio against nccl-kernel)
+// and the contention results.
 // tools/zerocta-plot reads it.
 #include <cmath>
 
@@ -10,8 +11,8 @@ namespace zcb {
 
 namespace {
 
-void write_routes(JsonWriter& w, const uint64_t* routes) {
-  w.key("routes").begin_object();
+void write_routes(JsonWriter& w, const uint64_t* routes, const char* key = "routes") {
+  w.key(key).begin_object();
   for (int i = 0; i < zerocta_route_count; ++i) w.kv(route_name(i), routes[i]);
   w.end_object();
 }
@@ -120,6 +121,9 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
     if (!r.complete(i, b.nranks)) continue;
     const RowAgg& row = r.rows[i];
     w.begin_object().kv("size", row.bytes).kv("count", row.count).kv("type", b.o->dtype.name);
+    // The first op on this size's fresh buffers, max over ranks.
+    w.kv("first_op_ms", row.first.ms).kv("first_op_call_ms", row.first.call_ms);
+    if (shim) write_routes(w, row.first.routes, "first_op_routes");
     write_place(w, "out_of_place", row.oop, shim, time_ratio(&r, kern, i, false, b.nranks));
     write_place(w, "in_place", row.ip, shim, time_ratio(&r, kern, i, true, b.nranks));
     w.end_object();

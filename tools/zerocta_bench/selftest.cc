@@ -1,9 +1,9 @@
 // --self-test: CPU checks of everything in the bench that can be wrong without a GPU: option
 // parsing, sizes and buffers per op, bandwidth math, the reductions' test data, aggregation
-// over ranks, init times and time ratios, route tags, the workers' environment, the JSON
-// writer, cumem chunking, the contention statistics and run order, nvidia-smi parsing, grouped
-// window registration. Prints "N
-// passed, M failed" and exits non-zero on any failure.
+// over ranks (first ops on fresh buffers included), init times and time ratios, route tags,
+// the workers' environment, the JSON writer and the rows' JSON, cumem chunking, the contention
+// statistics and run order, nvidia-smi parsing, grouped window registration. Prints "N passed,
+// M failed" and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -343,8 +343,10 @@ void test_bandwidth_and_rows() {
   a.count = 1 << 17;
   a.oop = {100.0, 90.0, 0, {0, 26, 0}};
   a.ip = {80.0, 70.0, 2, {0, 26, 0}};
+  a.first = {0.3, 0.5, {0, 1, 0}};  // {call_ms, ms, routes}
   b = a;
   b.rank = 1;
+  b.first = {0.2, 2.5, {1, 0, 0}};  // one process's first op went to NCCL
   b.oop = {120.0, 80.0, 0, {1, 25, 0}};
   b.ip = {60.0, 75.0, -1, {0, 26, 0}};
   EXPECT(!add_row(&r, a, 2, CollOp::kAllGather));
@@ -355,7 +357,11 @@ void test_bandwidth_and_rows() {
   EXPECT(row.ip.time_us == 80.0 && row.ip.median_us == 75.0);
   EXPECT(row.oop.wrong == 0 && row.ip.wrong == -1);  // one unchecked rank: not checked
   EXPECT(row.oop.routes[zerocta_route_ce] == 51 && row.oop.routes[zerocta_route_passthrough] == 1);
-  EXPECT(r.non_ce_calls() == 1);
+  // The first op: max over ranks of each time, its routes summed and checked like the others.
+  EXPECT(row.first.ms == 2.5 && row.first.call_ms == 0.3);
+  EXPECT(row.first.routes[zerocta_route_ce] == 1 &&
+         row.first.routes[zerocta_route_passthrough] == 1);
+  EXPECT(r.non_ce_calls() == 2);
   EXPECT(std::fabs(row.oop.busbw - (1 << 20) / 120e3 / 2) < 1e-9);
   EXPECT(route_tag(row.ip.routes) == "ce");
   EXPECT(route_tag(row.oop.routes) == "passthrough:1,ce:51");
@@ -364,8 +370,33 @@ void test_bandwidth_and_rows() {
   std::string line = format_row(row, CollOp::kAllGather, "float", true);
   EXPECT(line.find("1048576") == 0 || line.find(" 1048576 ") != std::string::npos);
   EXPECT(line.find("N/A") != std::string::npos &&
-         line.find("passthrough:1,ce:51|ce") != std::string::npos);
+         line.find("passthrough:1,ce:51|ce first:passthrough:1,ce:1") != std::string::npos);
+  EXPECT(line.find("     2.500  ") != std::string::npos);  // the first-op column, before route
   EXPECT(r.wrong_total() == 0);
+
+  // In the JSON, per row: the first op's times (max over ranks) and, on a shim path, its routes.
+  Options o;
+  BenchReport rep;
+  rep.o = &o;
+  rep.nranks = 2;
+  rep.sizes = {1 << 19, 1 << 20};
+  r.status = "OK";
+  rep.sweep.push_back(r);
+  const std::string json = report_json(rep);
+  EXPECT(json.find("\"first_op_ms\": 2.5,") != std::string::npos);
+  EXPECT(json.find("\"first_op_call_ms\": 0.3,") != std::string::npos);
+  std::string flat = json;  // without the writer's indentation
+  flat.erase(std::remove_if(flat.begin(), flat.end(), [](char c) { return c == ' ' || c == '\n'; }),
+             flat.end());
+  EXPECT(flat.find("\"first_op_routes\":{\"passthrough\":1,\"ce\":1,\"nccl_ce\":0}") !=
+         std::string::npos);
+  rep.sweep.back().path = PathId::kNcclKernel;  // no shim: no routes, still the times
+  const std::string kernel_json = report_json(rep);
+  EXPECT(kernel_json.find("\"first_op_ms\": 2.5,") != std::string::npos &&
+         kernel_json.find("first_op_routes") == std::string::npos);
+  // Single-row line with no route column still prints the first op.
+  EXPECT(format_row(row, CollOp::kAllGather, "float", false).find("     2.500") !=
+         std::string::npos);
   RowMsg bad = a;
   bad.size_index = 7;  // out of range: ignored, not a crash
   EXPECT(!add_row(&r, bad, 2, CollOp::kAllGather));

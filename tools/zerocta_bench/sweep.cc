@@ -1,12 +1,14 @@
 // The bandwidth sweep of one NCCL worker process, for each of its ranks (one, or every rank
-// with --one-process). First the communicators' cost (init, first op), then per size and
-// placement: a checked operation on fresh data (poisoned output; all-gather and broadcast
+// with --one-process). First the communicators' cost (init, first op), then per size: fresh
+// buffers of that size, the first op on them (timed alone: what new buffers cost), and per
+// placement a checked operation on fresh data (poisoned output; all-gather and broadcast
 // compared bitwise, reductions against the exact sum), warm-ups, the timed loop, and the
 // shim's route counters before/after so every row says which route its calls really took.
 #include "sweep.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -28,8 +30,8 @@ static_assert(kBroadcastRoot == 0, "the broadcast check expects the root's patte
 // What the sweep keeps per rank of this process, on that rank's device.
 struct LocalRank {
   int rank = 0;
-  char* a = nullptr;  // the send buffer (largest send_bytes)
-  char* b = nullptr;  // the receive buffer (largest recv_bytes)
+  char* a = nullptr;  // the send buffer (the current size's send_bytes)
+  char* b = nullptr;  // the receive buffer (the current size's recv_bytes)
   std::unique_ptr<IterTimer> timer;
   std::unique_ptr<WrongCounter> wrong;
 };
@@ -102,27 +104,65 @@ int64_t count_wrong(const Options& o, int rank, int nranks, const CollShape& s, 
   return wrong->count_sum(p.recv, s.count, base, nranks, o.dtype.nccl, pat, stream);
 }
 
-// Times the communicators' first collective (at the first size, out of place, zeroed
-// buffers) and reports it with the init time, once per local rank.
-void send_init_times(SweepRanks& w, const CollShape& s, Channel* ch) {
-  const std::vector<Placement> p = w.place(s, false);
+double ms_between(std::chrono::steady_clock::time_point a,
+                  std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Gives every local rank fresh, zeroed buffers of size s (in the same order on every rank:
+// nccl-ce's registrations are collective), after freeing the previous size's once every rank
+// is done with them (a rank's own op can complete while a peer still reads its buffers).
+void fresh_buffers(SweepRanks& w, const CollShape& s, Channel* ch) {
+  if (w.local.front().a) {
+    w.synchronize();
+    ch->agree_max(0);
+    w.nr.free_buffers();
+  }
+  const std::vector<char*> recv = w.nr.alloc(s.recv_bytes);
+  const std::vector<char*> send = w.nr.alloc(s.send_bytes);
   for (size_t i = 0; i < w.local.size(); ++i) {
     w.nr.set_device(static_cast<int>(i));
-    ZCB_CUDA(cudaMemset(w.local[i].a, 0, s.send_bytes));
-    ZCB_CUDA(cudaMemset(w.local[i].b, 0, s.recv_bytes));
+    w.local[i].a = send[i];
+    w.local[i].b = recv[i];
+    ZCB_CUDA(cudaMemset(send[i], 0, s.send_bytes));
+    ZCB_CUDA(cudaMemset(recv[i], 0, s.recv_bytes));
     ZCB_CUDA(cudaDeviceSynchronize());
   }
-  ch->agree_max(0);  // start together: a late peer's start-up is not this rank's first op
+}
+
+// One op out of place on every local rank, entered together (a late peer's allocation or
+// start-up is not this rank's op), timed on steady_clock from the call to the end of the
+// streams' synchronize: the call's host work plus the device's until the op completed.
+// `route_calls` gets the shim's route of this op (the process's counters).
+FirstOpResult timed_op(SweepRanks& w, const CollShape& s, zerocta_op_t counter, Channel* ch) {
+  const std::vector<Placement> p = w.place(s, false);
+  ch->agree_max(0);
+  const RouteCounts before = shim_routes(counter);
   const auto start = std::chrono::steady_clock::now();
   w.op(s, p);
+  const auto called = std::chrono::steady_clock::now();
   w.synchronize();
-  const double first_op_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const auto done = std::chrono::steady_clock::now();
+  w.nr.check_async_error();
+  FirstOpResult r{};
+  r.call_ms = ms_between(start, called);
+  r.ms = ms_between(start, done);
+  const RouteCounts d = shim_routes(counter) - before;
+  for (int i = 0; i < zerocta_route_count; ++i) r.route_calls[i] = d.calls[i];
+  return r;
+}
+
+// Times the communicators' first collective (at the first size, out of place, zeroed buffers
+// of their own, freed afterwards so that the size's row still gets a first op on fresh
+// buffers) and reports it with the init time, once per local rank.
+void send_init_times(SweepRanks& w, const CollShape& s, zerocta_op_t counter, Channel* ch) {
+  fresh_buffers(w, s, ch);
+  const FirstOpResult first = timed_op(w, s, counter, ch);
   for (const LocalRank& l : w.local) {
     InitTimesMsg m{};
     m.rank = l.rank;
     m.init_ms = w.nr.init_ms();
-    m.first_op_ms = first_op_ms;
+    m.first_op_ms = first.ms;
     m.first_op_bytes = s.bytes;
     ch->send(kMsgInitTimes, &m, sizeof(m));
   }
@@ -177,34 +217,14 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
 
 }  // namespace
 
-SweepBuffers sweep_buffers(const Options& o, int nranks) {
-  SweepBuffers b;
-  for (uint64_t size : sweep_sizes(o)) {
-    const CollShape s = sweep_shape(o, size, nranks);
-    if (s.send_bytes > b.max_send) b.max_send = s.send_bytes;
-    if (s.recv_bytes > b.max_recv) b.max_recv = s.recv_bytes;
-  }
-  return b;
-}
-
 void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch) {
   NcclRanks nr(o, path, worker_rank, nranks, ch);
   const zerocta_op_t counter = op_shim_counter(o.op);
-  SweepBuffers sb = sweep_buffers(o, nranks);
-  if (sb.max_send == 0) {
-    send_shim_totals(ch, nr.rank(0), counter);
-    return;
-  }
-  // Allocated once at the largest size (collective on nccl-ce: same order on every rank).
-  const std::vector<char*> recv = nr.alloc(sb.max_recv);
-  const std::vector<char*> send = nr.alloc(sb.max_send);
   SweepRanks w{o, nr, {}, {}};
   for (int i = 0; i < nr.size(); ++i) {
     nr.set_device(i);
     LocalRank l;
     l.rank = nr.rank(i);
-    l.a = send[i];
-    l.b = recv[i];
     l.timer = std::make_unique<IterTimer>(o.iters);  // events on this rank's device
     l.wrong = std::make_unique<WrongCounter>();
     w.local.push_back(std::move(l));
@@ -218,14 +238,21 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
   for (size_t si = 0; si < sizes.size(); ++si) {
     const CollShape s = sweep_shape(o, sizes[si], nranks);
     if (s.count == 0) continue;
-    if (first) send_init_times(w, s, ch);
+    if (first) send_init_times(w, s, counter, ch);
     first = false;
+    // Every size on buffers of its own, so that its first op is the first on those buffers.
+    fresh_buffers(w, s, ch);
     std::vector<RowMsg> rows(w.local.size());
+    const FirstOpResult first_op = timed_op(w, s, counter, ch);
     for (size_t i = 0; i < rows.size(); ++i) {
       rows[i].rank = w.local[i].rank;
       rows[i].size_index = static_cast<int32_t>(si);
       rows[i].bytes = s.bytes;
       rows[i].count = s.count;
+      rows[i].first = first_op;
+      // The shim's counters are the process's: with the first local rank's row.
+      if (i > 0)
+        std::fill(rows[i].first.route_calls, rows[i].first.route_calls + zerocta_route_count, 0);
     }
     for (int in_place = 0; in_place < 2; ++in_place) {
       std::vector<PlaceResult*> out;
@@ -239,7 +266,7 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
     nr.set_device(static_cast<int>(i));
     ZCB_CUDA(cudaStreamDestroy(w.streams[i]));
   }
-  w.local.clear();  // events and counters before the communicators
+  w.local.clear();  // events and counters before the communicators (the buffers go with nr)
   send_shim_totals(ch, nr.rank(0), counter);
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # CPU test of zerocta-bench's parent side on fake GPUs (--fake-gpus: workers send synthetic
 # rows and contention numbers, no CUDA): launcher, unique-id forwarding, barriers, LD_PRELOAD
-# handling, every --op and its path list, init times, --one-process and --alloc, the contention
-# study's repeats, rotation, medians, placements, modes and GPU readings, tables, JSON, timeouts
-# and fault handling; then tools/zerocta-plot on the JSON.
+# handling, every --op and its path list, init times, first ops on fresh buffers,
+# --one-process and --alloc, the contention study's repeats, rotation, medians, placements,
+# modes and GPU readings, tables, JSON, timeouts and fault handling; then tools/zerocta-plot on
+# the JSON.
 # Usage: test_fake_run.sh path/to/zerocta-bench path/to/zerocta-plot   (ZEROCTA_LIB = the shim)
 set -u
 BENCH=$1
@@ -42,6 +43,10 @@ check "clean run says OK" contains "$TMP/ok.txt" "# zerocta-bench: OK"
 check "zerocta ranks load the shim" contains "$TMP/ok.txt" "zerocta 0\.1"
 check "route column shows ce" grep -qE " ce$" "$TMP/ok.txt"
 check "comparison table" contains "$TMP/ok.txt" "zc/kernel"
+check "first-op column" grep -qE "^#  +size .* ip-med +first-op  route$" "$TMP/ok.txt"
+check "first-op unit" grep -qE "^#  +\(B\) .* \(us\) +\(ms\)$" "$TMP/ok.txt"
+check "first-op value before the route" grep -qE "^ +67108864 .* [0-9]+\.[0-9]{3}  ce$" "$TMP/ok.txt"
+check "first-op comparison table" contains "$TMP/ok.txt" "^# First op on each size's fresh buffers (ms"
 check "contention table" contains "$TMP/ok.txt" "slowdown"
 check "contention tables per placement" test "$(grep -c '^# Contention, .* all-gathers (fixed mode)' \
   "$TMP/ok.txt")" -eq 2
@@ -68,6 +73,17 @@ for name in names[:-1]:
     assert p["init_ms"] == max(r["init_ms"] for r in p["init_per_rank"]), p
     assert len(p["init_per_rank"]) == 2 and p["first_op_ms"] > 0, p
 assert paths["zerocta"]["init_ms"] > paths["nccl-kernel"]["init_ms"] + 100  # the pool
+# The first op on each size's fresh buffers: every row of every path, max over ranks, the call
+# inside it; its route on the shim paths only (zerocta's ce, with the peers' imports).
+for p in d["paths"]:
+    for r in p["rows"]:
+        assert 0 < r["first_op_call_ms"] <= r["first_op_ms"] < 100, (p["name"], r)
+        assert ("first_op_routes" in r) == p["uses_shim"], (p["name"], r)
+for zr, kr in zip(paths["zerocta"]["rows"], paths["nccl-kernel"]["rows"]):
+    assert zr["first_op_routes"] == {"passthrough": 0, "ce": 2, "nccl_ce": 0}, zr
+    assert zr["first_op_ms"] > kr["first_op_ms"] + 1, (zr, kr)
+auto = paths["zerocta-auto"]["rows"]
+assert auto[0]["first_op_routes"]["passthrough"] == 2 and auto[-1]["first_op_routes"]["ce"] == 2
 assert paths["nccl-policy"]["init_call"] == "ncclCommInitRankConfig"
 assert paths["nccl-kernel"]["time_vs_nccl_kernel"]["median"] == 1.0
 r = paths["nccl-policy"]["rows"][0]["in_place"]
@@ -126,6 +142,10 @@ assert d["result"] == "OK" and d["options"]["alloc"] == "cumem" and d["options"]
 for p in d["paths"]:
     assert p["processes"] == 1 and len({r["pid"] for r in p["ranks"]}) == 1, p
     assert p["alloc"] == ("ncclMemAlloc+window" if p["name"] == "nccl-ce" else "cumem"), p
+    assert all(r["first_op_ms"] > 0 for r in p["rows"]), p
+# One process: its first op's calls (one per GPU, in one group) counted once, with the first
+# GPU's row.
+assert all(r["first_op_routes"]["passthrough"] == 2 for r in d["paths"][1]["rows"])
 assert d["paths"][1]["shim_totals"]["comms_zero_policy"] == 2
 assert [c["path"] for c in d["contention"]] == ["nccl-kernel", "zerocta", "bare-ce"]
 ops = {}
@@ -173,6 +193,7 @@ factor = {"allreduce": 1.5, "reducescatter": 0.75, "broadcast": 1.0}[op]  # 4 ra
 for p in d["paths"]:
     assert p["status"] == "OK" and len(p["rows"]) == 3, p
     assert p["init_ms"] > 0 and p["first_op_ms"] > 0 and len(p["init_per_rank"]) == 4, p
+    assert all(0 < r["first_op_ms"] < p["first_op_ms"] for r in p["rows"]), p
     for r in p["rows"]:
         for place in ("out_of_place", "in_place"):
             x = r[place]
@@ -250,6 +271,12 @@ check "fallback reported" contains "$TMP/fb.txt" "did not take zerocta's ce rout
 ZCB_FAKE_FALLBACK=zerocta "$BENCH" --fake-gpus 2 --quick --paths zerocta --allow-fallback \
   >"$TMP/fb2.txt" 2>&1
 check "--allow-fallback exits 0" test $? -eq 0
+ZCB_FAKE_FIRST_FALLBACK=zerocta "$BENCH" --fake-gpus 2 --quick --paths zerocta >"$TMP/fb3.txt" 2>&1
+check "first-op fallback exits 1" test $? -eq 1
+check "first-op fallback reported" contains "$TMP/fb3.txt" \
+  "Path zerocta: FAILED .*: 2 all-gathers did not take zerocta's ce route"
+check "first-op fallback in the route column" grep -qE "^ +1048576 .*  ce first:passthrough$" \
+  "$TMP/fb3.txt"
 
 # 4. The shim is required for the zerocta paths, stripped from the others.
 "$BENCH" --fake-gpus 2 --quick --paths zerocta --zerocta-lib "$TMP/none.so" >"$TMP/nolib.txt" 2>&1
