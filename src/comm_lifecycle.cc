@@ -7,6 +7,7 @@
 #include "comm_create.h"
 #include "comm_state.h"
 #include "cuda_driver.h"
+#include "group_state.h"
 #include "route_setup.h"
 #include "shim_entry.h"
 #include "stats.h"
@@ -157,16 +158,29 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   return r;
 }
 
+namespace {
+void remember_window(CommState& st, void* buff, size_t size, ncclWindow_t win) {
+  std::lock_guard<std::mutex> lock(st.windows_mu);
+  st.app_windows.push_back({reinterpret_cast<uintptr_t>(buff), size, win});
+  st.has_app_windows.store(true);
+}
+}  // namespace
+
 ZC_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                               ncclWindow_t* win, int winFlags) {
   ZC_PROLOGUE(e, ncclCommWindowRegister, (comm, buff, size, win, winFlags));
   ncclResult_t r = e.real->ncclCommWindowRegister(comm, buff, size, win, winFlags);
-  if (r == ncclSuccess && win && *win && (winFlags & NCCL_WIN_COLL_SYMMETRIC))
-    if (auto st = comm_lookup(comm)) {
-      std::lock_guard<std::mutex> lock(st->windows_mu);
-      st->app_windows.push_back({reinterpret_cast<uintptr_t>(buff), size, *win});
-      st->has_app_windows.store(true);
-    }
+  if (r != ncclSuccess || !win || !(winFlags & NCCL_WIN_COLL_SYMMETRIC)) return r;
+  auto st = comm_lookup(comm);
+  if (!st) return r;
+  // Inside an application group NCCL writes *win only at the group's end (2.28); the caller's
+  // pointer stays valid until then, NCCL's contract.
+  if (group_state().depth > 0)
+    group_state().after_end.push_back([st, buff, size, win] {
+      if (*win) remember_window(*st, buff, size, *win);
+    });
+  else if (*win)
+    remember_window(*st, buff, size, *win);
   return r;
 }
 

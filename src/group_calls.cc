@@ -23,6 +23,9 @@ ncclResult_t group_end(const RealNccl& real) {
   for (auto& [st, plan] : joins) route_join(*st, plan);
   ncclResult_t r = real.ncclGroupEnd();
   g.depth = 0;
+  auto after_end = std::move(g.after_end);
+  g.after_end.clear();
+  for (auto& read : after_end) read();
   children_at_group_end(r);
   auto freezes = std::move(g.pending_freezes);
   auto ops = std::move(g.pending_ops);

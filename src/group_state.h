@@ -1,8 +1,9 @@
 // The application's NCCL group nesting on this thread, and what zerocta does at the outermost
 // ncclGroupEnd: before forwarding it, the channel joins of communicators created inside the
 // group (NCCL starts their init only there, so every join still precedes every init's
-// completion); after it, the freeze of the blocking ones NCCL has now completed, and the
-// copy-engine all-gathers issued inside the group, in program order (the same on every rank).
+// completion); after it, what NCCL filled in only then (windows), the freeze of the blocking
+// ones NCCL has now completed, and the copy-engine all-gathers issued inside the group, in
+// program order (the same on every rank).
 #pragma once
 
 #include <nccl.h>
@@ -22,6 +23,9 @@ struct GroupState {
   std::vector<std::pair<std::shared_ptr<CommState>, JoinPlan>> pending_joins;
   std::vector<std::shared_ptr<CommState>> pending_freezes;
   std::vector<std::function<ncclResult_t()>> pending_ops;
+  // What NCCL hands out only at the group's end (a window registered inside the group), read
+  // right after it.
+  std::vector<std::function<void()>> after_end;
 };
 
 GroupState& group_state();  // this thread's

@@ -117,6 +117,9 @@ FAKE_HIDDEN void group_leave();
 // Inside a group: queues an operation (logged now as "<line> -> 0 queued", launched at the
 // outermost group end) and returns true. Outside a group: false.
 FAKE_HIDDEN bool queue_if_grouped(const std::string& line, ncclComm_t comm);
+// Inside a group: keeps `win` to be written to *out at the outermost group end (NCCL 2.28
+// fills a window registered in a group only there) and returns true. Outside a group: false.
+FAKE_HIDDEN bool defer_window_if_grouped(ncclWindow_t* out, ncclWindow_t win);
 // NCCL's ncclCommEnsureReady: ncclInvalidArgument while `comm` is in progress, its error once
 // its init failed, ncclSuccess otherwise (and for handles that are not live fake comms).
 FAKE_HIDDEN ncclResult_t ensure_ready(ncclComm_t comm);

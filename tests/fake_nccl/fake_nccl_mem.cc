@@ -87,8 +87,12 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
     delete w;
     return finish(line, inner);
   }
-  *win = reinterpret_cast<ncclWindow_t>(w);
   fake::register_object(fake::Kind::kWin, w);
+  if (fake::defer_window_if_grouped(win, reinterpret_cast<ncclWindow_t>(w))) {
+    fake::log_line(line + " -> 0 win=" + name_of(w) + " at group end");
+    return ncclSuccess;
+  }
+  *win = reinterpret_cast<ncclWindow_t>(w);
   fake::log_line(line + " -> 0 win=" + name_of(w));
   return ncclSuccess;
 }

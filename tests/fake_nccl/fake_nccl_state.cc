@@ -77,6 +77,7 @@ struct Group {
   int depth = 0;
   std::vector<Comm*> inits;  // deferred inits, splits and shrinks, in call order
   std::vector<QueuedOp> ops;
+  std::vector<std::pair<ncclWindow_t*, ncclWindow_t>> windows;  // written at the group's end
 };
 thread_local Group t_group;
 // The fake's own "NCCL thread": its polls are NCCL asking itself, they make no progress.
@@ -314,11 +315,21 @@ ncclResult_t ensure_ready(ncclComm_t comm) {
   }
 }
 
+bool defer_window_if_grouped(ncclWindow_t* out, ncclWindow_t win) {
+  if (t_group.depth == 0) return false;
+  t_group.windows.emplace_back(out, win);
+  return true;
+}
+
 ncclResult_t group_finish(bool simulate, std::string* summary) {
   std::vector<Comm*> inits;
   std::vector<QueuedOp> ops;
   inits.swap(t_group.inits);
   ops.swap(t_group.ops);
+  // As NCCL 2.28: a window registered inside a group is handed out only now.
+  for (auto& [out, win] : t_group.windows) *out = win;
+  if (!t_group.windows.empty()) *summary += strf(" windows=%zu", t_group.windows.size());
+  t_group.windows.clear();
 
   std::vector<Comm*> now, async;
   for (Comm* c : inits) {

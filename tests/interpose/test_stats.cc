@@ -252,6 +252,28 @@ TEST(Stats, PerRankFileFromHostAndRankPatterns) {
   unlink(path.c_str());
 }
 
+// An all-gather on buffers the application registered as a symmetric window is NCCL's own
+// copy-engine op (route nccl-ce: moved off the legacy stream where NCCL needs it). Registered
+// inside a group, the window exists only after the group's end (NCCL 2.28, and the fake):
+// the shim must read it there, not at the call.
+TEST(Stats, AllGatherInAWindowRegisteredInsideAGroupIsNcclCe) {
+  for (const char* how : {"window", "groupwindow"}) {
+    SCOPED_TRACE(how);
+    Scratch s;
+    RunSpec spec;
+    spec.argv = {driver("drv_script"), "init", how, "allgather", "stats:after", "destroy"};
+    RunResult r = run(spec, s);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_EQ(r.num(how), 0) << r.describe();
+    EXPECT_EQ(r.num("window_handed_out"), 1) << r.describe();
+    if (std::string(how) == "groupwindow") {
+      EXPECT_EQ(r.num("window_before_end"), 0) << "the fake hands the window out at once";
+    }
+    EXPECT_EQ(r.num("stats.after.allgather.nccl-ce.calls"), 1) << r.describe();
+    EXPECT_EQ(r.num("stats.after.allgather.passthrough.calls"), 0) << r.describe();
+  }
+}
+
 TEST(Stats, NothingWhenUnset) {
   Scratch scratch;
   RunResult r = run_counted({}, scratch);

@@ -2,6 +2,8 @@
 // each step in order (step names get a ".N" suffix when repeated).
 //
 //   pid version uniqueid init asyncerror allgather allreduce bcast shrink destroy
+//   window (the all-gather's buffers registered as a symmetric window) groupwindow (the same
+//   inside ncclGroupStart/End: NCCL hands the window out only at the group's end)
 //   stats:<tag>  marker:<text>  setdev:<n> (fake driver)  getdev
 //
 // "init" is ncclGetUniqueId + ncclCommInitRank(nranks 2, rank 0) on the current device.
@@ -48,6 +50,20 @@ bool run_step(const std::string& step) {
   } else if (step == "asyncerror") {
     ncclResult_t e = ncclInProgress;
     result("asyncerror", ncclCommGetAsyncError(g_comm, &e));
+  } else if (step == "window" || step == "groupwindow") {
+    // fake_buffer(1) and (2), the all-gather's send and receive buffers, lie 1 MiB apart.
+    static ncclWindow_t win = nullptr;
+    const bool grouped = step == "groupwindow";
+    if (grouped) ncclGroupStart();
+    ncclResult_t r =
+        ncclCommWindowRegister(g_comm, drv::fake_buffer(1), 2 << 20, &win, NCCL_WIN_COLL_SYMMETRIC);
+    if (grouped) {
+      result("window_before_end", win != nullptr);
+      const ncclResult_t end = ncclGroupEnd();
+      if (r == ncclSuccess) r = end;
+    }
+    result(step, r);
+    result("window_handed_out", win != nullptr);
   } else if (step == "allgather") {
     result("allgather", ncclAllGather(drv::fake_buffer(1), drv::fake_buffer(2), 1024, ncclFloat32,
                                       g_comm, stream()));
