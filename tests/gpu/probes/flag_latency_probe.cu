@@ -1,0 +1,129 @@
+// How long one flag handshake between two GPUs takes, by where the flags live: the route's
+// per-op protocol is a few such handshakes (ready, done), so their latency is part of the
+// fixed cost that keeps a 256 MiB all-gather below the copy engines' ceiling.
+//
+//   nvcc -O2 -o flag_probe tests/gpu/probes/flag_latency_probe.cu -lcuda && ./flag_probe
+//
+// Two streams, one per GPU, ping-pong N times: A writes ping = i and waits pong >= i; B waits
+// ping >= i and writes pong = i. All 2N operations per stream are queued at once, so the time
+// per round trip is the devices' own latency, not the host's. Placements:
+//   host     both flags in pinned host memory (cuMemHostRegister, what the route uses now)
+//   device   each flag in the memory of the GPU that waits on it; the other GPU writes it
+//            over NVLink (what NCCL's copy-engine collectives do)
+// Prints the median of 5 runs of N = 2000 round trips per placement.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                            \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+#define CU(x)                                                                   \
+  do {                                                                          \
+    CUresult r_ = (x);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      const char* s_ = nullptr;                                                 \
+      cuGetErrorString(r_, &s_);                                                \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+namespace {
+
+constexpr int kTrips = 2000;
+constexpr int kRuns = 5;
+
+struct Flags {
+  CUdeviceptr ping = 0, pong = 0;  // as both GPUs address them (unified addressing)
+};
+
+// Microseconds per round trip, median of kRuns.
+double ping_pong(const Flags& f, cudaStream_t a, cudaStream_t b, cudaEvent_t start, cudaEvent_t end,
+                 uint32_t* base) {
+  std::vector<double> us;
+  for (int run = 0; run < kRuns; ++run) {
+    const uint32_t first = *base + 1;
+    *base += kTrips;
+    CK(cudaSetDevice(0));
+    CK(cudaEventRecord(start, a));
+    for (int i = 0; i < kTrips; ++i) {
+      CU(cuStreamWriteValue32(reinterpret_cast<CUstream>(a), f.ping, first + i, 0));
+      CU(cuStreamWaitValue32(reinterpret_cast<CUstream>(a), f.pong, first + i,
+                             CU_STREAM_WAIT_VALUE_GEQ));
+    }
+    CK(cudaEventRecord(end, a));
+    CK(cudaSetDevice(1));
+    for (int i = 0; i < kTrips; ++i) {
+      CU(cuStreamWaitValue32(reinterpret_cast<CUstream>(b), f.ping, first + i,
+                             CU_STREAM_WAIT_VALUE_GEQ));
+      CU(cuStreamWriteValue32(reinterpret_cast<CUstream>(b), f.pong, first + i, 0));
+    }
+    CK(cudaSetDevice(0));
+    CK(cudaEventSynchronize(end));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, end));
+    us.push_back(ms * 1000.0 / kTrips);
+  }
+  std::sort(us.begin(), us.end());
+  return us[kRuns / 2];
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n < 2) {
+    printf("flag_latency_probe: needs 2 GPUs, found %d\n", n);
+    return 0;
+  }
+  CU(cuInit(0));
+  cudaStream_t a, b;
+  cudaEvent_t start, end;
+  CK(cudaSetDevice(1));
+  CK(cudaDeviceEnablePeerAccess(0, 0));
+  CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  CK(cudaSetDevice(0));
+  CK(cudaDeviceEnablePeerAccess(1, 0));
+  CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&end));
+
+  // Host: one page, registered for every device (portable), as the route's op region.
+  void* page = aligned_alloc(4096, 4096);
+  std::fill_n(static_cast<uint32_t*>(page), 1024, 0u);
+  CK(cudaHostRegister(page, 4096, cudaHostRegisterPortable | cudaHostRegisterMapped));
+  uint32_t* host = static_cast<uint32_t*>(page);
+  Flags in_host{reinterpret_cast<CUdeviceptr>(host), reinterpret_cast<CUdeviceptr>(host + 16)};
+
+  // Device: ping waited on by GPU 1 lives on GPU 1; pong waited on by GPU 0 lives on GPU 0.
+  void *ping_dev = nullptr, *pong_dev = nullptr;
+  CK(cudaSetDevice(1));
+  CK(cudaMalloc(&ping_dev, 4096));
+  CK(cudaMemset(ping_dev, 0, 4096));
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc(&pong_dev, 4096));
+  CK(cudaMemset(pong_dev, 0, 4096));
+  CK(cudaDeviceSynchronize());
+  Flags in_device{reinterpret_cast<CUdeviceptr>(ping_dev), reinterpret_cast<CUdeviceptr>(pong_dev)};
+
+  uint32_t host_base = 0, device_base = 0;
+  ping_pong(in_host, a, b, start, end, &host_base);  // warm-up
+  ping_pong(in_device, a, b, start, end, &device_base);
+  const double h = ping_pong(in_host, a, b, start, end, &host_base);
+  const double d = ping_pong(in_device, a, b, start, end, &device_base);
+  printf("flag round trip between GPU 0 and GPU 1 (median of %d runs of %d):\n", kRuns, kTrips);
+  printf("  host     pinned host memory, both GPUs poll it      %.2f us\n", h);
+  printf("  device   each flag in its waiter's memory, NVLink write  %.2f us\n", d);
+  return 0;
+}
