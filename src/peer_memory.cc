@@ -16,7 +16,7 @@ namespace {
 constexpr int kFdTimeoutMs = 5000;
 // Asking an owner which allocations it still exports is housekeeping on the application's
 // thread: it gives up soon and tries again later.
-constexpr int kFdAskTimeoutMs = 200;
+constexpr int kFdAskTimeoutMs = 50;
 
 // Whether the op behind `d` has finished its copies (flags compare as wrapping counters).
 bool finished(const DoneMark& d) {
