@@ -301,10 +301,13 @@ ZC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   ZC_PROLOGUE(e, ncclGroupSimulateEnd, (simInfo));
   GroupState& g = group_state();
   if (g.depth > 0) g.depth--;
-  if (g.depth == 0) {
-    g.pending_ops.clear();
-    g.pending_joins.clear();
-    g.pending_freezes.clear();
-  }
-  return e.real->ncclGroupSimulateEnd(simInfo);
+  if (g.depth != 0) return e.real->ncclGroupSimulateEnd(simInfo);
+  g.pending_ops.clear();
+  g.pending_joins.clear();
+  g.pending_freezes.clear();
+  auto after_end = std::move(g.after_end);
+  g.after_end.clear();
+  const ncclResult_t r = e.real->ncclGroupSimulateEnd(simInfo);
+  for (auto& read : after_end) read();  // what NCCL handed out, if it did
+  return r;
 }
