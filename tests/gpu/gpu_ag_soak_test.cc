@@ -21,6 +21,13 @@
 //     one-thread kernel on the op's stream), so its peers wait on its flags and reuse slots
 //     while it lags
 //   ZEROCTA_SOAK_VERBOSE=1: print every iteration's plan
+//   ZEROCTA_SOAK_ALLOC=cumem|cudamalloc|mixed (cumem): the all-gather buffers as PyTorch's
+//     expandable segments hand them out (exportable cuMem in 20 MiB pieces, so a large op spans
+//     several allocations; what zerocta's route reaches across processes), plain cudaMalloc
+//     (unreachable from another process: every op goes to NCCL), or cudaMalloc on rank 0 only
+//     (one rank without expandable segments: the op's route then depends on who arrives first)
+//   ZEROCTA_SOAK_REALLOC_EVERY=N (50): every N iterations the buffers are freed and allocated
+//     anew, so they move and the peers' imports of the old ones must go (0: never)
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -33,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "cumem_buffer.h"
 #include "gpu_gtest.h"
 #include "gpu_kernels.h"
 #include "mp_harness.h"
@@ -110,12 +118,26 @@ struct SoakResult {
   int shim_loaded;
 };
 
+enum class SoakAlloc { kCumem, kCudaMalloc, kMixed };
+
 struct Config {
   long iters;
   uint64_t seed;
   size_t max_total;
   int nranks;
+  SoakAlloc alloc;
+  long realloc_every;
 };
+
+SoakAlloc read_alloc() {
+  const char* v = getenv("ZEROCTA_SOAK_ALLOC");
+  const std::string s = v ? v : "cumem";
+  if (s == "cudamalloc") return SoakAlloc::kCudaMalloc;
+  if (s == "mixed") return SoakAlloc::kMixed;
+  if (s != "cumem")
+    fprintf(stderr, "soak: ZEROCTA_SOAK_ALLOC=%s unknown, using cumem\n", s.c_str());
+  return SoakAlloc::kCumem;
+}
 
 Config read_config() {
   Config c;
@@ -124,6 +146,8 @@ Config read_config() {
   c.max_total = static_cast<size_t>(env_long("ZEROCTA_SOAK_MAX_BYTES", 512L << 20));
   c.nranks = static_cast<int>(
       env_long("ZEROCTA_SOAK_NRANKS", std::min(8, std::max(2, visible_gpu_count()))));
+  c.alloc = read_alloc();
+  c.realloc_every = env_long("ZEROCTA_SOAK_REALLOC_EVERY", 50);
   return c;
 }
 
@@ -145,17 +169,15 @@ class Soak {
     const size_t slack = kMaxOps * (kMaxOffset + kGuard + 2 * kAlign);
     out_capacity_ = cfg.max_total + slack;
     send_capacity_ = cfg.max_total / static_cast<size_t>(ctx.nranks) + slack;
-    ZG_CUDA(cudaMalloc(&recv_, out_capacity_));
+    allocate_user_buffers();
     ZG_CUDA(cudaMalloc(&ref_, out_capacity_));
-    ZG_CUDA(cudaMalloc(&send_, send_capacity_));
     ZG_CUDA(cudaMalloc(&counts_, sizeof(VerifyCounts) * kMaxOps));
   }
 
   ~Soak() {
     if (std::uncaught_exceptions() > 0) return;  // possibly hung GPU: leave it to _exit
-    cudaFree(recv_);
+    free_user_buffers();
     cudaFree(ref_);
-    cudaFree(send_);
     cudaFree(counts_);
     cudaStreamDestroy(nonblocking_);
     cudaStreamDestroy(blocking_);
@@ -185,6 +207,11 @@ class Soak {
         run_eager(it, plan);
       }
       ++iterations_;
+      if (cfg_.realloc_every > 0 && (it + 1) % cfg_.realloc_every == 0) {
+        // Every op of the iteration has been checked, so nothing of it still runs.
+        free_user_buffers();
+        allocate_user_buffers();
+      }
       publish_counts();  // so the parent has them even if a later iteration kills the rank
       heartbeat();
       if (ctx_.rank == 0 && (it + 1) % 1000 == 0) {
@@ -210,6 +237,31 @@ class Soak {
   }
 
  private:
+  // The buffers the all-gathers read and write (ref_, NCCL's reference output, stays put).
+  bool cumem_buffers() const {
+    return cfg_.alloc == SoakAlloc::kCumem || (cfg_.alloc == SoakAlloc::kMixed && ctx_.rank != 0);
+  }
+  void allocate_user_buffers() {
+    constexpr size_t kPiece = size_t{20} << 20;  // PyTorch's expandable-segment chunk
+    if (cumem_buffers()) {
+      recv_ = cumem_alloc(out_capacity_, kPiece);
+      send_ = cumem_alloc(send_capacity_, kPiece);
+    } else {
+      ZG_CUDA(cudaMalloc(&recv_, out_capacity_));
+      ZG_CUDA(cudaMalloc(&send_, send_capacity_));
+    }
+  }
+  void free_user_buffers() {
+    if (cumem_buffers()) {
+      cumem_free(recv_);
+      cumem_free(send_);
+    } else {
+      cudaFree(recv_);
+      cudaFree(send_);
+    }
+    recv_ = send_ = nullptr;
+  }
+
   // Bytes per rank for one op whose total output may not exceed `cap`: log-uniform total,
   // sometimes snapped next to a power of two, rounded down to whole elements.
   void draw_size(OpPlan& op, size_t cap) {
