@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -209,6 +210,18 @@ void expect_nothing_left(const RunResult& r, int k) {
   EXPECT_EQ(rnum(r, k, "end.pool_bytes"), 0);
   for (const char* kind : {"alloc", "reserve", "map", "stream", "event", "hostreg"})
     EXPECT_EQ(rnum(r, k, std::string("end.live_") + kind), 0) << kind << " left in the driver";
+}
+
+// A rank's ZEROCTA_STATS file written as <scratch>/stats-<pid>.json (at its teardown).
+std::string stats_file(const Scratch& s, const std::string& pid) {
+  std::ifstream file(s.dir() + "/stats-" + pid + ".json");
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+// The number after "key": in a flat JSON text, -1 when absent.
+long long json_number(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  return at == std::string::npos ? -1 : std::atoll(json.c_str() + at + key.size() + 3);
 }
 
 // Every rank committed and its all-gather took the route, moving real data between the two
@@ -1213,9 +1226,12 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   Scratch s, chan, rdv;
   RunResult r = run_route(
       {"ranks", "2", "basic"},
-      with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_REPEAT", std::to_string(kOps)}}), s);
+      with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_REPEAT", std::to_string(kOps)},
+                                                    {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}}),
+      s);
   expect_clean_pair(r, chan);
   int copies = 0;
+  long long pairs = 0;
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     const std::string pid = pid_of(r, k);
@@ -1225,10 +1241,14 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
     EXPECT_LE(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 2) << r.describe();
     EXPECT_LE(cuda_calls(r, "cuMemExportToShareableHandle", pid), 2) << r.describe();
     copies += cuda_calls(r, "cuMemcpyAsync", pid);
+    const std::string json = stats_file(s, pid);
+    pairs += json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both");
     expect_nothing_left(r, k);
   }
   // Per op: each rank's own chunk, and the two chunks that cross, whoever copies them.
   EXPECT_EQ(copies, 4 * kOps) << r.describe();
+  // Per op one pair, settled and counted by its later rank.
+  EXPECT_EQ(pairs, kOps) << r.describe();
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
@@ -1266,9 +1286,7 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
     EXPECT_GE(cuda_calls(r, "cuMemUnmap", pid), imports - 16) << r.describe();
     // The stats file (written at the communicator's teardown) counts the same mappings, and
     // the releases unmapped some of them.
-    std::ifstream file(s.dir() + "/stats-" + pid + ".json");
-    const std::string json((std::istreambuf_iterator<char>(file)),
-                           std::istreambuf_iterator<char>());
+    const std::string json = stats_file(s, pid);
     EXPECT_TRUE(contains(json, "\"peer_mappings\":" + std::to_string(imports) + ",")) << json;
     EXPECT_FALSE(contains(json, "\"peer_unmapped_bytes\":0}")) << json;
     expect_nothing_left(r, k);
