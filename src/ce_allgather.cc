@@ -77,11 +77,75 @@ bool same_process(const CommState& st, int p) {
   return st.members[static_cast<size_t>(p)].pid == static_cast<int32_t>(getpid());
 }
 
+bool peer_failed(const CommState& st) {
+  return st.poisoned.load() != ncclSuccess || route_peer_poison(st) != ncclSuccess;
+}
+
+// How long a later rank waits for an earlier one to publish its stage. That rank is inside the
+// op already, doing host work only (an allocation the first time, an export): a wait this long
+// means it died or hangs, and the op fails rather than waits on.
+constexpr int64_t kStageWaitUs = 10 * 1000 * 1000;
+
+// This rank's buffers cannot be reached and ranks arrive after it: makes it reachable through
+// its stage for op `seq` (grown if needed, stage_buffer.h) and publishes the stage.
+bool stage_mine(CommState& st, uint64_t seq, uint64_t chunk, uint64_t* stage, const char** why) {
+  CeComm& ce = *st.ce;
+  const CudaDriver& cu = *cuda_driver();
+  const uint32_t me = static_cast<uint32_t>(st.rank);
+  const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
+  if (!ce.stage) ce.stage.reset(new StageBuffer(st.device));
+  // An outgrown stage was last used by the op before this one, all of whose work on this rank
+  // precedes this op's ready flag on the push stream.
+  const DoneMark outgrown{ce.ops->ready_flag(me, seq), static_cast<uint32_t>(seq)};
+  if (!ce.stage->ensure(cu, total, ce.needs, outgrown, why)) return false;
+  OpStage published;
+  published.addr = ce.stage->addr();
+  published.bytes = total;
+  OpBuffer described;
+  if (!describe_buffer(cu, published.addr, total, ce.needs, &described) || described.nextents > 1) {
+    *why = "its stage cannot be reached by its peers";
+    return false;
+  }
+  if (described.nextents == 1) published.extent = described.extents[0];
+  ce.ops->publish_stage(me, seq, published);
+  stats_op_staged();
+  *stage = published.addr;
+  return true;
+}
+
+// Earlier rank p's post for op `seq` names buffers no peer can reach: replaces its buffers with
+// its stage, waiting for p to publish it.
+bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* post,
+                  const char** why) {
+  OpStage s;
+  const int64_t deadline = now_us() + kStageWaitUs;
+  for (uint32_t spins = 0; !st.ce->ops->read_stage(static_cast<uint32_t>(p), seq, &s); ++spins) {
+    if (peer_failed(st) || now_us() > deadline) {
+      *why = "an earlier rank whose buffers cannot be reached did not publish its stage";
+      return false;
+    }
+    if (spins > 1000)
+      usleep(20);
+    else if (spins > 64)
+      sched_yield();
+  }
+  const bool local = post->pid == static_cast<int32_t>(getpid());
+  post->reach = local ? kReachPointer : kReachExtents;
+  post->recv.addr = s.addr;
+  post->recv.bytes = s.bytes;
+  post->recv.nextents = local ? 0 : 1;
+  post->recv.extents[0] = s.extent;
+  post->send = post->recv;
+  post->send.addr = s.addr + static_cast<uint64_t>(p) * chunk;
+  post->send.bytes = chunk;
+  return true;
+}
+
 // This rank's part with every peer for op `a.seq`: as the later rank of a pair it settles the
-// pair at once; as the earlier one it waits for later ranks in
-// other processes to claim "each pushes" (pair_wait_us in all), then settles the rest as
-// "later does both".
-bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
+// pair at once; as the earlier one it waits for later ranks in other processes to claim "each
+// pushes" (pair_wait_us in all), then settles the rest as "later does both". `stage`: this
+// rank's, where the later ranks reach it (0: they reach its buffers).
+bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk, uint64_t stage,
                 const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
@@ -94,7 +158,8 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
     if (p == st.rank) continue;
     const uint32_t q = static_cast<uint32_t>(p);
     if (a.before >> p & 1) {  // I am the later one
-      const OpPost& e = ce.earlier[static_cast<size_t>(p)];
+      OpPost& e = ce.earlier[static_cast<size_t>(p)];
+      if (e.reach == 0 && !use_stage_of(st, p, a.seq, chunk, &e, why)) return false;
       const bool each = !same_process(st, p) && mine.reach != 0;
       const PairMode m =
           ops.settle_pair(q, me, a.seq, each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
@@ -111,6 +176,7 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
       for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && now_us() < deadline; ++spins)
         if (spins > 64) sched_yield();
     part.peer_copies = true;
+    part.staged = stage != 0;
     if (ops.settle_pair(me, q, a.seq, PairMode::kLaterDoesBoth) == PairMode::kLaterDoesBoth)
       continue;
     OpPost l;
@@ -128,7 +194,8 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
   return true;
 }
 
-void build_view(CommState& st, const Arrival& a, const void* send, void* recv, uint64_t chunk) {
+void build_view(CommState& st, const Arrival& a, const void* send, void* recv, uint64_t chunk,
+                uint64_t stage) {
   CeComm& ce = *st.ce;
   DirectOpView& v = ce.view;
   const uint32_t me = static_cast<uint32_t>(st.rank);
@@ -138,6 +205,7 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
   v.chunk = chunk;
   v.send = reinterpret_cast<uint64_t>(send);
   v.recv = reinterpret_cast<uint64_t>(recv);
+  v.stage = stage;
   for (uint32_t r = 0; r < static_cast<uint32_t>(st.nranks); ++r) {
     v.ready[r] = ce.dev(ce.ops->ready_flag(r, a.seq));
     v.done_to[r] = ce.dev(ce.ops->done_flag(r, me, a.seq));
@@ -152,6 +220,7 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
 void tidy(CommState& st) {
   CeComm& ce = *st.ce;
   ce.imports->tidy(*cuda_driver(), ce.seq % kSweepEvery == kSweepEvery / 2, kHeldBudget);
+  if (ce.stage) ce.stage->tidy(*cuda_driver());
 }
 
 ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char* why) {
@@ -197,7 +266,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   const uint32_t me = static_cast<uint32_t>(st.rank);
   auto give_up = [&](uint32_t spins) {
     if (spins > 1000) usleep(spins > 100000 ? 1000 : 20);
-    return st.poisoned.load() != ncclSuccess || route_peer_poison(st) != ncclSuccess;
+    return peer_failed(st);
   };
   if (!ce->ops->arrive(me, mine, &a, ce->earlier.data(), give_up))
     return fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
@@ -214,13 +283,14 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   }
   const uint64_t all = st.nranks >= 64 ? ~uint64_t{0} : (uint64_t{1} << st.nranks) - 1;
   const bool peers_need_mine = (a.before | uint64_t{1} << me) != all;
-  if (peers_need_mine && mine.reach == 0)
-    return fail(st, ncclInvalidUsage, "this rank's buffers cannot be reached by later peers",
-                "allocated where no copy engine of a peer reaches them");
   const char* why = "";
-  if (!plan_parts(st, a, mine, chunk, &why))
-    return fail(st, ncclSystemError, "reaching a peer's buffers", why);
-  build_view(st, a, sendbuff, recvbuff, chunk);
+  uint64_t stage = 0;
+  if (peers_need_mine && mine.reach == 0 && !stage_mine(st, a.seq, chunk, &stage, &why))
+    return fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
+  if (!plan_parts(st, a, mine, chunk, stage, &why))
+    return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
+                "reaching a peer's buffers", why);
+  build_view(st, a, sendbuff, recvbuff, chunk, stage);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);
   if (CUresult r = issue_plan(*cu, ce->streams, ce->events, stream, ce->plan); r != CUDA_SUCCESS)

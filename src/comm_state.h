@@ -15,6 +15,7 @@
 #include "membership.h"
 #include "op_exchange.h"
 #include "peer_memory.h"
+#include "stage_buffer.h"
 
 namespace zc {
 
@@ -39,6 +40,7 @@ struct CeComm {
   uint64_t seq = 0;  // ops posted on this communicator so far
   ReachNeeds needs;  // who must reach this rank's buffers (at prepare)
   std::unique_ptr<PeerImports> imports;
+  std::unique_ptr<StageBuffer> stage;     // only once an op needed one
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
   CUevent events[kDirectEvents] = {};
   // Reused per op.

@@ -77,6 +77,8 @@ CudaDriver* load() {
   ce &= get(gpa, "cuMemHostRegister", &d.cuMemHostRegister);
   ce &= get(gpa, "cuMemHostUnregister", &d.cuMemHostUnregister);
   ce &= get(gpa, "cuMemHostGetDevicePointer", &d.cuMemHostGetDevicePointer);
+  ce &= get(gpa, "cuMemCreate", &d.cuMemCreate);
+  ce &= get(gpa, "cuMemGetAllocationGranularity", &d.cuMemGetAllocationGranularity);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;

@@ -60,6 +60,12 @@ struct CudaDriver {
   CUresult (*cuMemHostRegister)(void*, size_t, unsigned);
   CUresult (*cuMemHostUnregister)(void*);
   CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
+  // A rank's stage, where its unreachable buffers are reached instead (stage_buffer.h); also
+  // part of `ce_ok`.
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                          unsigned long long);
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
+                                            CUmemAllocationGranularity_flags);
 
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too

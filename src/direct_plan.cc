@@ -49,12 +49,14 @@ void along_spans(const std::vector<Span>& spans, uint64_t local, Emit emit) {
 void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   using S = DirectStream;
   PlanWriter w(plan);
-  const uint64_t own = v.recv + static_cast<uint64_t>(v.rank) * v.chunk;
+  auto slot = [&](uint64_t base, int r) { return base + static_cast<uint64_t>(r) * v.chunk; };
+  const uint64_t own = slot(v.recv, v.rank);
   const bool in_place = v.send == own;
   auto copies = [&](int p) { return p != v.rank && (v.peers[p].push || v.peers[p].pull); };
 
   w.record(S::kUser, kEvStart);
   w.wait_event(S::kPush, kEvStart);
+  if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
   w.write(S::kPush, v.ready[v.rank], v.seq);
   for (int p = 0; p < v.nranks; ++p)
     if (copies(p)) w.wait_geq(S::kPush, v.ready[p], v.seq);
@@ -67,9 +69,9 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   w.wait_event(S::kPull, kEvReady);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].pull)
-      along_spans(
-          v.peers[p].from, v.recv + static_cast<uint64_t>(p) * v.chunk,
-          [&](uint64_t peer, uint64_t mine, uint64_t n) { w.copy(S::kPull, mine, peer, n); });
+      along_spans(v.peers[p].from, slot(v.recv, p), [&](uint64_t peer, uint64_t mine, uint64_t n) {
+        w.copy(S::kPull, mine, peer, n);
+      });
   w.record(S::kPull, kEvPulled);
   w.wait_event(S::kLocal, kEvStart);
   if (!in_place) w.copy(S::kLocal, own, v.send, v.chunk);
@@ -79,6 +81,9 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
     if (copies(p)) w.write(S::kPush, v.done_to[p], v.seq);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].peer_copies) w.wait_geq(S::kPush, v.done_from[p], v.seq);
+  for (int p = 0; p < v.nranks; ++p)
+    if (v.stage && p != v.rank && v.peers[p].staged)
+      w.copy(S::kPush, slot(v.recv, p), slot(v.stage, p), v.chunk);
   w.wait_event(S::kPush, kEvLocal);
   w.record(S::kPush, kEvEnd);
   w.wait_event(S::kUser, kEvEnd);

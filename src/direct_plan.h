@@ -11,12 +11,17 @@
 //                     until the later one is done with them.
 // Out of place, a rank copies its own chunk on a third stream (a same-GPU copy); in place
 // there is nothing to copy.
+// A rank whose buffers its later peers cannot reach is reached through its stage instead
+// (stage_buffer.h): it copies its own chunk into the stage's slot first, and each chunk a later
+// peer pushed into the stage out into its receive buffer last (same-GPU copies, on the push
+// stream, which orders them with the flags).
 //
 //   user   record kEvStart                                             ... wait kEvEnd
-//   push   wait kEvStart; write ready[me]=seq; wait ready[p]>=seq for every peer p I copy to or
-//          from; record kEvReady; my pushes; wait kEvPulled; write done[p][me]=seq for every p
-//          I copied to or from; wait done[me][p]>=seq for every p that copies to or from me;
-//          wait kEvLocal; record kEvEnd
+//   push   wait kEvStart; [staged: copy my chunk into the stage]; write ready[me]=seq; wait
+//          ready[p]>=seq for every peer p I copy to or from; record kEvReady; my pushes; wait
+//          kEvPulled; write done[p][me]=seq for every p I copied to or from; wait
+//          done[me][p]>=seq for every p that copies to or from me; [staged: copy the chunks of
+//          the peers that reached me through the stage out of it]; wait kEvLocal; record kEvEnd
 //   pull   wait kEvReady; my pulls; record kEvPulled
 //   local  wait kEvStart; copy my chunk (out of place only); record kEvLocal
 //
@@ -64,6 +69,7 @@ struct PeerPart {
   bool push = false;         // write my chunk into the peer's receive buffer
   bool pull = false;         // copy the peer's chunk into my receive buffer
   bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
+  bool staged = false;       // ... through my stage: its chunk is copied out of it after
   // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
   // my address space, as spans of `chunk` bytes in total.
   std::vector<Span> from, to;
@@ -75,6 +81,7 @@ struct DirectOpView {
   uint32_t seq = 0;             // low 32 bits of the op's number
   uint64_t chunk = 0;           // bytes per rank
   uint64_t send = 0, recv = 0;  // my buffers
+  uint64_t stage = 0;           // my stage, laid out like recv; 0 when my buffers are reached
   PeerPart peers[kMaxRanks];
   // Flags, as my streams address them.
   uint64_t ready[kMaxRanks] = {};      // ready[r] of this op's slot

@@ -7,6 +7,7 @@ namespace zc {
 // The region, laid out by rank count:
 //   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks]
 //   posts    [nranks][kOpRing] of {seq word, OpPost}
+//   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
 //   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing]   (uint32_t each)
 struct OpExchange::Shared {
@@ -22,6 +23,11 @@ struct SharedPost {
   OpPost body;
 };
 
+struct SharedStage {
+  std::atomic<uint64_t> seq;  // the op it is published for (0: none yet); stored last
+  OpStage body;
+};
+
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be lock-free");
 
 constexpr size_t kPage = 4096;
@@ -29,8 +35,11 @@ constexpr size_t kPage = 4096;
 size_t posts_offset() {
   return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64;
 }
-size_t pairs_offset(uint32_t nranks) {
+size_t stages_offset(uint32_t nranks) {
   return posts_offset() + sizeof(SharedPost) * nranks * kOpRing;
+}
+size_t pairs_offset(uint32_t nranks) {
+  return stages_offset(nranks) + sizeof(SharedStage) * nranks * kOpRing;
 }
 size_t flags_offset(uint32_t nranks) {
   return pairs_offset(nranks) + sizeof(std::atomic<uint64_t>) * nranks * nranks * kOpRing;
@@ -61,6 +70,10 @@ OpExchange::OpExchange(void* base, uint32_t nranks)
 namespace {
 SharedPost* post_at(void* base, uint32_t rank, uint64_t seq) {
   return reinterpret_cast<SharedPost*>(static_cast<char*>(base) + posts_offset()) +
+         size_t{rank} * kOpRing + slot_of(seq);
+}
+SharedStage* stage_at(void* base, uint32_t nranks, uint32_t rank, uint64_t seq) {
+  return reinterpret_cast<SharedStage*>(static_cast<char*>(base) + stages_offset(nranks)) +
          size_t{rank} * kOpRing + slot_of(seq);
 }
 }  // namespace
@@ -142,6 +155,19 @@ bool OpExchange::read_post(uint32_t rank, uint64_t seq, OpPost* out) const {
   const SharedPost* p = post_at(shared_, rank, seq);
   if (p->seq.load(std::memory_order_acquire) != seq) return false;
   memcpy(out, &p->body, sizeof(OpPost));
+  return true;
+}
+
+void OpExchange::publish_stage(uint32_t rank, uint64_t seq, const OpStage& stage) {
+  SharedStage* s = stage_at(shared_, nranks_, rank, seq);
+  memcpy(&s->body, &stage, sizeof stage);
+  s->seq.store(seq, std::memory_order_release);
+}
+
+bool OpExchange::read_stage(uint32_t rank, uint64_t seq, OpStage* out) const {
+  const SharedStage* s = stage_at(shared_, nranks_, rank, seq);
+  if (s->seq.load(std::memory_order_acquire) != seq) return false;
+  memcpy(out, &s->body, sizeof(OpStage));
   return true;
 }
 

@@ -34,6 +34,12 @@
 //            (written by r's stream once the work before the op is done).
 //   done     flag done[r][p][slot] = seq: rank p has finished with r's buffers for op seq.
 //            Flags only grow (seq), so a stream waits "greater or equal" and nobody resets them.
+//   stage    where a rank whose own buffers its peers cannot reach (cudaMalloc memory across
+//            processes, host or managed memory) is reached instead when ranks arrive after it:
+//            the first rank's verdict already sent the op to the copy engines, and a later rank
+//            must not be sent elsewhere. The rank publishes it right after arriving, before
+//            anything that could wait; a later rank that finds the rank's post unreachable
+//            waits for it (the rank is inside this op, doing host work only). stage_buffer.h.
 #pragma once
 
 #include <atomic>
@@ -68,6 +74,14 @@ struct OpBuffer {
   uint64_t addr = 0, bytes = 0;
   uint32_t nextents = 0, reserved = 0;
   OpExtent extents[kMaxExtents];
+};
+
+// A stage as published: one allocation of the op's receive size, laid out like the receive
+// buffer (the rank's own chunk at its slot, where later ranks pull it; later ranks push theirs
+// into their slots).
+struct OpStage {
+  uint64_t addr = 0, bytes = 0;
+  OpExtent extent;  // the whole allocation, for peers in other processes
 };
 
 // A post as a plain value (copied in and out of shared memory).
@@ -115,6 +129,10 @@ class OpExchange {
   bool pair_settled(uint32_t earlier, uint32_t later, uint64_t seq) const;
   // The post of `rank` for op `seq` (it must have arrived), copied into *out.
   bool read_post(uint32_t rank, uint64_t seq, OpPost* out) const;
+  // `rank`'s stage for op `seq`: published once by the rank, read by later ranks (false while
+  // it is not there yet).
+  void publish_stage(uint32_t rank, uint64_t seq, const OpStage& stage);
+  bool read_stage(uint32_t rank, uint64_t seq, OpStage* out) const;
 
   // Flag addresses in the region (host addresses; the caller maps them for its streams).
   uint32_t* ready_flag(uint32_t rank, uint64_t seq);

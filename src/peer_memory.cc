@@ -18,11 +18,6 @@ constexpr int kFdTimeoutMs = 5000;
 // thread: it gives up soon and tries again later.
 constexpr int kFdAskTimeoutMs = 50;
 
-// Whether the op behind `d` has finished its copies (flags compare as wrapping counters).
-bool finished(const DoneMark& d) {
-  return !d.flag || static_cast<int32_t>(__atomic_load_n(d.flag, __ATOMIC_ACQUIRE) - d.value) >= 0;
-}
-
 template <typename T>
 bool attribute(const CudaDriver& cu, CUpointer_attribute a, uint64_t p, T* out) {
   *out = T{};
@@ -166,7 +161,7 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int 
     return false;
   bool ok = true;
   for (size_t i = 0; i < fds.size(); ++i) {
-    ImportedMapping m;
+    MappedAllocation m;
     if (ok && fds[i] >= 0 && import_mapping(cu, fds[i], wanted[i]->bytes, device_, &m)) {
       Mapping& kept = maps_[{pid, wanted[i]->block_id}];
       kept.va = m.va;
@@ -219,7 +214,7 @@ bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
 }
 
 void PeerImports::release(const CudaDriver& cu, Mapping* m) {
-  ImportedMapping a;
+  MappedAllocation a;
   a.va = m->va;
   a.bytes = m->bytes;
   a.handle = m->handle;
@@ -252,7 +247,7 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
   if (ask_owners) mark_freed();
   std::vector<std::map<Key, Mapping>::iterator> idle;  // finished, still wanted
   for (auto it = maps_.begin(); it != maps_.end();) {
-    if (!finished(it->second.done)) {
+    if (!it->second.done.passed()) {
       ++it;
     } else if (it->second.freed) {
       release(cu, &it->second);

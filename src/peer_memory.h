@@ -60,6 +60,10 @@ void sweep_exports(const CudaDriver& cu);
 struct DoneMark {
   const uint32_t* flag = nullptr;  // host memory the device writes; null: nothing to wait for
   uint32_t value = 0;
+  // Whether the op has finished (flags compare as wrapping counters).
+  bool passed() const {
+    return !flag || static_cast<int32_t>(__atomic_load_n(flag, __ATOMIC_ACQUIRE) - value) >= 0;
+  }
 };
 
 // One communicator's imports of its peers' allocations, on `device`. A mapping goes when the

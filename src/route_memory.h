@@ -1,5 +1,6 @@
-// Mapping a peer's exported cuMem allocation (a POSIX file descriptor from its fd service,
-// fd_exchange.h) into this address space, and releasing it. No NCCL call is involved.
+// The route's cuMem mappings: a peer's exported allocation mapped from its file descriptor (fd
+// service, fd_exchange.h), and an allocation of this rank's own that its peers can import (a
+// stage, stage_buffer.h). No NCCL call is involved.
 #pragma once
 
 #include <cuda.h>
@@ -10,7 +11,7 @@
 
 namespace zc {
 
-struct ImportedMapping {
+struct MappedAllocation {
   CUdeviceptr va = 0;
   size_t bytes = 0;  // mapped bytes: the whole allocation
   CUmemGenericAllocationHandle handle = 0;
@@ -20,9 +21,15 @@ struct ImportedMapping {
 // Maps the allocation behind `fd` (of `bytes`, its whole size: cuMemMap needs offset 0 and the
 // imported granularity) at a new address, accessible from `device`. The descriptor stays the
 // caller's to close. False (nothing held) on failure.
-bool import_mapping(const CudaDriver& cu, int fd, size_t bytes, int device, ImportedMapping* out);
+bool import_mapping(const CudaDriver& cu, int fd, size_t bytes, int device, MappedAllocation* out);
+
+// Allocates at least `bytes` on `device` (rounded up to the recommended granularity), exportable
+// as a POSIX fd, mapped and accessible from `device` and the `nalso` devices in `also`. False
+// (nothing held) on failure.
+bool create_exportable(const CudaDriver& cu, size_t bytes, int device, const int* also, int nalso,
+                       MappedAllocation* out);
 
 // Unmaps and releases; the physical memory goes when its last mapping anywhere goes.
-void release_mapping(const CudaDriver& cu, ImportedMapping* m);
+void release_mapping(const CudaDriver& cu, MappedAllocation* m);
 
 }  // namespace zc

@@ -132,6 +132,7 @@ void release_route(CommState& st) {
   CeComm& ce = *st.ce;
   ScopedDevice on(st.device);
   ce.imports.reset();
+  ce.stage.reset();
   for (int k = 1; k < kDirectStreams; ++k)
     if (ce.streams[k]) cu->cuStreamDestroy(ce.streams[k]);
   for (CUevent& e : ce.events)

@@ -27,9 +27,8 @@ void announce(const Config& c) {
       ZEROCTA_VERSION_STRING, c.enable ? 1 : 0, c.strict ? 1 : 0, to_string(c.cta_policy),
       c.cta_policy_force ? " (forced)" : "", to_string(c.allgather),
       static_cast<unsigned long long>(c.min_bytes),
-      static_cast<unsigned long long>(c.auto_max_ranks),
-      c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
-      static_cast<unsigned long long>(c.fingerprint));
+      static_cast<unsigned long long>(c.auto_max_ranks), c.stats.empty() ? "0" : c.stats.c_str(),
+      c.nvtx ? 1 : 0, static_cast<unsigned long long>(c.fingerprint));
   if (const char* env = getenv("NCCL_CTA_POLICY"))
     if (c.enable && c.cta_policy != CtaPolicyMode::kKeep)
       ZC_WARN(

@@ -42,6 +42,7 @@ std::atomic<uint64_t> g_inner_calls{0};
 std::atomic<uint64_t> g_pairs_each{0}, g_pairs_later_both{0};
 std::atomic<uint64_t> g_peer_mappings{0}, g_peer_mapped_bytes{0}, g_peer_map_micros{0};
 std::atomic<uint64_t> g_peer_unmapped_bytes{0};
+std::atomic<uint64_t> g_staged_ops{0};
 // The process whose counters these are; the exit report runs only there.
 std::atomic<pid_t> g_owner_pid{0};
 
@@ -66,7 +67,7 @@ void reset_counters() {
   g_comms_ce_ready.store(0, kRelaxed);
   g_inner_calls.store(0, kRelaxed);
   for (auto* c : {&g_pairs_each, &g_pairs_later_both, &g_peer_mappings, &g_peer_mapped_bytes,
-                  &g_peer_map_micros, &g_peer_unmapped_bytes})
+                  &g_peer_map_micros, &g_peer_unmapped_bytes, &g_staged_ops})
     c->store(0, kRelaxed);
 }
 
@@ -143,14 +144,14 @@ void print_table(const zerocta_stats_t& s) {
 }
 
 void print_route(const RouteStats& r) {
-  if (r.pairs_each_pushes + r.pairs_later_does_both + r.peer_mappings == 0) return;
+  if (r.pairs_each_pushes + r.pairs_later_does_both + r.peer_mappings + r.staged_ops == 0) return;
   char mapped[32], unmapped[32];
   human_bytes(r.peer_mapped_bytes, mapped, sizeof(mapped));
   human_bytes(r.peer_unmapped_bytes, unmapped, sizeof(unmapped));
   log_report("stats route pairs each_pushes=%" PRIu64 " later_does_both=%" PRIu64
-             " peer_mappings=%" PRIu64 " (%s, %.1f ms) unmapped=%s",
+             " peer_mappings=%" PRIu64 " (%s, %.1f ms) unmapped=%s staged_ops=%" PRIu64,
              r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
-             static_cast<double>(r.peer_map_micros) / 1000.0, unmapped);
+             static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, r.staged_ops);
 }
 
 void report_at_exit() {
@@ -209,6 +210,8 @@ void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros) {
 
 void stats_peer_unmapped(uint64_t bytes) { g_peer_unmapped_bytes.fetch_add(bytes, kRelaxed); }
 
+void stats_op_staged() { g_staged_ops.fetch_add(1, kRelaxed); }
+
 RouteStats route_stats_snapshot() {
   RouteStats r;
   r.pairs_each_pushes = g_pairs_each.load(kRelaxed);
@@ -217,6 +220,7 @@ RouteStats route_stats_snapshot() {
   r.peer_mapped_bytes = g_peer_mapped_bytes.load(kRelaxed);
   r.peer_map_micros = g_peer_map_micros.load(kRelaxed);
   r.peer_unmapped_bytes = g_peer_unmapped_bytes.load(kRelaxed);
+  r.staged_ops = g_staged_ops.load(kRelaxed);
   return r;
 }
 
@@ -281,6 +285,7 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& ro
   append_field(&out, "peer_mapped_bytes", route.peer_mapped_bytes);
   append_field(&out, "peer_map_micros", route.peer_map_micros);
   append_field(&out, "peer_unmapped_bytes", route.peer_unmapped_bytes);
+  append_field(&out, "staged_ops", route.staged_ops);
   out.back() = '}';
   out += ",\"ops\":{";
   bool first_op = true;

@@ -19,6 +19,8 @@ void stats_inner_call();
 void stats_pair_settled(bool each_pushes);
 void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros);
 void stats_peer_unmapped(uint64_t bytes);
+// An op in which this rank's buffers were reached through its stage (stage_buffer.h).
+void stats_op_staged();
 
 // Installs the at-exit reporter and the fork handler once (called lazily at the first NCCL
 // call, never from a constructor). Only the process that gathered the counters reports them:

@@ -21,6 +21,7 @@ struct RouteStats {
   uint64_t pairs_each_pushes = 0, pairs_later_does_both = 0;
   uint64_t peer_mappings = 0, peer_mapped_bytes = 0, peer_map_micros = 0;
   uint64_t peer_unmapped_bytes = 0;
+  uint64_t staged_ops = 0;
 };
 RouteStats route_stats_snapshot();
 

@@ -1201,6 +1201,98 @@ TEST(RouteSetup, UnreachableBuffersOfTheLaterRankStillTakeTheRoute) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
+// N ranks in arrival order 0, 1, ... (each sleeps 120 ms x its rank before every op) whose
+// ranks in `unreachable` use host memory, which no peer reaches: the first rank's reachable
+// buffers send every op to the copy engines, so a later unreachable rank takes part through its
+// stage when ranks arrive after it (stage_buffer.h), and does both copies of its pairs with the
+// earlier ones. Every op moves the right bytes on every rank, and no rank warns.
+RunResult run_ordered(int nranks, const std::vector<int>& unreachable, const Env& more,
+                      const Scratch& s, const Scratch& chan, const Scratch& rdv) {
+  std::vector<std::string> args = {"ranks", std::to_string(nranks), "basic"};
+  for (int k = 1; k < nranks; ++k)
+    args.push_back("r" + std::to_string(k) + ":DRV_SLEEP_EACH_AG_MS=" + std::to_string(120 * k));
+  for (int k : unreachable) args.push_back("r" + std::to_string(k) + ":DRV_AG_MEM=host");
+  Env env =
+      with(route_env(chan, rdv, unique_id_text()), {{"ZEROCTA_ALLGATHER", "zerocta"},
+                                                    {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"},
+                                                    {"DRV_TIMEOUT_S", "40"}});
+  return run_route(args, with(env, more), s);
+}
+
+void expect_every_op_routed(const RunResult& r, int nranks, int ops) {
+  for (int k = 0; k < nranks; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), ops);
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_nothing_left(r, k);
+  }
+  EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+TEST(RouteSetup, AnUnreachableRankBetweenOthersTakesPartThroughItsStage) {
+  // Rank 1 of 3 arrives second with host memory. Before stages it was an error
+  // (ncclInvalidUsage: "this rank's buffers cannot be reached by later peers").
+  constexpr int kOps = 3;
+  Scratch s, chan, rdv;
+  RunResult r = run_ordered(3, {1}, {{"DRV_AG_REPEAT", std::to_string(kOps)}}, s, chan, rdv);
+  expect_clean_pair(r, chan, 3);
+  expect_every_op_routed(r, 3, kOps);
+  const std::string staged = pid_of(r, 1);
+  EXPECT_EQ(json_number(stats_file(s, staged), "staged_ops"), kOps) << r.describe();
+  EXPECT_EQ(json_number(stats_file(s, pid_of(r, 0)), "staged_ops"), 0);
+  EXPECT_EQ(json_number(stats_file(s, pid_of(r, 2)), "staged_ops"), 0);
+  // One stage of the op's size, allocated once and exported once; only rank 2 imports it.
+  EXPECT_EQ(cuda_calls(r, "cuMemCreate", staged), 1) << r.describe();
+  EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", staged), 1) << r.describe();
+  EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", staged), 2)
+      << "rank 1 does both copies with rank 0 through its two buffers\n"
+      << r.describe();
+}
+
+TEST(RouteSetup, StagesGrowWithTheOpAndTwoStagedRanksReachEachOther) {
+  // Ranks 1 and 2 of 4 with host memory: both staged, rank 2 reaching rank 1 through rank 1's
+  // stage. Every op is larger than the last (1, 2, 3, 4 MiB per rank, fresh buffers each): the
+  // stages grow, and an outgrown one is released once the next op has started on the rank's
+  // streams — seen at the latest after the op after that, before the teardown.
+  constexpr int kOps = 4;
+  Scratch s, chan, rdv;
+  RunResult r = run_ordered(4, {1, 2},
+                            {{"DRV_AG_REPEAT", std::to_string(kOps)},
+                             {"DRV_AG_GROW", "1"},
+                             {"DRV_AG_BYTES", std::to_string(1 << 20)}},
+                            s, chan, rdv);
+  expect_clean_pair(r, chan, 4);
+  expect_every_op_routed(r, 4, kOps);
+  for (int k : {1, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(json_number(stats_file(s, pid), "staged_ops"), kOps) << r.describe();
+    EXPECT_EQ(cuda_calls(r, "cuMemCreate", pid), kOps) << "one stage per size\n" << r.describe();
+    const std::vector<std::string> lines = r.log_lines();
+    std::vector<std::string> handles;  // of the stages, in the order they were made
+    for (const std::string& line : lines)
+      if (line.rfind("cuda cuMemCreate ", 0) == 0 && contains(line, " pid=" + pid + " -> 0"))
+        handles.push_back(log_fields(line)["handle"]);
+    ASSERT_EQ(handles.size(), static_cast<size_t>(kOps));
+    auto at = [&](const std::string& fn, const std::string& handle) {
+      for (size_t i = 0; i < lines.size(); ++i)
+        if (lines[i].rfind("cuda " + fn + " ", 0) == 0 && contains(lines[i], " pid=" + pid) &&
+            log_fields(lines[i])["handle"] == handle)
+          return static_cast<long>(i);
+      return -1L;
+    };
+    const long first_released = at("cuMemRelease", handles[0]);
+    EXPECT_GE(first_released, 0) << r.describe();
+    EXPECT_LT(first_released, at("cuMemCreate", handles[kOps - 1]))
+        << "the first stage was kept until the teardown\n"
+        << r.describe();
+  }
+}
+
 TEST(RouteSetup, LaterRankDoesBothWhenTheEarlierOneStopsWaiting) {
   // Rank 1 arrives long after rank 0, which stops waiting for it and settles the pair as "later
   // does both": rank 1 imports rank 0's two buffers and makes both copies; rank 0 only copies

@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,6 +54,9 @@ struct Scenario {
   std::function<std::vector<int>(int k, std::mt19937&)> order;
   std::function<PairMode(int e, int l, int k, std::mt19937&)> mode;
   int pieces = 1;  // a peer's buffer is addressed in this many spans (imported allocations)
+  // Ranks whose buffers no peer can reach: never the first to arrive (that rank's verdict would
+  // send the op to NCCL); between the first and the last, reached through their stage.
+  std::vector<bool> unreachable;
 };
 
 class Sim {
@@ -64,6 +68,8 @@ class Sim {
         mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ex_.reset(new OpExchange(region_, n));
     recv_.assign(n, std::vector<uint8_t>(s.chunk * n, 0xEE));
+    stage_.assign(n, std::vector<uint8_t>(s.chunk * n, 0xEE));
+    s_.unreachable.resize(n, false);
     send_.assign(n, std::vector<uint8_t>(s.chunk, 0xEE));
     streams_.assign(n, std::vector<std::deque<SimOp>>(kDirectStreams));
     records_.assign(n, std::vector<uint64_t>(kDirectEvents, 0));
@@ -76,6 +82,7 @@ class Sim {
                        : addr(send_[r].data());
   }
   uint64_t recv_of(int r) { return addr(recv_[r].data()); }
+  uint64_t stage_of(int r) { return addr(stage_[r].data()); }
 
   // Spans of [a, a + n) cut in s_.pieces parts.
   std::vector<Span> spans(uint64_t a, uint64_t n) {
@@ -88,14 +95,20 @@ class Sim {
   // The views of every rank for op k, as ce_allgather builds them.
   void build(int k, const std::function<void(int rank, std::vector<DirectOp>*)>& mutate) {
     const uint64_t seq = static_cast<uint64_t>(k) + 1;
-    const std::vector<int> order = s_.order(k, rng_);
+    std::vector<int> order = s_.order(k, rng_);
+    while (s_.unreachable[order[0]]) std::rotate(order.begin(), order.begin() + 1, order.end());
     std::vector<int> position(static_cast<size_t>(s_.nranks));
     for (int i = 0; i < s_.nranks; ++i) position[static_cast<size_t>(order[i])] = i;
+    std::vector<bool> staged(s_.nranks);
+    for (int r = 0; r < s_.nranks; ++r)
+      staged[r] = s_.unreachable[r] && position[r] != 0 && position[r] != s_.nranks - 1;
     std::vector<std::vector<PairMode>> mode(s_.nranks, std::vector<PairMode>(s_.nranks));
     for (int a = 0; a < s_.nranks; ++a)
       for (int b = 0; b < s_.nranks; ++b)
         if (a != b && position[a] < position[b]) {
-          mode[a][b] = mode[b][a] = s_.mode(a, b, k, rng_);
+          // A later rank whose buffers cannot be reached does both copies of the pair.
+          mode[a][b] = mode[b][a] =
+              s_.unreachable[b] ? PairMode::kLaterDoesBoth : s_.mode(a, b, k, rng_);
         }
     for (int me = 0; me < s_.nranks; ++me) {
       DirectOpView v;
@@ -105,6 +118,7 @@ class Sim {
       v.chunk = s_.chunk;
       v.send = send_of(me);
       v.recv = recv_of(me);
+      v.stage = staged[me] ? stage_of(me) : 0;
       for (int p = 0; p < s_.nranks; ++p) {
         const uint32_t up = static_cast<uint32_t>(p), um = static_cast<uint32_t>(me);
         v.ready[p] = addr(ex_->ready_flag(up, seq));
@@ -117,8 +131,13 @@ class Sim {
         part.push = later || m == PairMode::kEachPushes;
         part.pull = later && m == PairMode::kLaterDoesBoth;
         part.peer_copies = !later || m == PairMode::kEachPushes;
-        if (part.push) part.to = spans(recv_of(p) + static_cast<uint64_t>(me) * s_.chunk, s_.chunk);
-        if (part.pull) part.from = spans(send_of(p), s_.chunk);
+        part.staged = !later && staged[me];
+        // A staged peer is reached through its stage, laid out like its receive buffer.
+        const uint64_t peer_recv = staged[p] ? stage_of(p) : recv_of(p);
+        const uint64_t peer_send =
+            staged[p] ? stage_of(p) + static_cast<uint64_t>(p) * s_.chunk : send_of(p);
+        if (part.push) part.to = spans(peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk);
+        if (part.pull) part.from = spans(peer_send, s_.chunk);
       }
       std::vector<DirectOp> plan;
       build_direct_plan(v, &plan);
@@ -234,7 +253,7 @@ class Sim {
   size_t region_bytes_;
   void* region_;
   std::unique_ptr<OpExchange> ex_;
-  std::vector<std::vector<uint8_t>> recv_, send_;
+  std::vector<std::vector<uint8_t>> recv_, send_, stage_;
   std::vector<std::vector<std::deque<SimOp>>> streams_;
   std::vector<std::vector<uint64_t>> records_, enqueued_records_;
   std::string errors_;
@@ -249,8 +268,10 @@ std::vector<int> random_order(int n, std::mt19937& rng) {
   return o;
 }
 
-Scenario scenario(int nranks, bool in_place, const char* modes, int pieces = 1) {
+Scenario scenario(int nranks, bool in_place, const char* modes, int pieces = 1,
+                  std::vector<bool> unreachable = {}) {
   Scenario s;
+  s.unreachable = std::move(unreachable);
   s.nranks = nranks;
   s.in_place = in_place;
   s.pieces = pieces;
@@ -280,14 +301,25 @@ struct Case {
   bool in_place;
   const char* modes;
   int pieces;
+  std::vector<bool> unreachable = {};
 };
+
+// "3 ranks, out of place, mixed, 1 piece, staged 010": stable test names.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.nranks << " ranks, " << (c.in_place ? "in place, " : "out of place, ") << c.modes << ", "
+      << c.pieces << " pieces";
+  if (c.unreachable.empty()) return;
+  *os << ", unreachable ";
+  for (bool u : c.unreachable) *os << (u ? '1' : '0');
+}
 
 class DirectPlanSim : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DirectPlanSim, EveryInterleavingGathersCorrectly) {
   const Case c = GetParam();
   for (uint64_t seed = 1; seed <= 40; ++seed)
-    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.pieces), seed), "") << "seed " << seed;
+    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.pieces, c.unreachable), seed), "")
+        << "seed " << seed;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DirectPlanSim,
@@ -295,6 +327,17 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DirectPlanSim,
                                            Case{2, false, "later", 1}, Case{2, true, "later", 3},
                                            Case{3, false, "mixed", 2}, Case{4, true, "mixed", 1},
                                            Case{5, false, "mixed", 3}, Case{8, true, "mixed", 1}));
+
+// Ranks whose buffers nobody can reach, in every position but the first: staged in the middle.
+INSTANTIATE_TEST_SUITE_P(
+    Staged, DirectPlanSim,
+    ::testing::Values(
+        Case{3, false, "mixed", 1, {false, true, false}},
+        Case{3, true, "each", 2, {false, true, false}},
+        Case{3, true, "later", 1, {true, false, true}},
+        Case{4, false, "mixed", 1, {false, true, true, false}},
+        Case{5, true, "mixed", 3, {true, false, true, true, false}},
+        Case{8, false, "mixed", 1, {false, true, false, true, true, false, true, false}}));
 
 TEST(DirectPlan, TheUsersStreamOnlyRecordsAndWaitsOnEvents) {
   Scenario s = scenario(3, false, "mixed");
@@ -320,37 +363,79 @@ TEST(DirectPlan, InPlaceCopiesNothingLocally) {
   }
 }
 
-// Dropping any flag wait, or any done signal, of one rank in one op is caught: every one of
-// them guards something in some interleaving.
+// Dropping any flag wait, or any done signal, of rank `victim` in op 1 of `s` is caught: every
+// one of them guards something in some interleaving.
+void expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
+  std::vector<DirectOp> plan;
+  Sim probe(s, 1);
+  probe.build(1, [&](int rank, std::vector<DirectOp>* p) {
+    if (rank == victim) plan = *p;
+  });
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const DirectOp& o = plan[i];
+    const bool wait = o.kind == DirectOpKind::kWaitGeq;
+    // The writes after the first (ready) on the push stream: done signals.
+    const bool done_signal =
+        o.kind == DirectOpKind::kWrite && o.stream == DirectStream::kPush && i > 3;
+    if (!wait && !done_signal) continue;
+    bool caught = false;
+    for (uint64_t seed = 1; seed <= 60 && !caught; ++seed)
+      caught = !run(s, seed, [&](int k, int rank, std::vector<DirectOp>* p) {
+                  if (k == 1 && rank == victim) p->erase(p->begin() + static_cast<long>(i));
+                }).empty();
+    EXPECT_TRUE(caught) << label << ", rank " << victim << " without op " << i;
+  }
+}
+
 TEST(DirectPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
   for (const char* modes : {"each", "later"})
     for (bool in_place : {false, true}) {
       Scenario s = scenario(2, in_place, modes);
       s.ops = 3;
       s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1}; };
-      for (int victim = 0; victim < 2; ++victim) {
-        // The candidates: rank `victim`'s flag waits and done writes in op 1.
-        std::vector<DirectOp> plan;
-        Sim probe(s, 1);
-        probe.build(1, [&](int rank, std::vector<DirectOp>* p) {
-          if (rank == victim) plan = *p;
-        });
-        for (size_t i = 0; i < plan.size(); ++i) {
-          const DirectOp& o = plan[i];
-          const bool wait = o.kind == DirectOpKind::kWaitGeq;
-          const bool done_signal =
-              o.kind == DirectOpKind::kWrite && o.stream == DirectStream::kPush && i > 3;
-          if (!wait && !done_signal) continue;
-          bool caught = false;
-          for (uint64_t seed = 1; seed <= 60 && !caught; ++seed)
-            caught = !run(s, seed, [&](int k, int rank, std::vector<DirectOp>* p) {
-                        if (k == 1 && rank == victim) p->erase(p->begin() + static_cast<long>(i));
-                      }).empty();
-          EXPECT_TRUE(caught) << modes << (in_place ? " in place" : " out of place") << ", rank "
-                              << victim << " without op " << i;
-        }
-      }
+      for (int victim = 0; victim < 2; ++victim)
+        expect_every_wait_matters(s, victim,
+                                  std::string(modes) + (in_place ? " in place" : " out of place"));
     }
+}
+
+// The same with rank 1 in the middle reached through its stage: its copies into and out of
+// the stage are ordered by the same waits.
+TEST(DirectPlan, DroppingAnyWaitAroundAStageIsCaught) {
+  for (const char* modes : {"each", "later"})
+    for (bool in_place : {false, true}) {
+      Scenario s = scenario(3, in_place, modes, 1, {false, true, false});
+      s.ops = 3;
+      s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1, 2}; };
+      for (int victim = 0; victim < 3; ++victim)
+        expect_every_wait_matters(
+            s, victim, std::string(modes) + (in_place ? " in place" : " out of place") + " staged");
+    }
+}
+
+TEST(DirectPlan, AStagedRankCopiesItsChunkInBeforeReadyAndThePeersChunksOutAfterDone) {
+  // Order 0, 1, 2; rank 1 staged, in place, every later rank does both: rank 1 pushes to and
+  // pulls from rank 0, and rank 2 reaches rank 1 through the stage only.
+  Scenario s = scenario(3, true, "later", 1, {false, true, false});
+  s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1, 2}; };
+  Sim sim(s, 5);
+  sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
+    if (rank != 1) return;
+    std::vector<int> push_copies;  // indexes of the copies on the push stream
+    int ready = -1, last_done_wait = -1;
+    for (int i = 0; i < static_cast<int>(plan->size()); ++i) {
+      const DirectOp& o = (*plan)[static_cast<size_t>(i)];
+      if (o.stream != DirectStream::kPush) continue;
+      if (o.kind == DirectOpKind::kCopy) push_copies.push_back(i);
+      if (o.kind == DirectOpKind::kWrite && ready < 0) ready = i;
+      if (o.kind == DirectOpKind::kWaitGeq) last_done_wait = i;
+    }
+    ASSERT_EQ(push_copies.size(), 3u);  // into the stage, to rank 0, out of the stage
+    EXPECT_LT(push_copies[0], ready);
+    EXPECT_GT(push_copies[2], last_done_wait);
+    EXPECT_EQ((*plan)[static_cast<size_t>(push_copies[0])].bytes, s.chunk);
+    EXPECT_EQ((*plan)[static_cast<size_t>(push_copies[2])].bytes, s.chunk);
+  });
 }
 
 }  // namespace

@@ -110,6 +110,35 @@ TEST(OpExchange, DifferentCountsAtOnePositionAreAMismatch) {
   EXPECT_STRNE(a1.mismatch, "");
 }
 
+TEST(OpExchange, AStageIsSeenOnlyForTheOpItWasPublishedFor) {
+  // Rank 1's stage for op 3 is in slot 3; the same slot's next op (3 + kOpRing) has none until
+  // rank 1 publishes again, and no other rank's or slot's stage is disturbed.
+  Region r(3);
+  OpExchange x(r.base, 3);
+  OpStage s, got;
+  s.addr = 0xabc000;
+  s.bytes = 3 << 20;
+  s.extent = OpExtent{0xabc000, 4 << 20, 42, 7};
+  EXPECT_FALSE(x.read_stage(1, 3, &got));
+  x.publish_stage(1, 3, s);
+  ASSERT_TRUE(x.read_stage(1, 3, &got));
+  EXPECT_EQ(got.addr, s.addr);
+  EXPECT_EQ(got.bytes, s.bytes);
+  EXPECT_EQ(got.extent.block_id, 42u);
+  EXPECT_EQ(got.extent.token, 7u);
+  EXPECT_FALSE(x.read_stage(1, 3 + kOpRing, &got));
+  EXPECT_FALSE(x.read_stage(1, 4, &got));
+  EXPECT_FALSE(x.read_stage(0, 3, &got));
+  EXPECT_FALSE(x.read_stage(2, 3, &got));
+  // Stages sit apart from the flags: publishing one leaves every flag zero.
+  for (size_t i = 0; i < x.flag_count(); ++i) EXPECT_EQ(x.flags_begin()[i], 0u);
+  s.addr = 0xdef000;
+  x.publish_stage(1, 3 + kOpRing, s);
+  ASSERT_TRUE(x.read_stage(1, 3 + kOpRing, &got));
+  EXPECT_EQ(got.addr, 0xdef000u);
+  EXPECT_FALSE(x.read_stage(1, 3, &got));
+}
+
 TEST(OpExchange, ARankTooFarAheadWaitsForTheRingAndCanGiveUp) {
   Region r(2);
   OpExchange x(r.base, 2);

@@ -241,6 +241,7 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   zc::stats_pair_settled(false);
   zc::stats_peer_mapped(3, 60 << 20, 1500);
   zc::stats_peer_unmapped(20 << 20);
+  zc::stats_op_staged();
 
   const std::string file = path("stats.json");
   ASSERT_EQ(zerocta_write_stats_json(file.c_str()), 0);
@@ -262,7 +263,8 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   EXPECT_NE(json.find("\"inner_calls\":2,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"route\":{\"pairs_each_pushes\":2,\"pairs_later_does_both\":1,"
                       "\"peer_mappings\":3,\"peer_mapped_bytes\":62914560,"
-                      "\"peer_map_micros\":1500,\"peer_unmapped_bytes\":20971520},"),
+                      "\"peer_map_micros\":1500,\"peer_unmapped_bytes\":20971520,"
+                      "\"staged_ops\":1},"),
             std::string::npos)
       << json;
   EXPECT_NE(json.find("\"ops\":{\"allgather\":{\"ce\":{\"calls\":2,\"bytes\":300},"

@@ -28,7 +28,9 @@
 //             the init), DRV_SLEEP_BEFORE_INIT_MS / DRV_SLEEP_AFTER_INIT_MS, DRV_LIST_CHANNEL=1
 //             (prints the channel directory's names just before its own init),
 //             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers;
-//             DRV_AG_FRESH_EVERY=K: new buffers every K of them, the old ones freed first),
+//             DRV_AG_FRESH_EVERY=K: new buffers every K of them, the old ones freed first;
+//             DRV_AG_GROW=1: new buffers for every op, op i of (i + 1) x DRV_AG_BYTES per rank;
+//             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them).
 
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
@@ -265,13 +267,17 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   ncclResult_t rc = ncclSuccess;
   int ok = 1;
   const long fresh_every = env_long("DRV_AG_FRESH_EVERY", 0);
+  const bool grow = env_long("DRV_AG_GROW", 0) == 1;
+  const long sleep_each_ms = env_long("DRV_SLEEP_EACH_AG_MS", 0);
   for (long i = 0, repeat = env_long("DRV_AG_REPEAT", 1); i < repeat; ++i) {
     // The old buffers are freed before the new ones exist, as a caching allocator's
     // empty_cache() and a fresh allocation would.
-    if (fresh_every > 0 && i > 0 && i % fresh_every == 0) {
+    if (i > 0 && (grow || (fresh_every > 0 && i % fresh_every == 0))) {
       fresh.reset();
-      fresh = std::make_unique<Gather>(r, n, bytes, g_device);
+      fresh = std::make_unique<Gather>(r, n, grow ? bytes * static_cast<size_t>(i + 1) : bytes,
+                                       g_device);
     }
+    if (sleep_each_ms > 0) usleep(static_cast<useconds_t>(sleep_each_ms) * 1000);
     Gather& g = *fresh;
     memset(g.recv.data(), 0xee, g.recv.size());
     if (grouped) ncclGroupStart();
