@@ -140,6 +140,13 @@ void sweep_exports(const CudaDriver& cu) {
   }
 }
 
+void withdraw_all_exports() {
+  std::lock_guard<std::mutex> lock(g_exports_mu);
+  if (FdService* service = fd_service())
+    for (const auto& [id, e] : exports()) service->withdraw(e.token);
+  exports().clear();
+}
+
 bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int pid,
                                  const char* fd_address, uint64_t addr, uint64_t bytes,
                                  const char** why) {

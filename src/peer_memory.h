@@ -51,8 +51,12 @@ bool describe_buffer(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const 
                      OpBuffer* out);
 
 // Exported allocations: withdraws the fd-service entries of allocations no longer mapped where
-// they were (freed by the application). Cheap enough to call every few ops.
+// they were (freed by the application). Cheap enough to call every few ops. An export keeps its
+// allocation alive, so they must not outlive their use.
 void sweep_exports(const CudaDriver& cu);
+// Withdraws every export: when no communicator of this process can post them any more (they
+// are made again on demand). The peers' imports hold references of their own.
+void withdraw_all_exports();
 
 // When the copies of one op that touched a peer's buffers have finished: the flag this rank's
 // push stream writes after them (done[p][me] = the op's number, direct_plan.h). Flags only

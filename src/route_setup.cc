@@ -125,7 +125,12 @@ void release_flags(CeComm& ce) {
     __atomic_store_n(flags + i, ahead, __ATOMIC_RELEASE);
 }
 
-// Frees what the route holds on this rank; the caller made sure no stream of ours runs.
+// Communicators of this process with route state (joined, committed or not).
+std::atomic<int> g_route_comms{0};
+
+// Frees what the route holds on this rank; the caller made sure no stream of ours runs. The
+// process's exports of allocations its application freed go too — a communicator may end
+// before its periodic sweep ever ran — and all of them with the last communicator.
 void release_route(CommState& st) {
   const CudaDriver* cu = cuda_driver();
   if (!st.ce || !cu) return;
@@ -142,6 +147,10 @@ void release_route(CommState& st) {
     stats_pool_bytes_add(-static_cast<int64_t>(ce.registered_bytes));
   }
   st.ce.reset();
+  if (g_route_comms.fetch_sub(1) == 1)
+    withdraw_all_exports();
+  else
+    sweep_exports(*cu);
 }
 
 }  // namespace
@@ -205,6 +214,7 @@ void route_join(CommState& st, const JoinPlan& plan) {
   memcpy(f.uuid, u.bytes, sizeof f.uuid);
   cu->cuDeviceGetCount(&st.local_gpus);
   st.ce.reset(new CeComm);
+  g_route_comms.fetch_add(1);
   st.ce->join_index = plan.join_index;
   f.problems = register_flags(*cu, plan, *st.channel, st.ce.get(), &f);
   st.channel->publish(f);

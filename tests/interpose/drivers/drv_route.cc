@@ -41,6 +41,10 @@
 //             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
 //             reports as r<K>.child.*; the parent all-gathers again.
 //   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
+//   cycles    DRV_CYCLES (default 100) times: basic's init (the same unique id every time, as
+//             NCCL_COMM_ID gives), one all-gather, destroy. Prints the process's resources
+//             (open fds, threads, resident KiB, the fake driver's live objects, pool_bytes)
+//             after cycle DRV_CYCLES_WARM (default 5) as warm.* and after the last as last.*.
 //
 // All-gather buffers, in every scenario: DRV_AG_MEM=cumem (the default) allocates them with the
 // driver's cuMem API, exportable as POSIX fds (what the route reaches across processes);
@@ -517,6 +521,44 @@ void rank_hang(int rank, int nranks) {
   init_world(rank, nranks);  // never completes: the other ranks never come
 }
 
+// Entries of a /proc/self directory ("fd", "task").
+int proc_entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir((std::string("/proc/self/") + dir).c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n - (std::string(dir) == "fd");  // less opendir's own descriptor
+}
+
+long resident_kib() {
+  std::ifstream statm("/proc/self/statm");
+  long size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+void resources(const std::string& tag) {
+  stats(tag);
+  cuda_live(tag);
+  out(tag + ".fds", proc_entries("fd"));
+  out(tag + ".threads", proc_entries("task"));
+  out(tag + ".rss_kib", resident_kib());
+  out(tag + ".channel_files", channel_count());
+}
+
+void rank_cycles(int rank, int nranks) {
+  const long cycles = env_long("DRV_CYCLES", 100), warm = env_long("DRV_CYCLES_WARM", 5);
+  for (long i = 1; i <= cycles; ++i) {
+    ncclComm_t c = init_world(rank, nranks);
+    if (c == nullptr) return;
+    all_gather("ag", c, rank, nranks);
+    end_comm(c, "world");
+    if (i == warm) resources("warm");
+  }
+  resources("last");
+}
+
 int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < nranks; ++rank) {
@@ -546,6 +588,8 @@ int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
         rank_fork(rank, nranks);
       else if (scenario == "hang")
         rank_hang(rank, nranks);
+      else if (scenario == "cycles")
+        rank_cycles(rank, nranks);
       else
         out("unknown_scenario", scenario);
       out("done", 1);
