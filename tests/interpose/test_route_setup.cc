@@ -1290,37 +1290,64 @@ TEST(RouteSetup, StagesGrowWithTheOpAndTwoStagedRanksReachEachOther) {
   }
 }
 
-TEST(RouteSetup, CreateAndDestroyCyclesLeaveNothingBehind) {
-  // 120 communicators one after another on 2 ranks, each with the same unique id (NCCL_COMM_ID),
-  // one routed all-gather, then destroyed. Between cycle 10 and the last, nothing of the
-  // route accumulates: open descriptors (exports of freed buffers were kept by the fd service
-  // of every communicator that ended before its first export sweep, 64 ops in: 2 per cycle),
-  // threads (the fd service stays one), the driver's live objects, pinned registrations,
-  // channel files; resident memory grows by less than 2 MiB.
+// `nranks` ranks create a communicator `kCycles` times one after another, each with the same
+// unique id (NCCL_COMM_ID), one routed all-gather, then end it (`more` says how). Between cycle
+// 10 and the last, nothing of the route accumulates: open descriptors, threads (the fd
+// service stays one), the driver's live objects, pinned registrations, channel files;
+// resident memory grows by less than 2 MiB.
+void expect_cycles_leave_nothing(int nranks, const std::vector<std::string>& rank_args,
+                                 const Env& more) {
   constexpr int kCycles = 120;
   Scratch s, chan, rdv;
+  std::vector<std::string> args = {"ranks", std::to_string(nranks), "cycles"};
+  args.insert(args.end(), rank_args.begin(), rank_args.end());
   RunResult r = run_route(
-      {"ranks", "2", "cycles"},
-      with(route_env(chan, rdv, unique_id_text()), {{"DRV_CYCLES", std::to_string(kCycles)},
-                                                    {"DRV_CYCLES_WARM", "10"},
-                                                    {"ZEROCTA_LOG", "warn"},
-                                                    {"DRV_TIMEOUT_S", "60"}}),
+      args,
+      with(with(route_env(chan, rdv, unique_id_text()), {{"DRV_CYCLES", std::to_string(kCycles)},
+                                                         {"DRV_CYCLES_WARM", "10"},
+                                                         {"ZEROCTA_LOG", "warn"},
+                                                         {"DRV_TIMEOUT_S", "60"}}),
+           more),
       s);
-  expect_clean_pair(r, chan);
-  for (int k = 0; k < 2; ++k) {
+  expect_clean_pair(r, chan, nranks);
+  for (int k = 0; k < nranks; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
     EXPECT_EQ(rnum(r, k, "last.ag_ce"), kCycles) << "every cycle's all-gather took the route";
     EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1);
     for (const char* what : {"fds", "threads", "pool_bytes", "live_alloc", "live_reserve",
                              "live_map", "live_stream", "live_event", "live_hostreg"})
-      EXPECT_EQ(rnum(r, k, std::string("last.") + what), rnum(r, k, std::string("warm.") + what))
+      // At most what it held after cycle 10 (a transient socket or thread may be counted then).
+      EXPECT_LE(rnum(r, k, std::string("last.") + what), rnum(r, k, std::string("warm.") + what))
           << what << " grew over " << kCycles - 10 << " cycles\n"
           << r.describe();
     EXPECT_EQ(rnum(r, k, "last.channel_files"), 0);
     EXPECT_EQ(rnum(r, k, "last.pool_bytes"), 0);
     EXPECT_LT(rnum(r, k, "last.rss_kib") - rnum(r, k, "warm.rss_kib"), 2048) << r.describe();
   }
+}
+
+TEST(RouteSetup, CreateAndDestroyCyclesLeaveNothingBehind) {
+  // Exports of freed buffers used to be kept by the fd service of every communicator that
+  // ended before its first export sweep, 64 ops in: 2 descriptors (and their memory) a cycle.
+  expect_cycles_leave_nothing(2, {}, {});
+}
+
+TEST(RouteSetup, CreateAndAbortCyclesLeaveNothingBehind) {
+  expect_cycles_leave_nothing(2, {}, {{"DRV_END", "abort"}});
+}
+
+TEST(RouteSetup, NonBlockingCyclesPolledByAnotherThreadLeaveNothingBehind) {
+  // The freeze runs in the polling thread's ncclCommGetAsyncError, the route's preparation on
+  // the main thread at the first all-gather.
+  expect_cycles_leave_nothing(2, {}, {{"DRV_NB", "1"}, {"DRV_POLL", "thread"}});
+}
+
+TEST(RouteSetup, CyclesWithAStagedRankLeaveNothingBehind) {
+  // Rank 1 of 3 with host memory arrives second every time: a stage per communicator.
+  expect_cycles_leave_nothing(
+      3, {"r1:DRV_SLEEP_EACH_AG_MS=20", "r2:DRV_SLEEP_EACH_AG_MS=40", "r1:DRV_AG_MEM=host"},
+      {{"ZEROCTA_ALLGATHER", "zerocta"}});
 }
 
 TEST(RouteSetup, LaterRankDoesBothWhenTheEarlierOneStopsWaiting) {
