@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU checks that CPU-only sessions left unrun, in parts that each fit one 10-minute device
+# call (every step has its own time limit, the sum stays under 570 s); builds nothing.
+#
+#   ZEROCTA_BUILD=/path/to/build tests/gpu/run_pending.sh PART OUTDIR
+#
+# Part a (2 GPUs): the zero-copy route on PyTorch and its released peer memory, the soak on
+#   cuMem buffers and with one rank on cudaMalloc, captures and aborts, cycles:
+#   zero-copy      run_zero_copy.sh torch-expandable (freed outputs' memory comes back within
+#                  160 ops), torch-default, shm-clean
+#   soak-cumem     zerocta_gpu_ag_soak, ZEROCTA_ALLGATHER=zerocta, cuMem buffers, 2000 ops,
+#                  bitwise against NCCL, some ops on the copy engines
+#   soak-mixed     the same, 1000 ops, rank 0 on cudaMalloc (staged where it is not first)
+#   reliability    run_reliability.sh capture-shim, abort-shim, cycles-shim
+# Part b (2 GPUs): benchmarks and FSDP2:
+#   bench-1proc    zerocta-bench --one-process, nccl-kernel nccl-ce zerocta ceiling, 64M-1G
+#   bench-cumem    zerocta-bench, one process per rank, --alloc cumem, the same paths
+#   fsdp2-comm     run_fsdp2.sh comm with --profile-steps 5 (exposed all-gather share)
+# Part c (2 GPUs): the #172714 overlap, three rounds; do-no-harm cycles and the ce-route test.
+#   overlap        run_overlap.sh, OVERLAP_REPEATS=3
+#   do-no-harm     run_do_no_harm.sh cycles-1000, ce-route, shm-clean
+# Part x4 (4 GPUs): the soak with a staged rank, and the sweep beside NCCL CE:
+#   soak-mixed-4   the soak on 4 ranks, rank 0 on cudaMalloc
+#   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
+#
+# Logs go to OUTDIR/PART/; then OUTDIR/PART.tgz holds them all (the device tool brings back few
+# files) and a PASS/FAIL table ends the output. Exit status 1 if a step failed.
+set -u -o pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|x4)$ ]]; then
+  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|x4 OUTDIR" >&2
+  exit 2
+fi
+PART=$1
+# shellcheck source=tests/gpu/gpu_host_lib.sh
+. "$HERE/gpu_host_lib.sh"
+host_paths "$2/$PART"
+export ZEROCTA_BUILD=$BUILD
+# The test hosts' rule (not a product default): NVLink multicast stays off.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# shellcheck disable=SC2034  # read by record() in gpu_host_lib.sh
+RECORD_WIDTH=16
+
+# soak NAME SECONDS RANKS ALLOC ITERS: the all-gather soak under the library, route forced.
+soak() {
+  local name=$1 secs=$2 ranks=$3 alloc=$4 iters=$5
+  step "$name" "$secs" env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
+    ZEROCTA_ALLGATHER=zerocta ZEROCTA_SOAK_EXPECT_CE=1 ZEROCTA_SOAK_NRANKS="$ranks" \
+    ZEROCTA_SOAK_ALLOC="$alloc" ZEROCTA_SOAK_ITERS="$iters" \
+    ZEROCTA_SOAK_TIMEOUT_S=$((secs - 20)) "$BIN/zerocta_gpu_ag_soak"
+  grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
+}
+
+# bench NAME SECONDS ARGS...: zerocta-bench with the comparison paths, JSON beside the log.
+bench() {
+  local name=$1 secs=$2
+  shift 2
+  step "$name" "$secs" env LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
+    "$BUILD/tools/zerocta-bench" --test-host --paths nccl-kernel,nccl-ce,zerocta,ceiling \
+    -b 64M -e 1G -f 4 --json "$OUT/$name.json" "$@"
+}
+
+need_gpus=2
+[ "$PART" = x4 ] && need_gpus=4
+if [ "$(count_gpus)" -lt "$need_gpus" ]; then
+  echo "part $PART: SKIP, needs $need_gpus GPUs, $(count_gpus) visible"
+  exit 0
+fi
+
+case "$PART" in
+  a)
+    step zero-copy 150 env ZEROCTA_SUITE_ONLY='torch-expandable|torch-default|shm-clean' \
+      "$HERE/run_zero_copy.sh" "$OUT/zero-copy"
+    soak soak-cumem 130 2 cumem 2000
+    soak soak-mixed 90 2 mixed 1000
+    step reliability 180 env ZEROCTA_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
+      ZEROCTA_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"
+    ;;
+  b)
+    bench bench-1proc 150 -g 2 --one-process
+    bench bench-cumem 150 -g 2 --alloc cumem
+    step fsdp2-comm 260 env FSDP_ARGS="--profile-steps 5" \
+      "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 2 "$OUT/fsdp2" comm
+    ;;
+  c)
+    step overlap 380 env OVERLAP_REPEATS=3 OVERLAP_TIMEOUT_S=120 \
+      "$REPO/LD_PRELOAD-examples/run_overlap.sh" 2 "$OUT/overlap"
+    step do-no-harm 180 env ZEROCTA_SUITE_ONLY='cycles-1000|ce-route|shm-clean' \
+      "$HERE/run_do_no_harm.sh" "$OUT/do-no-harm"
+    ;;
+  x4)
+    soak soak-mixed-4 250 4 mixed 1500
+    bench bench-4 280 -g 4 --alloc cumem
+    ;;
+esac
+
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$PART" 2>/dev/null
+failed=0
+for i in "${!NAMES[@]}"; do
+  [ "${RESULTS[$i]}" = PASS ] || failed=1
+done
+printf '%s\n' "part $PART: ${#NAMES[@]} steps, $([ $failed = 0 ] && echo all passed || echo some FAILED)"
+exit $failed
