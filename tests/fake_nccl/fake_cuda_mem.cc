@@ -579,6 +579,24 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUs
   return done(what, CUDA_SUCCESS);
 }
 
+CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count) {
+  std::string what =
+      "cuMemsetD8 dst=" + addr(dst) + fake::strf(" value=0x%x count=%zu", value, count);
+  FAKE_CUDA_FAIL_POINT("cuMemsetD8", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if ((r = access_error(what, dst, count, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  memset(reinterpret_cast<void*>(dst), value, count);
+  return done(what, CUDA_SUCCESS);
+}
+
+// The fake's streams run every operation when it is issued: nothing is ever outstanding.
+CUresult cuCtxSynchronize() {
+  CUresult r;
+  if (!need_context("cuCtxSynchronize", &r)) return r;
+  return done("cuCtxSynchronize", CUDA_SUCCESS);
+}
+
 CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr flag, cuuint32_t value,
                               unsigned int flags) {
   std::string what = "cuStreamWriteValue32 stream=" + stream_name(stream) + " addr=" + addr(flag) +

@@ -5,13 +5,15 @@
 #   ZEROCTA_BUILD=/path/to/build tests/gpu/run_pending.sh PART OUTDIR
 #
 # Part a (2 GPUs): the zero-copy route on PyTorch and its released peer memory, the soak on
-#   cuMem buffers and with one rank on cudaMalloc, captures and aborts, cycles:
+#   cuMem buffers and with one rank on cudaMalloc, captures and aborts, cycles, isolation:
 #   zero-copy      run_zero_copy.sh torch-expandable (freed outputs' memory comes back within
 #                  160 ops), torch-default, shm-clean
 #   soak-cumem     zerocta_gpu_ag_soak, ZEROCTA_ALLGATHER=zerocta, cuMem buffers, 2000 ops,
 #                  bitwise against NCCL, some ops on the copy engines
 #   soak-mixed     the same, 1000 ops, rank 0 on cudaMalloc (staged where it is not first)
 #   reliability    run_reliability.sh capture-shim, abort-shim, cycles-shim
+#   isolated       probes/isolated_import_probe: can a process that sees one GPU import and
+#                  copy a peer process's cuMem memory (CUDA_VISIBLE_DEVICES isolation)?
 # Part b (2 GPUs): benchmarks and FSDP2:
 #   bench-1proc    zerocta-bench --one-process, nccl-kernel nccl-ce zerocta ceiling, 64M-1G
 #   bench-cumem    zerocta-bench, one process per rank, --alloc cumem, the same paths
@@ -73,10 +75,12 @@ case "$PART" in
   a)
     step zero-copy 150 env ZEROCTA_SUITE_ONLY='torch-expandable|torch-default|shm-clean' \
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy"
-    soak soak-cumem 130 2 cumem 2000
+    soak soak-cumem 120 2 cumem 2000
     soak soak-mixed 90 2 mixed 1000
     step reliability 180 env ZEROCTA_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
       ZEROCTA_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"
+    step isolated 40 "$BIN/zerocta_gpu_probe_isolated_import"
+    grep -h '^RESULT' "$OUT/isolated.log" 2>/dev/null | sed "s/^/    /"
     ;;
   b)
     bench bench-1proc 150 -g 2 --one-process

@@ -19,60 +19,21 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                \
-  do {                                                                       \
-    CUresult r_ = (x);                                                       \
-    if (r_ != CUDA_SUCCESS) {                                                \
-      const char* s_ = nullptr;                                              \
-      cuGetErrorString(r_, &s_);                                             \
-      printf("%s failed: %s (line %d)\n", #x, s_ ? s_ : "?", __LINE__);     \
-      exit(1);                                                               \
-    }                                                                        \
+#include "probe_fds.h"
+
+#define CK(x)                                                           \
+  do {                                                                  \
+    CUresult r_ = (x);                                                  \
+    if (r_ != CUDA_SUCCESS) {                                           \
+      const char* s_ = nullptr;                                         \
+      cuGetErrorString(r_, &s_);                                        \
+      printf("%s failed: %s (line %d)\n", #x, s_ ? s_ : "?", __LINE__); \
+      exit(1);                                                          \
+    }                                                                   \
   } while (0)
 
 constexpr size_t kBytes = 256ull << 20;
 constexpr size_t kPiece = 20ull << 20;
-
-void send_fds(int sock, const std::vector<int>& fds) {
-  char dummy = 'x';
-  iovec iov{&dummy, 1};
-  std::vector<char> ctl(CMSG_SPACE(sizeof(int) * fds.size()));
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = ctl.data();
-  m.msg_controllen = ctl.size();
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  if (sendmsg(sock, &m, 0) < 0) perror("sendmsg");
-}
-
-std::vector<int> recv_fds(int sock, size_t n) {
-  char dummy;
-  iovec iov{&dummy, 1};
-  std::vector<char> ctl(CMSG_SPACE(sizeof(int) * n));
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = ctl.data();
-  m.msg_controllen = ctl.size();
-  if (recvmsg(sock, &m, 0) < 0) perror("recvmsg");
-  std::vector<int> fds(n);
-  memcpy(fds.data(), CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int) * n);
-  return fds;
-}
-
-CUmemAllocationProp prop(int dev) {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = dev;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
 
 // Maps each of `handles` (each `piece` bytes) at an address of its own, read-write for `dev`
 // (as zerocta maps what it imports).
@@ -111,7 +72,8 @@ void exporter(int sock, size_t piece) {
   }
   for (CUdeviceptr va : map_each(h, piece, 0)) CK(cuMemsetD8(va, 1, piece));
   for (size_t at = 0; at < fds.size(); at += 200)
-    send_fds(sock, std::vector<int>(fds.begin() + at, fds.begin() + std::min(fds.size(), at + 200)));
+    send_fds(sock,
+             std::vector<int>(fds.begin() + at, fds.begin() + std::min(fds.size(), at + 200)));
   char done;
   if (read(sock, &done, 1) != 1) perror("read");
 }
@@ -138,7 +100,8 @@ void importer(int sock, size_t piece, bool peer_access) {
   }
   std::vector<CUmemGenericAllocationHandle> h(n);
   for (size_t i = 0; i < n; ++i)
-    CK(cuMemImportFromShareableHandle(&h[i], reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i])),
+    CK(cuMemImportFromShareableHandle(&h[i],
+                                      reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i])),
                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   const std::vector<CUdeviceptr> peer = map_each(h, piece, 1);  // [send | recv] of GPU 0
   const size_t half = kBytes / piece;
@@ -161,8 +124,10 @@ void importer(int sock, size_t piece, bool peer_access) {
       std::vector<size_t> bn;
       for (size_t i = 0; i < half; ++i) {
         if (mode != 1) CK(cuMemcpyAsync(mine + kBytes + i * piece, peer[i], piece, s[1]));  // pull
-        if (mode == 1 || mode == 2) CK(cuMemcpyAsync(peer[half + i], mine + i * piece, piece, s[0]));
-        if (mode == 3) bd.push_back(peer[half + i]), bs.push_back(mine + i * piece), bn.push_back(piece);
+        if (mode == 1 || mode == 2)
+          CK(cuMemcpyAsync(peer[half + i], mine + i * piece, piece, s[0]));
+        if (mode == 3)
+          bd.push_back(peer[half + i]), bs.push_back(mine + i * piece), bn.push_back(piece);
       }
       if (mode == 3) {
         CUmemcpyAttributes attr{};
@@ -190,25 +155,25 @@ void importer(int sock, size_t piece, bool peer_access) {
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);  // children end with _exit
   for (bool peer_access : {false, true})
-  for (size_t piece : {kPiece, kBytes}) {
-    int sv[2];
-    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-    pid_t a = fork();
-    if (a == 0) {
-      close(sv[1]);
-      exporter(sv[0], piece);
-      _exit(0);
-    }
-    pid_t b = fork();
-    if (b == 0) {
+    for (size_t piece : {kPiece, kBytes}) {
+      int sv[2];
+      socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+      pid_t a = fork();
+      if (a == 0) {
+        close(sv[1]);
+        exporter(sv[0], piece);
+        _exit(0);
+      }
+      pid_t b = fork();
+      if (b == 0) {
+        close(sv[0]);
+        importer(sv[1], piece, peer_access);
+        _exit(0);
+      }
       close(sv[0]);
-      importer(sv[1], piece, peer_access);
-      _exit(0);
+      close(sv[1]);
+      waitpid(a, nullptr, 0);
+      waitpid(b, nullptr, 0);
     }
-    close(sv[0]);
-    close(sv[1]);
-    waitpid(a, nullptr, 0);
-    waitpid(b, nullptr, 0);
-  }
   return 0;
 }

@@ -1,0 +1,51 @@
+// What the cross-process probes share: passing descriptors over a UNIX socket (SCM_RIGHTS)
+// and the properties of an exportable cuMem allocation. Header-only, for nvcc or g++.
+#pragma once
+
+#include <cuda.h>
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+inline void send_fds(int sock, const std::vector<int>& fds) {
+  char dummy = 'x';
+  iovec iov{&dummy, 1};
+  std::vector<char> ctl(CMSG_SPACE(sizeof(int) * fds.size()));
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl.data();
+  m.msg_controllen = ctl.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  if (sendmsg(sock, &m, 0) < 0) perror("sendmsg");
+}
+
+inline std::vector<int> recv_fds(int sock, size_t n) {
+  char dummy;
+  iovec iov{&dummy, 1};
+  std::vector<char> ctl(CMSG_SPACE(sizeof(int) * n));
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl.data();
+  m.msg_controllen = ctl.size();
+  if (recvmsg(sock, &m, 0) < 0) perror("recvmsg");
+  std::vector<int> fds(n);
+  memcpy(fds.data(), CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int) * n);
+  return fds;
+}
+
+inline CUmemAllocationProp prop(int dev) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
