@@ -59,14 +59,15 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
   w.write(S::kPush, v.ready[v.rank], v.seq);
   for (int p = 0; p < v.nranks; ++p)
-    if (copies(p)) w.wait_geq(S::kPush, v.ready[p], v.seq);
-  w.record(S::kPush, kEvReady);
+    if (p != v.rank && v.peers[p].push) w.wait_geq(S::kPush, v.ready[p], v.seq);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].push)
       along_spans(v.peers[p].to, v.send, [&](uint64_t peer, uint64_t mine, uint64_t n) {
         w.copy(S::kPush, peer, mine, n);
       });
-  w.wait_event(S::kPull, kEvReady);
+  w.wait_event(S::kPull, kEvStart);
+  for (int p = 0; p < v.nranks; ++p)
+    if (p != v.rank && v.peers[p].pull) w.wait_geq(S::kPull, v.ready[p], v.seq);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].pull)
       along_spans(v.peers[p].from, slot(v.recv, p), [&](uint64_t peer, uint64_t mine, uint64_t n) {

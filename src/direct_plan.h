@@ -18,11 +18,13 @@
 //
 //   user   record kEvStart                                             ... wait kEvEnd
 //   push   wait kEvStart; [staged: copy my chunk into the stage]; write ready[me]=seq; wait
-//          ready[p]>=seq for every peer p I copy to or from; record kEvReady; my pushes; wait
-//          kEvPulled; write done[p][me]=seq for every p I copied to or from; wait
-//          done[me][p]>=seq for every p that copies to or from me; [staged: copy the chunks of
-//          the peers that reached me through the stage out of it]; wait kEvLocal; record kEvEnd
-//   pull   wait kEvReady; my pulls; record kEvPulled
+//          ready[p]>=seq for every peer p I push to; my pushes; wait kEvPulled; write
+//          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
+//          that copies to or from me; [staged: copy the chunks of the peers that reached me
+//          through the stage out of it]; wait kEvLocal; record kEvEnd
+//   pull   wait kEvStart; wait ready[p]>=seq for every peer p I pull from; my pulls; record
+//          kEvPulled (its own flag waits: the pulls start as soon as their peers are ready,
+//          with no event hop from the push stream on the way)
 //   local  wait kEvStart; copy my chunk (out of place only); record kEvLocal
 //
 // The user's stream only records and waits on events: no copy and no flag wait sits on it.
@@ -38,8 +40,8 @@ constexpr int kMaxRanks = 64;  // ranks the route serves
 enum class DirectStream : uint8_t { kUser = 0, kPush = 1, kPull = 2, kLocal = 3, kCount = 4 };
 constexpr int kDirectStreams = static_cast<int>(DirectStream::kCount);
 
-enum DirectEvent : uint8_t { kEvStart = 0, kEvReady = 1, kEvPulled = 2, kEvLocal = 3, kEvEnd = 4 };
-constexpr int kDirectEvents = 5;
+enum DirectEvent : uint8_t { kEvStart = 0, kEvPulled = 1, kEvLocal = 2, kEvEnd = 3 };
+constexpr int kDirectEvents = 4;
 
 enum class DirectOpKind : uint8_t {
   kWaitGeq,    // wait until the 32-bit flag at dst, as a wrapping counter, is >= value

@@ -484,10 +484,10 @@ TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
     EXPECT_EQ(cuda_calls(r, "cuMemHostUnregister", pid), 1) << r.describe();
     // No GPU memory of the shim's own: the driver's two buffers are the only allocations.
     EXPECT_EQ(cuda_calls(r, "cuMemCreate", pid), 2) << r.describe();
-    // Prepare: the route's 3 streams (plus the driver's) and 5 events; no peer access, since
+    // Prepare: the route's 3 streams (plus the driver's) and 4 events; no peer access, since
     // the peer is in another process.
     EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1);
-    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 5);
+    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 4);
     EXPECT_EQ(cuda_calls(r, "cuCtxEnablePeerAccess", pid), 0);
     EXPECT_EQ(rnum(r, k, "end.fd_threads"), 1) << "one fd service per process";
     expect_nothing_left(r, k);
@@ -1290,14 +1290,14 @@ TEST(RouteSetup, StagesGrowWithTheOpAndTwoStagedRanksReachEachOther) {
   }
 }
 
-// `nranks` ranks create a communicator `kCycles` times one after another, each with the same
+// `nranks` ranks create a communicator `cycles` times one after another, each with the same
 // unique id (NCCL_COMM_ID), one routed all-gather, then end it (`more` says how). Between cycle
 // 10 and the last, nothing of the route accumulates: open descriptors, threads (the fd
 // service stays one), the driver's live objects, pinned registrations, channel files;
 // resident memory grows by less than 2 MiB.
 void expect_cycles_leave_nothing(int nranks, const std::vector<std::string>& rank_args,
-                                 const Env& more) {
-  constexpr int kCycles = 120;
+                                 const Env& more, int cycles = 120) {
+  const int kCycles = cycles;
   Scratch s, chan, rdv;
   std::vector<std::string> args = {"ranks", std::to_string(nranks), "cycles"};
   args.insert(args.end(), rank_args.begin(), rank_args.end());
@@ -1315,9 +1315,15 @@ void expect_cycles_leave_nothing(int nranks, const std::vector<std::string>& ran
     EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
     EXPECT_EQ(rnum(r, k, "last.ag_ce"), kCycles) << "every cycle's all-gather took the route";
     EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1);
-    for (const char* what : {"fds", "threads", "pool_bytes", "live_alloc", "live_reserve",
-                             "live_map", "live_stream", "live_event", "live_hostreg"})
-      // At most what it held after cycle 10 (a transient socket or thread may be counted then).
+    // Descriptors and threads may include a peer's request to the fd service in flight when
+    // sampled: 2 of slack (a leak is one or more per cycle).
+    for (const char* what : {"fds", "threads"})
+      EXPECT_LE(rnum(r, k, std::string("last.") + what),
+                rnum(r, k, std::string("warm.") + what) + 2)
+          << what << " grew over " << kCycles - 10 << " cycles\n"
+          << r.describe();
+    for (const char* what : {"pool_bytes", "live_alloc", "live_reserve", "live_map", "live_stream",
+                             "live_event", "live_hostreg"})
       EXPECT_LE(rnum(r, k, std::string("last.") + what), rnum(r, k, std::string("warm.") + what))
           << what << " grew over " << kCycles - 10 << " cycles\n"
           << r.describe();
@@ -1344,10 +1350,12 @@ TEST(RouteSetup, NonBlockingCyclesPolledByAnotherThreadLeaveNothingBehind) {
 }
 
 TEST(RouteSetup, CyclesWithAStagedRankLeaveNothingBehind) {
-  // Rank 1 of 3 with host memory arrives second every time: a stage per communicator.
+  // Rank 1 of 3 with host memory arrives second every time (gaps wide enough for a loaded
+  // machine: a first arrival with host memory would send the op to NCCL): a stage per
+  // communicator.
   expect_cycles_leave_nothing(
-      3, {"r1:DRV_SLEEP_EACH_AG_MS=20", "r2:DRV_SLEEP_EACH_AG_MS=40", "r1:DRV_AG_MEM=host"},
-      {{"ZEROCTA_ALLGATHER", "zerocta"}});
+      3, {"r1:DRV_SLEEP_EACH_AG_MS=60", "r2:DRV_SLEEP_EACH_AG_MS=120", "r1:DRV_AG_MEM=host"},
+      {{"ZEROCTA_ALLGATHER", "zerocta"}}, 60);
 }
 
 TEST(RouteSetup, LaterRankDoesBothWhenTheEarlierOneStopsWaiting) {
