@@ -18,9 +18,12 @@
 #   bench-1proc    zerocta-bench --one-process, nccl-kernel nccl-ce zerocta ceiling, 64M-1G
 #   bench-cumem    zerocta-bench, one process per rank, --alloc cumem, the same paths
 #   fsdp2-comm     run_fsdp2.sh comm with --profile-steps 5 (exposed all-gather share)
-# Part c (2 GPUs): the #172714 overlap, three rounds; do-no-harm cycles and the ce-route test.
+# Part c (2 GPUs): the #172714 overlap, three rounds; do-no-harm cycles and the ce-route test;
+#   the flag probe.
 #   overlap        run_overlap.sh, OVERLAP_REPEATS=3
 #   do-no-harm     run_do_no_harm.sh cycles-1000, ce-route, shm-clean
+#   flag-probe     probes/flag_latency_probe: a flag round trip in host-pinned against device
+#                  memory (the route's fixed per-op cost)
 # Part x4 (4 GPUs): the soak with a staged rank, and the sweep beside NCCL CE:
 #   soak-mixed-4   the soak on 4 ranks, rank 0 on cudaMalloc
 #   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
@@ -89,10 +92,12 @@ case "$PART" in
       "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 2 "$OUT/fsdp2" comm
     ;;
   c)
-    step overlap 380 env OVERLAP_REPEATS=3 OVERLAP_TIMEOUT_S=120 \
+    step overlap 350 env OVERLAP_REPEATS=3 OVERLAP_TIMEOUT_S=110 \
       "$REPO/LD_PRELOAD-examples/run_overlap.sh" 2 "$OUT/overlap"
     step do-no-harm 180 env ZEROCTA_SUITE_ONLY='cycles-1000|ce-route|shm-clean' \
       "$HERE/run_do_no_harm.sh" "$OUT/do-no-harm"
+    step flag-probe 30 "$BIN/zerocta_gpu_probe_flag_latency"
+    grep -h '^RESULT' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
     soak soak-mixed-4 250 4 mixed 1500
