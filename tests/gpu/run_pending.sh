@@ -97,7 +97,7 @@ case "$PART" in
     step do-no-harm 180 env ZEROCTA_SUITE_ONLY='cycles-1000|ce-route|shm-clean' \
       "$HERE/run_do_no_harm.sh" "$OUT/do-no-harm"
     step flag-probe 30 "$BIN/zerocta_gpu_probe_flag_latency"
-    grep -h '^RESULT' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
+    grep -h ' us$' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
     soak soak-mixed-4 250 4 mixed 1500
