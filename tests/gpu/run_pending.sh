@@ -52,7 +52,8 @@ RECORD_WIDTH=16
 soak() {
   local name=$1 secs=$2 ranks=$3 alloc=$4 iters=$5
   step "$name" "$secs" env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
-    ZEROCTA_ALLGATHER=zerocta ZEROCTA_SOAK_EXPECT_CE=1 ZEROCTA_SOAK_NRANKS="$ranks" \
+    ZEROCTA_EXPECT_SHIM=1 ZEROCTA_ALLGATHER=zerocta ZEROCTA_SOAK_EXPECT_CE=1 \
+    ZEROCTA_SOAK_NRANKS="$ranks" \
     ZEROCTA_SOAK_ALLOC="$alloc" ZEROCTA_SOAK_ITERS="$iters" \
     ZEROCTA_SOAK_TIMEOUT_S=$((secs - 20)) "$BIN/zerocta_gpu_ag_soak"
   grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
