@@ -138,6 +138,41 @@ ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return e.real->ncclCommRevoke(comm, revokeFlags);
 }
 
+namespace {
+void remember_window(CommState& st, uintptr_t base, size_t size, ncclWindow_t win) {
+  std::lock_guard<std::mutex> lock(st.windows_mu);
+  st.app_windows.push_back({base, size, win});
+  st.has_app_windows.store(true);
+}
+
+// A window NCCL has not handed out yet: now (its handle written), once a poll sees the
+// non-blocking comm ready, or never (a blocking comm leaves it NULL only on failure).
+void remember_window_when_written(CommState& st, void* buff, size_t size, ncclWindow_t* win) {
+  const auto base = reinterpret_cast<uintptr_t>(buff);
+  if (ncclWindow_t w = __atomic_load_n(win, __ATOMIC_ACQUIRE)) {
+    remember_window(st, base, size, w);
+  } else if (st.nonblocking) {
+    std::lock_guard<std::mutex> lock(st.windows_mu);
+    st.pending_windows.push_back({base, size, win});
+  }
+}
+
+// The pending windows NCCL has written by now (called when a poll saw the comm ready).
+void settle_pending_windows(CommState& st) {
+  std::lock_guard<std::mutex> lock(st.windows_mu);
+  for (auto it = st.pending_windows.begin(); it != st.pending_windows.end();) {
+    ncclWindow_t w = __atomic_load_n(it->win, __ATOMIC_ACQUIRE);
+    if (!w) {
+      ++it;
+      continue;
+    }
+    st.app_windows.push_back({it->base, it->size, w});
+    st.has_app_windows.store(true);
+    it = st.pending_windows.erase(it);
+  }
+}
+}  // namespace
+
 // PyTorch's watchdog polls this from its own thread: only host work here. The call that first
 // sees a joined comm ready freezes its membership (route_setup.h); a poisoned comm, or one a
 // peer poisoned through the channel, answers with its error.
@@ -148,6 +183,7 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   adopt_children(comm, comm);
   if (auto st = comm_lookup(comm)) {
     freeze_when_ready(*st, /*on_app_thread=*/false);
+    settle_pending_windows(*st);
     if (route_peer_poison(*st) != ncclSuccess) {
       int none = ncclSuccess;
       st->poisoned.compare_exchange_strong(none, ncclRemoteError);
@@ -158,29 +194,22 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   return r;
 }
 
-namespace {
-void remember_window(CommState& st, void* buff, size_t size, ncclWindow_t win) {
-  std::lock_guard<std::mutex> lock(st.windows_mu);
-  st.app_windows.push_back({reinterpret_cast<uintptr_t>(buff), size, win});
-  st.has_app_windows.store(true);
-}
-}  // namespace
-
 ZC_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                               ncclWindow_t* win, int winFlags) {
   ZC_PROLOGUE(e, ncclCommWindowRegister, (comm, buff, size, win, winFlags));
   ncclResult_t r = e.real->ncclCommWindowRegister(comm, buff, size, win, winFlags);
-  if (r != ncclSuccess || !win || !(winFlags & NCCL_WIN_COLL_SYMMETRIC)) return r;
+  if ((r != ncclSuccess && r != ncclInProgress) || !win || !(winFlags & NCCL_WIN_COLL_SYMMETRIC))
+    return r;
   auto st = comm_lookup(comm);
   if (!st) return r;
-  // Inside an application group NCCL writes *win only at the group's end (2.28); the caller's
-  // pointer stays valid until then, NCCL's contract.
+  // NCCL writes *win only at the end of the application's group (2.28), and on a non-blocking
+  // comm only once its job is done (ncclInProgress here): the caller's pointer stays valid
+  // until then, NCCL's contract.
   if (group_state().depth > 0)
-    group_state().after_end.push_back([st, buff, size, win] {
-      if (*win) remember_window(*st, buff, size, *win);
-    });
-  else if (*win)
-    remember_window(*st, buff, size, *win);
+    group_state().after_end.push_back(
+        [st, buff, size, win] { remember_window_when_written(*st, buff, size, win); });
+  else
+    remember_window_when_written(*st, buff, size, win);
   return r;
 }
 

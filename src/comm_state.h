@@ -93,6 +93,14 @@ struct CommState {
   std::mutex windows_mu;
   std::vector<AppWindow> app_windows;
   std::atomic<bool> has_app_windows{false};
+  // Windows of a non-blocking comm that NCCL answered ncclInProgress: it writes the caller's
+  // handle when its job is done, which a poll that sees the comm ready tells (under windows_mu).
+  struct PendingWindow {
+    uintptr_t base;
+    size_t size;
+    ncclWindow_t* win;  // the caller's, valid until NCCL wrote it (NCCL's contract)
+  };
+  std::vector<PendingWindow> pending_windows;
   // NCCL 2.28.0-2.29.6 fail CE ops on the legacy default stream; ops that may take NCCL's CE
   // path are moved to this stream, ordered with the caller's by events (created on first need).
   CUstream side_stream = nullptr;

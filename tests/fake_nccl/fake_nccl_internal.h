@@ -71,6 +71,11 @@ struct Comm {
   ncclComm_t* slot = nullptr;   // split child: where its handle goes when its init ends
   std::vector<Comm*> children;  // non-blocking split of this parent: children in progress
   std::thread inner;            // FAKE_NCCL_INNER_THREAD: the fake "NCCL thread" of the init
+  // Windows registered on a ready non-blocking comm: as NCCL's asynchronous group job, the
+  // handle is written to *first only when a poll sees the job done (window_polls_left polls
+  // answer ncclInProgress first).
+  std::vector<std::pair<ncclWindow_t*, ncclWindow_t>> pending_windows;
+  int window_polls_left = 0;
 };
 
 // Registers `p` under the next name of its kind ("comm#3").
@@ -143,6 +148,8 @@ FAKE_HIDDEN void key_local_comms(Comm* const* comms, int n);
 
 // ncclCommGetAsyncError's answer; appends what changed to *extra.
 FAKE_HIDDEN ncclResult_t poll_async(Comm* c, std::string* extra);
+// A window registration on a ready non-blocking comm: in progress until polled done.
+FAKE_HIDDEN void defer_window_until_polled(Comm* c, ncclWindow_t* out, ncclWindow_t win);
 // Count/UserRank/CuDevice: ncclSuccess with the value to answer, or the error to return.
 FAKE_HIDDEN ncclResult_t query_value(Comm* c, int Comm::*field, int* value);
 // Before a comm is freed: joins its fake NCCL thread, forgets its pending children and its

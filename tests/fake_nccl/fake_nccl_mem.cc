@@ -92,6 +92,14 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
     fake::log_line(line + " -> 0 win=" + name_of(w) + " at group end");
     return ncclSuccess;
   }
+  // NCCL runs the registration as a group job; on a non-blocking comm the job is asynchronous:
+  // ncclInProgress now, the handle written when a poll sees the job done.
+  if (fake::Comm* c = fake::find_comm(comm); c->nonblocking) {
+    *win = nullptr;
+    fake::defer_window_until_polled(c, win, reinterpret_cast<ncclWindow_t>(w));
+    fake::log_line(line + " -> 7 win=" + name_of(w) + " when polled");
+    return ncclInProgress;
+  }
   *win = reinterpret_cast<ncclWindow_t>(w);
   fake::log_line(line + " -> 0 win=" + name_of(w));
   return ncclSuccess;

@@ -548,7 +548,25 @@ void key_local_comms(Comm* const* comms, int n) {
   for (int i = 0; i < n; ++i) comms[i]->key = key;
 }
 
+void defer_window_until_polled(Comm* c, ncclWindow_t* out, ncclWindow_t win) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  c->pending_windows.emplace_back(out, win);
+  c->window_polls_left = inprogress_polls();
+}
+
 ncclResult_t poll_async(Comm* c, std::string* extra) {
+  if (c->state.load() == State::kReady) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!c->pending_windows.empty()) {
+      if (c->window_polls_left > 0) {
+        --c->window_polls_left;
+        return ncclInProgress;
+      }
+      for (auto& [out, win] : c->pending_windows) *out = win;
+      *extra += strf(" wrote_windows=%zu", c->pending_windows.size());
+      c->pending_windows.clear();
+    }
+  }
   switch (c->state.load()) {
     case State::kGrouped:
       return ncclSuccess;  // NCCL: asyncResult is still 0 before the group end

@@ -274,6 +274,26 @@ TEST(Stats, AllGatherInAWindowRegisteredInsideAGroupIsNcclCe) {
   }
 }
 
+TEST(Stats, AllGatherInAWindowOfANonBlockingCommIsNcclCeOnceNcclWroteIt) {
+  // On a non-blocking comm NCCL answers the registration ncclInProgress and writes the handle
+  // when its job is done, which the application learns by polling: the shim read it right
+  // after the call (NULL) and never saw the window.
+  Scratch s;
+  RunSpec spec;
+  spec.argv = {driver("drv_script"), "init",        "ready",  "window", "ready",
+               "allgather",          "stats:after", "destroy"};
+  spec.env = {{"NCCL_COMM_BLOCKING", "0"}};
+  RunResult r = run(spec, s);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(r.num("window"), 7) << "the fake answers ncclInProgress\n" << r.describe();
+  EXPECT_EQ(r.num("window_handed_out"), 0) << r.describe();
+  EXPECT_EQ(r.num("ready.1"), 0) << r.describe();
+  EXPECT_GT(r.num("ready_polls.1"), 0) << "the registration was in progress for some polls";
+  EXPECT_EQ(r.num("window_now.1"), 1) << r.describe();
+  EXPECT_EQ(r.num("stats.after.allgather.nccl-ce.calls"), 1) << r.describe();
+  EXPECT_EQ(r.num("stats.after.allgather.passthrough.calls"), 0) << r.describe();
+}
+
 TEST(Stats, NothingWhenUnset) {
   Scratch scratch;
   RunResult r = run_counted({}, scratch);

@@ -4,6 +4,9 @@
 //   pid version uniqueid init asyncerror allgather allreduce bcast shrink destroy
 //   window (the all-gather's buffers registered as a symmetric window) groupwindow (the same
 //   inside ncclGroupStart/End: NCCL hands the window out only at the group's end)
+//   ready (ncclCommGetAsyncError until not in progress, at most 100 polls: "ready" is the
+//   final state, "ready_polls" how many answered in progress, "window_now" whether the last
+//   window's handle is written by then; a non-blocking comm's window is written that late)
 //   stats:<tag>  marker:<text>  setdev:<n> (fake driver)  getdev
 //
 // "init" is ncclGetUniqueId + ncclCommInitRank(nranks 2, rank 0) on the current device.
@@ -18,6 +21,7 @@
 namespace {
 
 ncclComm_t g_comm = nullptr;
+ncclWindow_t g_win = nullptr;  // the last window step's handle, as NCCL writes it
 std::map<std::string, int> g_seen;
 cudaStream_t stream() { return static_cast<cudaStream_t>(drv::fake_stream(1)); }
 
@@ -52,7 +56,7 @@ bool run_step(const std::string& step) {
     result("asyncerror", ncclCommGetAsyncError(g_comm, &e));
   } else if (step == "window" || step == "groupwindow") {
     // fake_buffer(1) and (2), the all-gather's send and receive buffers, lie 1 MiB apart.
-    static ncclWindow_t win = nullptr;
+    ncclWindow_t& win = g_win;
     const bool grouped = step == "groupwindow";
     if (grouped) ncclGroupStart();
     ncclResult_t r =
@@ -64,6 +68,16 @@ bool run_step(const std::string& step) {
     }
     result(step, r);
     result("window_handed_out", win != nullptr);
+  } else if (step == "ready") {
+    ncclResult_t state = ncclInProgress;
+    int polls = 0;
+    for (; polls < 100; ++polls) {
+      state = ncclInProgress;
+      if (ncclCommGetAsyncError(g_comm, &state) != ncclSuccess || state != ncclInProgress) break;
+    }
+    result("ready", state);
+    result("ready_polls", polls);
+    result("window_now", __atomic_load_n(&g_win, __ATOMIC_ACQUIRE) != nullptr);
   } else if (step == "allgather") {
     result("allgather", ncclAllGather(drv::fake_buffer(1), drv::fake_buffer(2), 1024, ncclFloat32,
                                       g_comm, stream()));
