@@ -98,6 +98,8 @@ struct Report {
   int64_t completed, issued;  // all-gathers
   int32_t abort_result;       // ncclResult_t of ncclCommAbort
   int32_t stream_status;      // cudaError_t once drained
+  char stream_status_name[48];  // its name, taken in the rank: a CUDA call in the parent would
+                                // initialize CUDA there and break the next test's forked ranks
   int32_t abort_reason;       // 1 = no progress, 2 = asynchronous error
   int32_t shim;               // libzerocta.so is loaded
   uint64_t ce_calls, passthrough_calls;
@@ -264,6 +266,7 @@ bool wait_drained(Gathers& g, int64_t deadline_ns, Report* r) {
     if (q != cudaErrorNotReady) {
       r->drained_ns = now_ns();
       r->stream_status = q;
+      snprintf(r->stream_status_name, sizeof(r->stream_status_name), "%s", cudaGetErrorName(q));
       return true;
     }
     if (now_ns() > deadline_ns) return false;
@@ -424,7 +427,7 @@ TEST(FaultKill, PeerKilledMidStream) {
       : r0.abort_reason == 1 ? "no-progress"
                              : "none",
       stall_to_abort, abort_call, abort_to_drained, kill_to_drained, kill_to_exit, k.bound_s,
-      r0.abort_result, cudaGetErrorName(static_cast<cudaError_t>(r0.stream_status)),
+      r0.abort_result, r0.stream_status_name,
       pass ? "PASS" : "FAIL");
   fflush(stdout);
   EXPECT_TRUE(rank1_killed) << "rank 1 should have died by its own SIGKILL\n" << result.summary();
@@ -534,7 +537,7 @@ void run_abort(bool graph) {
         "abort_to_drained=%.2fs (bound %lds) abort_result=%d stream=%s guard_bytes_changed=%s\n",
         rank, route_name(r).c_str(), static_cast<long long>(r.issued),
         seconds_between(r.abort_start_ns, r.abort_end_ns), drain, k.abort_bound_s, r.abort_result,
-        cudaGetErrorName(static_cast<cudaError_t>(r.stream_status)),
+        r.stream_status_name,
         r.bad_guard == UINT64_MAX ? "unknown(context unusable)"
                                   : std::to_string(r.bad_guard).c_str());
     EXPECT_GE(drain, 0.0) << "rank " << rank << " never drained";
