@@ -24,6 +24,11 @@
 #   do-no-harm     run_do_no_harm.sh cycles-1000, ce-route, shm-clean
 #   flag-probe     probes/flag_latency_probe: a flag round trip in host-pinned against device
 #                  memory (the route's fixed per-op cost)
+# Part d (2 GPUs): whether soak-mixed's hang in a graph replay is NCCL's own:
+#   soak-mixed-nccl        the same soak and buffers without the library (NCCL alone)
+#   soak-mixed-nccl-noreg  the same with NCCL_GRAPH_REGISTER=0 (no capture-time registration)
+#   soak-mixed-noreg       the library's soak-mixed with NCCL_GRAPH_REGISTER=0
+#   flag-probe             as in part c
 # Part x4 (4 GPUs): the soak with a staged rank, and the sweep beside NCCL CE:
 #   soak-mixed-4   the soak on 4 ranks, rank 0 on cudaMalloc
 #   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
@@ -34,8 +39,8 @@ set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|x4)$ ]]; then
-  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|x4 OUTDIR" >&2
+if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|x4)$ ]]; then
+  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|x4 OUTDIR" >&2
   exit 2
 fi
 PART=$1
@@ -56,6 +61,17 @@ soak() {
     ZEROCTA_SOAK_NRANKS="$ranks" \
     ZEROCTA_SOAK_ALLOC="$alloc" ZEROCTA_SOAK_ITERS="$iters" \
     ZEROCTA_SOAK_TIMEOUT_S=$((secs - 20)) "$BIN/zerocta_gpu_ag_soak"
+  grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
+}
+
+# soak_nccl NAME SECONDS ALLOC ITERS [VAR=VALUE...]: the same soak without the library: what
+# NCCL alone does with these buffers (a baseline for a soak that fails under the library).
+soak_nccl() {
+  local name=$1 secs=$2 alloc=$3 iters=$4
+  shift 4
+  step "$name" "$secs" env LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" ZEROCTA_EXPECT_SHIM=0 \
+    ZEROCTA_SOAK_NRANKS=2 ZEROCTA_SOAK_ALLOC="$alloc" ZEROCTA_SOAK_ITERS="$iters" \
+    ZEROCTA_SOAK_TIMEOUT_S=$((secs - 20)) "$@" "$BIN/zerocta_gpu_ag_soak"
   grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
 }
 
@@ -97,6 +113,13 @@ case "$PART" in
       "$REPO/LD_PRELOAD-examples/run_overlap.sh" 2 "$OUT/overlap"
     step do-no-harm 180 env ZEROCTA_SUITE_ONLY='cycles-1000|ce-route|shm-clean' \
       "$HERE/run_do_no_harm.sh" "$OUT/do-no-harm"
+    step flag-probe 30 "$BIN/zerocta_gpu_probe_flag_latency"
+    grep -h ' us$' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
+    ;;
+  d)
+    soak_nccl soak-mixed-nccl 60 mixed 1000
+    soak_nccl soak-mixed-nccl-noreg 60 mixed 1000 NCCL_GRAPH_REGISTER=0
+    NCCL_GRAPH_REGISTER=0 soak soak-mixed-noreg 60 2 mixed 1000
     step flag-probe 30 "$BIN/zerocta_gpu_probe_flag_latency"
     grep -h ' us$' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
     ;;
