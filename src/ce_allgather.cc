@@ -52,15 +52,15 @@ int64_t now_us() {
   return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
 }
 
-// A peer's buffer range as spans in this process: by address in its process, else imported.
+// A peer's buffer range as this process addresses it: by address in its process, else imported.
 bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64_t addr,
-           uint64_t bytes, std::vector<Span>* out, const char** why) {
+           uint64_t bytes, Span* out, const char** why) {
   if (post.reach == 0) {
     *why = "a rank's buffers cannot be reached by its peers (another allocator on that rank?)";
     return false;
   }
   if (post.pid == static_cast<int32_t>(getpid())) {
-    out->assign(1, Span{addr, bytes});
+    *out = Span{addr, bytes};
     return true;
   }
   const MemberFacts& m = st.members[static_cast<size_t>(p)];

@@ -34,16 +34,6 @@ class PlanWriter {
   std::vector<DirectOp>* plan_;
 };
 
-// Copies `bytes` between a contiguous local range and a peer's spans, in span order.
-template <typename Emit>
-void along_spans(const std::vector<Span>& spans, uint64_t local, Emit emit) {
-  uint64_t at = 0;
-  for (const Span& s : spans) {
-    emit(s.addr, local + at, s.bytes);
-    at += s.bytes;
-  }
-}
-
 }  // namespace
 
 void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
@@ -61,18 +51,13 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].push) w.wait_geq(S::kPush, v.ready[p], v.seq);
   for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].push)
-      along_spans(v.peers[p].to, v.send, [&](uint64_t peer, uint64_t mine, uint64_t n) {
-        w.copy(S::kPush, peer, mine, n);
-      });
+    if (p != v.rank && v.peers[p].push) w.copy(S::kPush, v.peers[p].to.addr, v.send, v.chunk);
   w.wait_event(S::kPull, kEvStart);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].pull) w.wait_geq(S::kPull, v.ready[p], v.seq);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].pull)
-      along_spans(v.peers[p].from, slot(v.recv, p), [&](uint64_t peer, uint64_t mine, uint64_t n) {
-        w.copy(S::kPull, mine, peer, n);
-      });
+      w.copy(S::kPull, slot(v.recv, p), v.peers[p].from.addr, v.chunk);
   w.record(S::kPull, kEvPulled);
   w.wait_event(S::kLocal, kEvStart);
   if (!in_place) w.copy(S::kLocal, own, v.send, v.chunk);

@@ -60,8 +60,8 @@ struct DirectOp {
   uint64_t dst, src, bytes;
 };
 
-// One contiguous piece of a peer's buffer as this rank addresses it: a buffer that lies in
-// several physical allocations is mapped piecewise (peer_memory.h).
+// A peer's buffer range as this rank addresses it (one range, also where its owner laid it across
+// several physical allocations: peer_memory.h maps those back to back).
 struct Span {
   uint64_t addr = 0, bytes = 0;
 };
@@ -73,8 +73,8 @@ struct PeerPart {
   bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
   bool staged = false;       // ... through my stage: its chunk is copied out of it after
   // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
-  // my address space, as spans of `chunk` bytes in total.
-  std::vector<Span> from, to;
+  // my address space: `chunk` bytes each.
+  Span from, to;
 };
 
 // What one rank needs to know to build its plan for one op.

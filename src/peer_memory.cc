@@ -17,6 +17,9 @@ constexpr int kFdTimeoutMs = 5000;
 // Asking an owner which allocations it still exports is housekeeping on the application's
 // thread: it gives up soon and tries again later.
 constexpr int kFdAskTimeoutMs = 50;
+// Views (runs of a peer's allocations mapped back to back) a communicator keeps: one per buffer
+// its ops use, so a program that cycles through more buffers than this remaps some each time.
+constexpr size_t kMaxViews = 64;
 
 template <typename T>
 bool attribute(const CudaDriver& cu, CUpointer_attribute a, uint64_t p, T* out) {
@@ -147,97 +150,148 @@ void withdraw_all_exports() {
   exports().clear();
 }
 
-bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, int pid,
-                                 const char* fd_address, uint64_t addr, uint64_t bytes,
+// Extents [first, last] of `buf` are imported (those not imported yet, in one request to their
+// owner's fd service).
+bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, uint32_t first,
+                                 uint32_t last, int pid, const char* fd_address,
                                  const char** why) {
   std::vector<uint64_t> tokens;
   std::vector<const OpExtent*> wanted;
-  for (uint32_t i = 0; i < buf.nextents && i < kMaxExtents; ++i) {
-    const OpExtent& e = buf.extents[i];
-    if (e.base >= addr + bytes || e.base + e.bytes <= addr) continue;
-    if (maps_.count({pid, e.block_id})) continue;
-    tokens.push_back(e.token);
-    wanted.push_back(&e);
-  }
+  for (uint32_t i = first; i <= last; ++i)
+    if (!imports_.count({pid, buf.extents[i].block_id})) {
+      tokens.push_back(buf.extents[i].token);
+      wanted.push_back(&buf.extents[i]);
+    }
   if (tokens.empty()) return true;
   owners_[pid] = fd_address;
   const auto started = std::chrono::steady_clock::now();
-  uint64_t mapped = 0, mapped_bytes = 0;
+  uint64_t imported = 0, imported_bytes = 0;
   std::vector<int> fds;
   if (!fd_fetch(fd_address, pid, tokens.data(), tokens.size(), &fds, kFdTimeoutMs, why))
     return false;
   bool ok = true;
   for (size_t i = 0; i < fds.size(); ++i) {
-    MappedAllocation m;
-    if (ok && fds[i] >= 0 && import_mapping(cu, fds[i], wanted[i]->bytes, device_, &m)) {
-      Mapping& kept = maps_[{pid, wanted[i]->block_id}];
-      kept.va = m.va;
-      kept.bytes = m.bytes;
-      kept.handle = m.handle;
+    CUmemGenericAllocationHandle h = 0;
+    if (ok && fds[i] >= 0 && import_allocation(cu, fds[i], &h)) {
+      Import& kept = imports_[{pid, wanted[i]->block_id}];
+      kept.handle = h;
+      kept.bytes = wanted[i]->bytes;
       kept.token = wanted[i]->token;
-      held_ += m.bytes;
-      stats_pool_bytes_add(static_cast<int64_t>(m.bytes));
-      ++mapped;
-      mapped_bytes += m.bytes;
+      held_ += kept.bytes;
+      stats_pool_bytes_add(static_cast<int64_t>(kept.bytes));
+      ++imported;
+      imported_bytes += kept.bytes;
     } else if (ok) {
       ok = false;
       *why = fds[i] < 0 ? "a peer no longer exports a buffer it posted"
-                        : "could not map a peer's buffer";
+                        : "could not import a peer's buffer";
     }
-    if (fds[i] >= 0) close(fds[i]);  // the mapping holds the memory now
+    if (fds[i] >= 0) close(fds[i]);  // the handle holds the memory now
   }
   const auto took = std::chrono::steady_clock::now() - started;
   stats_peer_mapped(
-      mapped, mapped_bytes,
+      imported, imported_bytes,
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
   return ok;
 }
 
+// A view of `pid` that maps extents [first, last] of `buf` (the same allocations at the same
+// places), or null.
+PeerImports::View* PeerImports::find_view(const OpBuffer& buf, uint32_t first, uint32_t last,
+                                          int pid) {
+  const uint64_t begin = buf.extents[first].base;
+  const uint64_t end = buf.extents[last].base + buf.extents[last].bytes;
+  for (View& v : views_) {
+    if (v.pid != pid || begin < v.peer_base || end > v.peer_base + v.bytes) continue;
+    uint64_t at = v.peer_base;
+    size_t k = 0;
+    while (k < v.blocks.size() && at < begin) at += v.sizes[k++];
+    bool same = at == begin;
+    for (uint32_t i = first; same && i <= last; ++i, ++k)
+      same = k < v.blocks.size() && v.blocks[k] == buf.extents[i].block_id &&
+             v.sizes[k] == buf.extents[i].bytes;
+    if (same) return &v;
+  }
+  return nullptr;
+}
+
+// Maps extents [first, last] of `buf` (imported) back to back as a new view.
+PeerImports::View* PeerImports::map_view(const CudaDriver& cu, const OpBuffer& buf,
+                                         uint32_t first, uint32_t last, int pid,
+                                         const char** why) {
+  View v;
+  v.pid = pid;
+  v.peer_base = buf.extents[first].base;
+  std::vector<CUmemGenericAllocationHandle> handles;
+  for (uint32_t i = first; i <= last; ++i) {
+    handles.push_back(imports_[{pid, buf.extents[i].block_id}].handle);
+    v.blocks.push_back(buf.extents[i].block_id);
+    v.sizes.push_back(buf.extents[i].bytes);
+    v.bytes += buf.extents[i].bytes;
+  }
+  if (!map_back_to_back(cu, handles.data(), v.sizes.data(), handles.size(), device_, &v.va)) {
+    *why = "could not map a peer's buffer";
+    return nullptr;
+  }
+  for (uint64_t id : v.blocks) imports_[{pid, id}].views++;
+  views_.push_back(std::move(v));
+  return &views_.back();
+}
+
 bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
                           const char* fd_address, uint64_t addr, uint64_t bytes, uint64_t seq,
-                          DoneMark done, std::vector<Span>* out, const char** why) {
-  out->clear();
+                          DoneMark done, Span* out, const char** why) {
   if (addr < buf.addr || bytes > buf.bytes || addr - buf.addr > buf.bytes - bytes) {
     *why = "a peer posted a buffer smaller than the op";
     return false;
   }
-  if (!import_missing(cu, buf, pid, fd_address, addr, bytes, why)) return false;
-  uint64_t p = addr;
-  for (uint32_t i = 0; i < buf.nextents && i < kMaxExtents && p < addr + bytes; ++i) {
-    const OpExtent& e = buf.extents[i];
-    if (p < e.base || p >= e.base + e.bytes) continue;
-    Mapping& m = maps_[{pid, e.block_id}];
-    m.last_seq = seq;
-    m.done = done;
-    const uint64_t n = std::min(addr + bytes, e.base + e.bytes) - p;
-    out->push_back(Span{m.va + (p - e.base), n});
-    p += n;
-  }
-  if (p != addr + bytes) {
+  // The extents the range touches; a post's extents follow one another in its owner's address
+  // space (describe_buffer walks them so), which is checked here all the same.
+  const uint32_t n = std::min(buf.nextents, kMaxExtents);
+  uint32_t first = 0;
+  while (first < n && buf.extents[first].base + buf.extents[first].bytes <= addr) ++first;
+  uint32_t last = first;
+  while (last + 1 < n && buf.extents[last].base + buf.extents[last].bytes < addr + bytes &&
+         buf.extents[last + 1].base == buf.extents[last].base + buf.extents[last].bytes)
+    ++last;
+  if (first == n || addr < buf.extents[first].base ||
+      addr + bytes > buf.extents[last].base + buf.extents[last].bytes) {
     *why = "a peer's buffer extents do not cover the op";
     return false;
   }
+  if (!import_missing(cu, buf, first, last, pid, fd_address, why)) return false;
+  View* v = find_view(buf, first, last, pid);
+  if (!v && !(v = map_view(cu, buf, first, last, pid, why))) return false;
+  v->last_seq = seq;
+  v->done = done;
+  for (uint32_t i = first; i <= last; ++i) imports_[{pid, buf.extents[i].block_id}].last_seq = seq;
+  *out = Span{v->va + (addr - v->peer_base), bytes};
   return true;
 }
 
-void PeerImports::release(const CudaDriver& cu, Mapping* m) {
-  MappedAllocation a;
-  a.va = m->va;
-  a.bytes = m->bytes;
-  a.handle = m->handle;
-  release_mapping(cu, &a);
-  held_ -= m->bytes;
-  stats_pool_bytes_add(-static_cast<int64_t>(m->bytes));
-  stats_peer_unmapped(m->bytes);
+void PeerImports::release_view(const CudaDriver& cu, size_t i) {
+  View& v = views_[i];
+  unmap_back_to_back(cu, v.va, v.sizes.data(), v.sizes.size());
+  for (uint64_t id : v.blocks) imports_[{v.pid, id}].views--;
+  views_.erase(views_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
-// Asks every owner which of our mappings' allocations it still exports. An owner that does not
-// answer (its process is gone, or busy past the time limit) leaves its mappings as they are.
+void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it) {
+  cu.cuMemRelease(it->second.handle);
+  held_ -= it->second.bytes;
+  stats_pool_bytes_add(-static_cast<int64_t>(it->second.bytes));
+  stats_peer_unmapped(it->second.bytes);
+  imports_.erase(it);
+}
+
+// Asks every owner which of our imports' allocations it still exports. An owner that does not
+// answer (its process is gone, or busy past the time limit) leaves its imports as they are.
 void PeerImports::mark_freed() {
   for (const auto& [pid, address] : owners_) {
     std::vector<uint64_t> tokens;
-    std::vector<Mapping*> asked;
-    for (auto it = maps_.lower_bound({pid, 0}); it != maps_.end() && it->first.first == pid; ++it) {
+    std::vector<Import*> asked;
+    for (auto it = imports_.lower_bound({pid, 0}); it != imports_.end() && it->first.first == pid;
+         ++it) {
       tokens.push_back(it->second.token);
       asked.push_back(&it->second);
     }
@@ -252,24 +306,49 @@ void PeerImports::mark_freed() {
 
 void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
   if (ask_owners) mark_freed();
-  std::vector<std::map<Key, Mapping>::iterator> idle;  // finished, still wanted
-  for (auto it = maps_.begin(); it != maps_.end();) {
-    if (!it->second.done.passed()) {
-      ++it;
-    } else if (it->second.freed) {
-      release(cu, &it->second);
-      it = maps_.erase(it);
-    } else {
-      idle.push_back(it++);
-    }
+  // Views: those over a freed allocation, then the least recently used beyond kMaxViews, once
+  // their last op finished.
+  auto over_freed = [&](const View& v) {
+    for (uint64_t id : v.blocks)
+      if (imports_[{v.pid, id}].freed) return true;
+    return false;
+  };
+  for (size_t i = views_.size(); i-- > 0;)
+    if (views_[i].done.passed() && over_freed(views_[i])) release_view(cu, i);
+  while (views_.size() > kMaxViews) {
+    size_t oldest = views_.size();
+    for (size_t i = 0; i < views_.size(); ++i)
+      if (views_[i].done.passed() &&
+          (oldest == views_.size() || views_[i].last_seq < views_[oldest].last_seq))
+        oldest = i;
+    if (oldest == views_.size()) break;
+    release_view(cu, oldest);
   }
-  if (held_ <= budget) return;
-  std::sort(idle.begin(), idle.end(),
-            [](const auto& a, const auto& b) { return a->second.last_seq < b->second.last_seq; });
-  for (auto it : idle) {
-    if (held_ <= budget) break;
-    release(cu, &it->second);
-    maps_.erase(it);
+  // Imports no view maps: the freed ones, then the least recently used beyond the budget (with
+  // their views, once those finished).
+  for (auto it = imports_.begin(); it != imports_.end();)
+    if (it->second.views == 0 && it->second.freed)
+      release_import(cu, it++);
+    else
+      ++it;
+  while (held_ > budget) {
+    auto lru = imports_.end();
+    for (auto it = imports_.begin(); it != imports_.end(); ++it)
+      if (lru == imports_.end() || it->second.last_seq < lru->second.last_seq) lru = it;
+    if (lru == imports_.end()) break;
+    bool busy = false;
+    for (size_t i = views_.size(); i-- > 0;) {
+      const View& v = views_[i];
+      if (v.pid != lru->first.first ||
+          std::find(v.blocks.begin(), v.blocks.end(), lru->first.second) == v.blocks.end())
+        continue;
+      if (v.done.passed())
+        release_view(cu, i);
+      else
+        busy = true;
+    }
+    if (busy) break;  // in use by an op still running: later
+    release_import(cu, lru);
   }
 }
 
@@ -277,7 +356,8 @@ PeerImports::~PeerImports() {
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;
   ScopedDevice on(device_);
-  for (auto& [key, m] : maps_) release(*cu, &m);
+  while (!views_.empty()) release_view(*cu, views_.size() - 1);
+  while (!imports_.empty()) release_import(*cu, imports_.begin());
 }
 
 bool enable_peer_access(const CudaDriver& cu, int device, int peer_device) {

@@ -4,11 +4,12 @@
 //              the GPUs of its own process, and the physical allocations it lies in, exported
 //              as POSIX file descriptors kept in this process's fd service (fd_exchange.h), for
 //              the other processes.
-//   resolve    the other side: a peer's buffer range as spans of this process's address space.
+//   resolve    the other side: a peer's buffer range as a span of this process's address space.
 //              In the peer's process, its address (peer access enabled once per pair of
-//              devices); elsewhere, its allocations imported and mapped whole, cached by
-//              (process, block id) — a block id names one physical allocation for the life of
-//              its process, so an address the peer's allocator reuses never hits a stale entry.
+//              devices); elsewhere, its allocations imported, cached by (process, block id) — a
+//              block id names one physical allocation for the life of its process, so an
+//              address the peer's allocator reuses never hits a stale entry — and mapped whole,
+//              back to back as they lie in the peer's address space.
 //
 // Which memory can be reached how:
 //   cudaMalloc memory   by address in its process; not across processes (legacy IPC would need
@@ -70,10 +71,15 @@ struct DoneMark {
   }
 };
 
-// One communicator's imports of its peers' allocations, on `device`. A mapping goes when the
-// last op that used it has finished and either its owner no longer exports the allocation (it
-// freed it: keeping the mapping would keep the memory alive, out of its allocator's sight) or
-// the imports hold more than their budget (least recently used first).
+// One communicator's imports of its peers' allocations, on `device`. An allocation is imported
+// once (cached by process and block id); the runs of consecutive allocations that ops touch are
+// mapped back to back ("views"), so a buffer its owner laid across several allocations (PyTorch's
+// expandable segments: 20 MiB each) is one range here and one copy per peer, not one per
+// allocation. A view goes when the last op that used it has finished and one of its allocations
+// was freed by its owner, or when there are too many views; an import goes when no view maps it
+// and either its owner no longer exports it (it freed it: keeping the import would keep the
+// memory alive, out of its allocator's sight) or the imports hold more than their budget (least
+// recently used first).
 class PeerImports {
  public:
   explicit PeerImports(int device) : device_(device) {}
@@ -82,10 +88,10 @@ class PeerImports {
   PeerImports& operator=(const PeerImports&) = delete;
 
   // [addr, addr + bytes) of the peer's buffer `buf` (posted by process `pid` whose fd service
-  // is at `fd_address`) as spans here, for op `seq` whose copies end with `done`; false with
+  // is at `fd_address`) as one span here, for op `seq` whose copies end with `done`; false with
   // *why when it cannot be mapped.
   bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
-               uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, std::vector<Span>* out,
+               uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, Span* out,
                const char** why);
   // Releases what may go (see the class comment). `ask_owners`: first ask each owner's fd
   // service which allocations it still exports (a socket round trip per owner process).
@@ -93,23 +99,36 @@ class PeerImports {
   uint64_t held_bytes() const { return held_; }
 
  private:
-  struct Mapping {
-    CUdeviceptr va = 0;
-    uint64_t bytes = 0;
+  using Key = std::pair<int, uint64_t>;  // (pid, block id)
+  struct Import {
     CUmemGenericAllocationHandle handle = 0;
+    uint64_t bytes = 0;
     uint64_t token = 0;     // the owner's fd-service token for the allocation
     uint64_t last_seq = 0;  // the last op that used it
-    DoneMark done;          // when that op's copies finished
+    int views = 0;          // views that map it
     bool freed = false;     // its owner no longer exports it
   };
-  using Key = std::pair<int, uint64_t>;  // (pid, block id)
-  bool import_missing(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
-                      uint64_t addr, uint64_t bytes, const char** why);
+  struct View {
+    int pid = 0;
+    uint64_t peer_base = 0, bytes = 0;  // the run in its owner's address space
+    CUdeviceptr va = 0;                 // ... and here
+    std::vector<uint64_t> blocks;       // block ids, in address order
+    std::vector<uint64_t> sizes;        // their bytes
+    uint64_t last_seq = 0;
+    DoneMark done;  // when the last op that used it finished
+  };
+  bool import_missing(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last,
+                      int pid, const char* fd_address, const char** why);
+  View* find_view(const OpBuffer& buf, uint32_t first, uint32_t last, int pid);
+  View* map_view(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last, int pid,
+                 const char** why);
   void mark_freed();
-  void release(const CudaDriver& cu, Mapping* m);
+  void release_view(const CudaDriver& cu, size_t i);
+  void release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it);
   int device_;
   uint64_t held_ = 0;
-  std::map<Key, Mapping> maps_;
+  std::map<Key, Import> imports_;
+  std::vector<View> views_;
   std::map<int, std::string> owners_;  // pid -> its fd service's address
 };
 

@@ -33,19 +33,55 @@ bool map_for(const CudaDriver& cu, CUmemGenericAllocationHandle handle, size_t b
   return true;
 }
 
+// Unmaps the first `n` of the allocations mapped back to back at `va`; returns their bytes.
+uint64_t unmap_first(const CudaDriver& cu, CUdeviceptr va, const uint64_t* bytes, size_t n) {
+  uint64_t at = 0;
+  for (size_t i = 0; i < n; at += bytes[i], ++i) cu.cuMemUnmap(va + at, bytes[i]);
+  return at;
+}
+
 }  // namespace
 
-bool import_mapping(const CudaDriver& cu, int fd, size_t bytes, int device, MappedAllocation* out) {
-  CUmemGenericAllocationHandle h = 0;
+bool import_allocation(const CudaDriver& cu, int fd, CUmemGenericAllocationHandle* handle) {
+  *handle = 0;
   void* os_handle = reinterpret_cast<void*>(static_cast<uintptr_t>(fd));
-  if (cu.cuMemImportFromShareableHandle(&h, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
-      CUDA_SUCCESS)
-    return false;
-  if (!map_for(cu, h, bytes, &device, 1, out)) {
-    cu.cuMemRelease(h);
+  return cu.cuMemImportFromShareableHandle(handle, os_handle,
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+         CUDA_SUCCESS;
+}
+
+bool map_back_to_back(const CudaDriver& cu, const CUmemGenericAllocationHandle* handles,
+                      const uint64_t* bytes, size_t n, int device, CUdeviceptr* va) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += bytes[i];
+  *va = 0;
+  CUdeviceptr base = 0;
+  if (n == 0 || cu.cuMemAddressReserve(&base, total, 0, 0, 0) != CUDA_SUCCESS) return false;
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Each allocation is mapped and opened on its own: the driver's calls take one mapping each.
+  size_t mapped = 0;
+  uint64_t at = 0;
+  for (; mapped < n; at += bytes[mapped], ++mapped) {
+    if (cu.cuMemMap(base + at, bytes[mapped], 0, handles[mapped], 0) != CUDA_SUCCESS) break;
+    if (cu.cuMemSetAccess(base + at, bytes[mapped], &access, 1) != CUDA_SUCCESS) {
+      cu.cuMemUnmap(base + at, bytes[mapped]);
+      break;
+    }
+  }
+  if (mapped < n) {
+    unmap_first(cu, base, bytes, mapped);
+    cu.cuMemAddressFree(base, total);
     return false;
   }
+  *va = base;
   return true;
+}
+
+void unmap_back_to_back(const CudaDriver& cu, CUdeviceptr va, const uint64_t* bytes, size_t n) {
+  cu.cuMemAddressFree(va, unmap_first(cu, va, bytes, n));
 }
 
 bool create_exportable(const CudaDriver& cu, size_t bytes, int device, const int* also, int nalso,

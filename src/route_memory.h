@@ -1,11 +1,12 @@
-// The route's cuMem mappings: a peer's exported allocation mapped from its file descriptor (fd
-// service, fd_exchange.h), and an allocation of this rank's own that its peers can import (a
-// stage, stage_buffer.h). No NCCL call is involved.
+// The route's cuMem mappings: peers' exported allocations imported from their file descriptors
+// (fd service, fd_exchange.h) and mapped back to back, and an allocation of this rank's own that
+// its peers can import (a stage, stage_buffer.h). No NCCL call is involved.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda_driver.h"
 
@@ -18,10 +19,19 @@ struct MappedAllocation {
   explicit operator bool() const { return va != 0; }
 };
 
-// Maps the allocation behind `fd` (of `bytes`, its whole size: cuMemMap needs offset 0 and the
-// imported granularity) at a new address, accessible from `device`. The descriptor stays the
-// caller's to close. False (nothing held) on failure.
-bool import_mapping(const CudaDriver& cu, int fd, size_t bytes, int device, MappedAllocation* out);
+// Imports the allocation behind `fd` (a peer's export) into *handle, unmapped. The descriptor
+// stays the caller's to close. False (nothing held) on failure.
+bool import_allocation(const CudaDriver& cu, int fd, CUmemGenericAllocationHandle* handle);
+
+// Maps `n` allocations back to back at one new address, each whole (cuMemMap needs offset 0
+// and the imported granularity: `bytes[i]` is allocation i's whole size), accessible from
+// `device`, so that a buffer its owner laid across them is one range here too. *va is the
+// address of the first; the handles stay the caller's. False (nothing mapped) on failure.
+bool map_back_to_back(const CudaDriver& cu, const CUmemGenericAllocationHandle* handles,
+                      const uint64_t* bytes, size_t n, int device, CUdeviceptr* va);
+
+// Undoes map_back_to_back (the same sizes, in the same order) and frees the address range.
+void unmap_back_to_back(const CudaDriver& cu, CUdeviceptr va, const uint64_t* bytes, size_t n);
 
 // Allocates at least `bytes` on `device` (rounded up to the recommended granularity), exportable
 // as a POSIX fd, mapped and accessible from `device` and the `nalso` devices in `also`. False

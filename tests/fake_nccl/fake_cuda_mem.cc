@@ -34,8 +34,9 @@
 // Work on streams runs at once, in the calling thread, on those host addresses:
 // cuMemsetD32Async, cuMemcpyAsync, cuMemcpyHtoD/DtoH, cuMemcpyBatchAsync (refused on the legacy
 // NULL stream, as the real driver does), cuStreamWriteValue32. An address inside a reservation
-// of this fake must be mapped with the needed access (else CUDA_ERROR_ILLEGAL_ADDRESS instead of
-// a crash); any other address is taken for host memory of the caller.
+// of this fake must be mapped with the needed access, by one mapping or several back to back
+// (else CUDA_ERROR_ILLEGAL_ADDRESS instead of a crash); any other address is taken for host
+// memory of the caller.
 // cuStreamWaitValue32 cannot block a fake stream: a satisfied wait logs "satisfied"; an
 // unsatisfied one logs "not_satisfied" and returns CUDA_SUCCESS, unless FAKE_CUDA_WAIT_MS=<ms>
 // is set: then it polls the flag (a peer process may still write it) for up to that long
@@ -229,7 +230,8 @@ bool need_context(const std::string& what, CUresult* r) {
 bool valid_device(int dev) { return dev >= 0 && dev < fake_cuda_device_count(); }
 
 // Whether [p, p + n) may be accessed with `prot`: ranges outside every reservation of ours are
-// the caller's host memory; ranges inside one must lie in one mapping with that access.
+// the caller's host memory; ranges inside one must be covered by mappings that follow one
+// another (as on a GPU: a copy may span allocations mapped back to back), each with that access.
 bool accessible(uintptr_t p, size_t n, int prot) {
   if (n == 0) return true;
   std::lock_guard<std::mutex> lock(g_mu);
@@ -246,7 +248,13 @@ bool accessible(uintptr_t p, size_t n, int prot) {
   auto m = maps.upper_bound(p);
   if (m == maps.begin()) return false;
   --m;
-  return p >= m->first && p + n <= m->first + m->second.size && (m->second.prot & prot) == prot;
+  for (uintptr_t at = p; m != maps.end() && at >= m->first && at < m->first + m->second.size;
+       ++m) {
+    if ((m->second.prot & prot) != prot) return false;
+    at = m->first + m->second.size;
+    if (at >= p + n) return true;
+  }
+  return false;
 }
 
 CUresult access_error(const std::string& what, uintptr_t p, size_t n, int prot) {

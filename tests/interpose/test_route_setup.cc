@@ -1409,6 +1409,43 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
+TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
+  // Buffers laid across 2 MiB allocations mapped back to back (PyTorch's expandable segments
+  // use 20 MiB ones): 5 MiB per rank, so each chunk a peer writes or reads lies in 3 of them.
+  // A peer maps the allocations it imports back to back as they lie in their owner's address
+  // space, so every chunk still moves in one copy — not one per allocation, each with its own
+  // start-up cost — and ops on the same buffers import and map nothing more.
+  constexpr int kOps = 3;
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"DRV_AG_BYTES", std::to_string(5 << 20)},
+                                {"DRV_AG_CHUNK", std::to_string(2 << 20)},
+                                {"DRV_AG_REPEAT", std::to_string(kOps)}}),
+                          s);
+  expect_clean_pair(r, chan);
+  int copies = 0;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    copies += cuda_calls(r, "cuMemcpyAsync", pid);
+    // At most the peer's 3 allocations under the chunk it writes to and the 3 under the chunk it
+    // reads, once each, whatever the later ops do.
+    EXPECT_LE(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 6) << r.describe();
+    // Its own 3 + 5 allocations, and each import mapped once.
+    EXPECT_EQ(cuda_calls(r, "cuMemMap", pid),
+              8 + cuda_calls(r, "cuMemImportFromShareableHandle", pid))
+        << r.describe();
+    expect_nothing_left(r, k);
+  }
+  // Per op: each rank's own chunk, and the two chunks that cross, whoever copies them.
+  EXPECT_EQ(copies, 4 * kOps) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
 TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
   // New buffers every 10 ops, the old ones freed first (a caching allocator's empty_cache()):
   // 30 generations of allocations. A peer's import of a freed allocation would keep its memory

@@ -53,7 +53,6 @@ struct Scenario {
   // For op k: arrival order, and how each cross pair moves its chunks.
   std::function<std::vector<int>(int k, std::mt19937&)> order;
   std::function<PairMode(int e, int l, int k, std::mt19937&)> mode;
-  int pieces = 1;  // a peer's buffer is addressed in this many spans (imported allocations)
   // Ranks whose buffers no peer can reach: never the first to arrive (that rank's verdict would
   // send the op to NCCL); between the first and the last, reached through their stage.
   std::vector<bool> unreachable;
@@ -83,14 +82,6 @@ class Sim {
   }
   uint64_t recv_of(int r) { return addr(recv_[r].data()); }
   uint64_t stage_of(int r) { return addr(stage_[r].data()); }
-
-  // Spans of [a, a + n) cut in s_.pieces parts.
-  std::vector<Span> spans(uint64_t a, uint64_t n) {
-    std::vector<Span> out;
-    const uint64_t step = (n + s_.pieces - 1) / s_.pieces;
-    for (uint64_t at = 0; at < n; at += step) out.push_back({a + at, std::min(step, n - at)});
-    return out;
-  }
 
   // The views of every rank for op k, as ce_allgather builds them.
   void build(int k, const std::function<void(int rank, std::vector<DirectOp>*)>& mutate) {
@@ -136,8 +127,8 @@ class Sim {
         const uint64_t peer_recv = staged[p] ? stage_of(p) : recv_of(p);
         const uint64_t peer_send =
             staged[p] ? stage_of(p) + static_cast<uint64_t>(p) * s_.chunk : send_of(p);
-        if (part.push) part.to = spans(peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk);
-        if (part.pull) part.from = spans(peer_send, s_.chunk);
+        if (part.push) part.to = Span{peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk};
+        if (part.pull) part.from = Span{peer_send, s_.chunk};
       }
       std::vector<DirectOp> plan;
       build_direct_plan(v, &plan);
@@ -268,13 +259,12 @@ std::vector<int> random_order(int n, std::mt19937& rng) {
   return o;
 }
 
-Scenario scenario(int nranks, bool in_place, const char* modes, int pieces = 1,
+Scenario scenario(int nranks, bool in_place, const char* modes,
                   std::vector<bool> unreachable = {}) {
   Scenario s;
   s.unreachable = std::move(unreachable);
   s.nranks = nranks;
   s.in_place = in_place;
-  s.pieces = pieces;
   s.ops = 2 * static_cast<int>(kOpRing) + 3;  // every ring slot reused
   s.order = [nranks](int, std::mt19937& rng) { return random_order(nranks, rng); };
   const std::string m = modes;
@@ -300,14 +290,12 @@ struct Case {
   int nranks;
   bool in_place;
   const char* modes;
-  int pieces;
   std::vector<bool> unreachable = {};
 };
 
-// "3 ranks, out of place, mixed, 1 piece, staged 010": stable test names.
+// "3 ranks, out of place, mixed, unreachable 010": stable test names.
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.nranks << " ranks, " << (c.in_place ? "in place, " : "out of place, ") << c.modes << ", "
-      << c.pieces << " pieces";
+  *os << c.nranks << " ranks, " << (c.in_place ? "in place, " : "out of place, ") << c.modes;
   if (c.unreachable.empty()) return;
   *os << ", unreachable ";
   for (bool u : c.unreachable) *os << (u ? '1' : '0');
@@ -318,26 +306,26 @@ class DirectPlanSim : public ::testing::TestWithParam<Case> {};
 TEST_P(DirectPlanSim, EveryInterleavingGathersCorrectly) {
   const Case c = GetParam();
   for (uint64_t seed = 1; seed <= 40; ++seed)
-    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.pieces, c.unreachable), seed), "")
+    ASSERT_EQ(run(scenario(c.nranks, c.in_place, c.modes, c.unreachable), seed), "")
         << "seed " << seed;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DirectPlanSim,
-                         ::testing::Values(Case{2, false, "each", 1}, Case{2, true, "each", 1},
-                                           Case{2, false, "later", 1}, Case{2, true, "later", 3},
-                                           Case{3, false, "mixed", 2}, Case{4, true, "mixed", 1},
-                                           Case{5, false, "mixed", 3}, Case{8, true, "mixed", 1}));
+                         ::testing::Values(Case{2, false, "each"}, Case{2, true, "each"},
+                                           Case{2, false, "later"}, Case{2, true, "later"},
+                                           Case{3, false, "mixed"}, Case{4, true, "mixed"},
+                                           Case{5, false, "mixed"}, Case{8, true, "mixed"}));
 
 // Ranks whose buffers nobody can reach, in every position but the first: staged in the middle.
 INSTANTIATE_TEST_SUITE_P(
     Staged, DirectPlanSim,
     ::testing::Values(
-        Case{3, false, "mixed", 1, {false, true, false}},
-        Case{3, true, "each", 2, {false, true, false}},
-        Case{3, true, "later", 1, {true, false, true}},
-        Case{4, false, "mixed", 1, {false, true, true, false}},
-        Case{5, true, "mixed", 3, {true, false, true, true, false}},
-        Case{8, false, "mixed", 1, {false, true, false, true, true, false, true, false}}));
+        Case{3, false, "mixed", {false, true, false}},
+        Case{3, true, "each", {false, true, false}},
+        Case{3, true, "later", {true, false, true}},
+        Case{4, false, "mixed", {false, true, true, false}},
+        Case{5, true, "mixed", {true, false, true, true, false}},
+        Case{8, false, "mixed", {false, true, false, true, true, false, true, false}}));
 
 TEST(DirectPlan, TheUsersStreamOnlyRecordsAndWaitsOnEvents) {
   Scenario s = scenario(3, false, "mixed");
@@ -404,7 +392,7 @@ TEST(DirectPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
 TEST(DirectPlan, DroppingAnyWaitAroundAStageIsCaught) {
   for (const char* modes : {"each", "later"})
     for (bool in_place : {false, true}) {
-      Scenario s = scenario(3, in_place, modes, 1, {false, true, false});
+      Scenario s = scenario(3, in_place, modes, {false, true, false});
       s.ops = 3;
       s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1, 2}; };
       for (int victim = 0; victim < 3; ++victim)
@@ -416,7 +404,7 @@ TEST(DirectPlan, DroppingAnyWaitAroundAStageIsCaught) {
 TEST(DirectPlan, AStagedRankCopiesItsChunkInBeforeReadyAndThePeersChunksOutAfterDone) {
   // Order 0, 1, 2; rank 1 staged, in place, every later rank does both: rank 1 pushes to and
   // pulls from rank 0, and rank 2 reaches rank 1 through the stage only.
-  Scenario s = scenario(3, true, "later", 1, {false, true, false});
+  Scenario s = scenario(3, true, "later", {false, true, false});
   s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1, 2}; };
   Sim sim(s, 5);
   sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {

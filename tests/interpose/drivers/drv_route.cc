@@ -47,7 +47,8 @@
 //             after cycle DRV_CYCLES_WARM (default 5) as warm.* and after the last as last.*.
 //
 // All-gather buffers, in every scenario: DRV_AG_MEM=cumem (the default) allocates them with the
-// driver's cuMem API, exportable as POSIX fds (what the route reaches across processes);
+// driver's cuMem API, exportable as POSIX fds (what the route reaches across processes), one
+// allocation each or DRV_AG_CHUNK bytes each, mapped back to back;
 // DRV_AG_MEM=host takes host memory (which no peer reaches: an op goes to NCCL when the first
 // rank to arrive at it has such buffers).
 #include <cuda.h>
@@ -165,12 +166,13 @@ void report(const std::string& tag) {
 
 uint8_t pattern(int rank, size_t i) { return static_cast<uint8_t>(rank * 37 + i * 7 + 1); }
 
-// One buffer of an all-gather. DRV_AG_MEM=cumem (the default): a cuMem allocation that may be
-// exported as a POSIX fd, mapped and opened read-write for `access` (the devices that must
-// reach it by address: its own, and in one-process scenarios its peers'), rounded up to the
-// granularity, as PyTorch's expandable segments allocate. DRV_AG_MEM=host: host memory, which
-// no peer's copy engine reaches (a device pointer is a host pointer in the fake, so NCCL's
-// fake and this driver still read it alike).
+// One buffer of an all-gather. DRV_AG_MEM=cumem (the default): cuMem memory that may be
+// exported as POSIX fds, opened read-write for `access` (the devices that must reach it by
+// address: its own, and in one-process scenarios its peers'), rounded up to the granularity —
+// one allocation, or with DRV_AG_CHUNK=BYTES allocations of that size mapped back to back in one
+// reserved range, as PyTorch's expandable segments lay out a tensor (20 MiB each there).
+// DRV_AG_MEM=host: host memory, which no peer's copy engine reaches (a device pointer is a host
+// pointer in the fake, so NCCL's fake and this driver still read it alike).
 class Buffer {
  public:
   Buffer(size_t bytes, int device, const std::vector<int>& access) : bytes_(bytes) {
@@ -189,24 +191,30 @@ class Buffer {
             CUDA_SUCCESS ||
         gran == 0)
       fail("granularity");
-    mapped_ = (bytes + gran - 1) / gran * gran;
-    CUmemGenericAllocationHandle handle = 0;
-    if (cuMemCreate(&handle, mapped_, &prop, 0) != CUDA_SUCCESS) fail("create");
+    const size_t want = static_cast<size_t>(env_long("DRV_AG_CHUNK", 0));
+    const size_t whole = (bytes + gran - 1) / gran * gran;
+    piece_ = want ? (want + gran - 1) / gran * gran : whole;
+    mapped_ = (whole + piece_ - 1) / piece_ * piece_;
     if (cuMemAddressReserve(&va_, mapped_, 0, 0, 0) != CUDA_SUCCESS) fail("reserve");
-    if (cuMemMap(va_, mapped_, 0, handle, 0) != CUDA_SUCCESS) fail("map");
-    cuMemRelease(handle);  // the mapping keeps the memory, as PyTorch's allocator does
     std::vector<CUmemAccessDesc> desc(access.size());
     for (size_t i = 0; i < access.size(); ++i) {
       desc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
       desc[i].location.id = access[i];
       desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    if (cuMemSetAccess(va_, mapped_, desc.data(), desc.size()) != CUDA_SUCCESS) fail("access");
+    for (size_t at = 0; at < mapped_; at += piece_) {
+      CUmemGenericAllocationHandle handle = 0;
+      if (cuMemCreate(&handle, piece_, &prop, 0) != CUDA_SUCCESS) fail("create");
+      if (cuMemMap(va_ + at, piece_, 0, handle, 0) != CUDA_SUCCESS) fail("map");
+      cuMemRelease(handle);  // the mapping keeps the memory, as PyTorch's allocator does
+      if (cuMemSetAccess(va_ + at, piece_, desc.data(), desc.size()) != CUDA_SUCCESS)
+        fail("access");
+    }
     data_ = reinterpret_cast<uint8_t*>(va_);
   }
   ~Buffer() {
     if (!va_) return;
-    cuMemUnmap(va_, mapped_);
+    for (size_t at = 0; at < mapped_; at += piece_) cuMemUnmap(va_ + at, piece_);
     cuMemAddressFree(va_, mapped_);
   }
   Buffer(const Buffer&) = delete;
@@ -220,7 +228,7 @@ class Buffer {
     out("ag_buffer_failed", std::string(what));
     _exit(5);
   }
-  size_t bytes_ = 0, mapped_ = 0;
+  size_t bytes_ = 0, mapped_ = 0, piece_ = 0;
   CUdeviceptr va_ = 0;
   std::vector<uint8_t> host_;
   uint8_t* data_ = nullptr;
