@@ -5,11 +5,12 @@
 //   nvcc -O2 -o flag_probe tests/gpu/probes/flag_latency_probe.cu -lcuda && ./flag_probe
 //
 // Two streams, one per GPU, ping-pong N times: A writes ping = i and waits pong >= i; B waits
-// ping >= i and writes pong = i. All 2N operations per stream are queued at once, so the time
-// per round trip is the devices' own latency, not the host's. Placements:
+// ping >= i and writes pong = i. The host queues the operations far ahead of the devices, so the
+// time per round trip is the devices' own latency, not the host's. Placements:
 //   host     both flags in pinned host memory (cuMemHostRegister, what the route uses now)
 //   device   each flag in the memory of the GPU that waits on it; the other GPU writes it
 //            over NVLink (what NCCL's copy-engine collectives do)
+//   event    (for scale) two streams of GPU 0 handing over through record/wait of events
 // Prints the median of 5 runs of N = 2000 round trips per placement.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -47,7 +48,9 @@ struct Flags {
   CUdeviceptr ping = 0, pong = 0;  // as both GPUs address them (unified addressing)
 };
 
-// Microseconds per round trip, median of kRuns.
+// Microseconds per round trip, median of kRuns. The two streams' operations are queued in step,
+// one round trip at a time: all of one stream's first would fill its queue and block the host
+// before the other stream had anything to answer with.
 double ping_pong(const Flags& f, cudaStream_t a, cudaStream_t b, cudaEvent_t start, cudaEvent_t end,
                  uint32_t* base) {
   std::vector<double> us;
@@ -60,20 +63,44 @@ double ping_pong(const Flags& f, cudaStream_t a, cudaStream_t b, cudaEvent_t sta
       CU(cuStreamWriteValue32(reinterpret_cast<CUstream>(a), f.ping, first + i, 0));
       CU(cuStreamWaitValue32(reinterpret_cast<CUstream>(a), f.pong, first + i,
                              CU_STREAM_WAIT_VALUE_GEQ));
-    }
-    CK(cudaEventRecord(end, a));
-    CK(cudaSetDevice(1));
-    for (int i = 0; i < kTrips; ++i) {
       CU(cuStreamWaitValue32(reinterpret_cast<CUstream>(b), f.ping, first + i,
                              CU_STREAM_WAIT_VALUE_GEQ));
       CU(cuStreamWriteValue32(reinterpret_cast<CUstream>(b), f.pong, first + i, 0));
     }
-    CK(cudaSetDevice(0));
+    CK(cudaEventRecord(end, a));
     CK(cudaEventSynchronize(end));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, start, end));
     us.push_back(ms * 1000.0 / kTrips);
   }
+  std::sort(us.begin(), us.end());
+  return us[kRuns / 2];
+}
+
+// The same round trip between two streams of one GPU through events (record on one, wait on the
+// other): the hop the route's plan makes between the user's stream and its own streams.
+double event_ping_pong(cudaStream_t a, cudaStream_t b, cudaEvent_t start, cudaEvent_t end) {
+  cudaEvent_t ping, pong;
+  CK(cudaSetDevice(0));
+  CK(cudaEventCreateWithFlags(&ping, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&pong, cudaEventDisableTiming));
+  std::vector<double> us;
+  for (int run = 0; run < kRuns; ++run) {
+    CK(cudaEventRecord(start, a));
+    for (int i = 0; i < kTrips; ++i) {
+      CK(cudaEventRecord(ping, a));
+      CK(cudaStreamWaitEvent(b, ping, 0));
+      CK(cudaEventRecord(pong, b));
+      CK(cudaStreamWaitEvent(a, pong, 0));
+    }
+    CK(cudaEventRecord(end, a));
+    CK(cudaEventSynchronize(end));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, end));
+    us.push_back(ms * 1000.0 / kTrips);
+  }
+  CK(cudaEventDestroy(ping));
+  CK(cudaEventDestroy(pong));
   std::sort(us.begin(), us.end());
   return us[kRuns / 2];
 }
@@ -122,8 +149,13 @@ int main() {
   ping_pong(in_device, a, b, start, end, &device_base);
   const double h = ping_pong(in_host, a, b, start, end, &host_base);
   const double d = ping_pong(in_device, a, b, start, end, &device_base);
+  cudaStream_t a2;
+  CK(cudaSetDevice(0));
+  CK(cudaStreamCreateWithFlags(&a2, cudaStreamNonBlocking));
+  const double e = event_ping_pong(a, a2, start, end);
   printf("flag round trip between GPU 0 and GPU 1 (median of %d runs of %d):\n", kRuns, kTrips);
   printf("  host     pinned host memory, both GPUs poll it      %.2f us\n", h);
   printf("  device   each flag in its waiter's memory, NVLink write  %.2f us\n", d);
+  printf("  event    two streams of GPU 0, record/wait events   %.2f us\n", e);
   return 0;
 }
