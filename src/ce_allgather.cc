@@ -44,7 +44,17 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
 // half the op's own transfer time at ~400 GB/s (a later rank further behind delays the op more
 // than the slower copies would). A rank whose host runs ahead of its peers' is slowed by this
 // until it is back in step, which lets the pairs push both ways again.
-int64_t pair_wait_us(uint64_t chunk) { return 300 + static_cast<int64_t>(chunk / 800000); }
+// (The two constants can be set at build time, -DZC_PAIR_WAIT_BASE_US=... and
+// -DZC_PAIR_WAIT_BYTES_PER_US=..., to measure others against them; they are no setting.)
+#ifndef ZC_PAIR_WAIT_BASE_US
+#define ZC_PAIR_WAIT_BASE_US 300
+#endif
+#ifndef ZC_PAIR_WAIT_BYTES_PER_US
+#define ZC_PAIR_WAIT_BYTES_PER_US 800000
+#endif
+int64_t pair_wait_us(uint64_t chunk) {
+  return ZC_PAIR_WAIT_BASE_US + static_cast<int64_t>(chunk / ZC_PAIR_WAIT_BYTES_PER_US);
+}
 
 int64_t now_us() {
   timespec t;
@@ -143,10 +153,10 @@ bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* po
 
 // This rank's part with every peer for op `a.seq`: as the later rank of a pair it settles the
 // pair at once; as the earlier one it waits for later ranks in other processes to claim "each
-// pushes" (pair_wait_us in all), then settles the rest as "later does both". `stage`: this
-// rank's, where the later ranks reach it (0: they reach its buffers).
+// pushes" (pair_wait_us in all, added to *pair_wait_us_spent), then settles the rest as "later
+// does both". `stage`: this rank's, where the later ranks reach it (0: they reach its buffers).
 bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk, uint64_t stage,
-                const char** why) {
+                int64_t* pair_wait_us_spent, const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
   const uint32_t me = static_cast<uint32_t>(st.rank);
@@ -172,9 +182,12 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
         return false;
       continue;
     }
-    if (!same_process(st, p))  // I am the earlier one: give a later rank elsewhere a moment
+    if (!same_process(st, p)) {  // I am the earlier one: give a later rank elsewhere a moment
+      const int64_t waited_from = now_us();
       for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && now_us() < deadline; ++spins)
         if (spins > 64) sched_yield();
+      *pair_wait_us_spent += now_us() - waited_from;
+    }
     part.peer_copies = true;
     part.staged = stage != 0;
     if (ops.settle_pair(me, q, a.seq, PairMode::kLaterDoesBoth) == PairMode::kLaterDoesBoth)
@@ -255,6 +268,13 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     return fail(st, ncclInternalError, "set-up", "not prepared");
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
+  HostTimes host;
+  int64_t mark = now_us();
+  auto lap = [&mark](int64_t* into) {
+    const int64_t t = now_us();
+    *into += t - mark;
+    mark = t;
+  };
   ++ce->seq;
   // Exports of allocations the application freed are withdrawn now and then, whatever route
   // the ops take (an export keeps its allocation alive); never during a capture, which makes
@@ -262,6 +282,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   if (!capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
   OpPost mine;
   post_for(st, sendbuff, recvbuff, sendcount, datatype, chunk, capturing, &mine);
+  lap(&host.post);
   Arrival a;
   const uint32_t me = static_cast<uint32_t>(st.rank);
   auto give_up = [&](uint32_t spins) {
@@ -276,6 +297,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     uint64_t seq;
     ~Finish() { ops.finish(me, seq); }
   } finish{*ce->ops, me, a.seq};
+  lap(&host.arrive);
   if (*a.mismatch) return fail(st, ncclInvalidUsage, "ranks disagree on the op", a.mismatch);
   if (a.verdict == OpVerdict::kNccl) {
     *to_nccl = true;
@@ -287,15 +309,19 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   uint64_t stage = 0;
   if (peers_need_mine && mine.reach == 0 && !stage_mine(st, a.seq, chunk, &stage, &why))
     return fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
-  if (!plan_parts(st, a, mine, chunk, stage, &why))
+  if (!plan_parts(st, a, mine, chunk, stage, &host.pair_wait, &why))
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
+  lap(&host.reach);
+  host.reach -= host.pair_wait;
   build_view(st, a, sendbuff, recvbuff, chunk, stage);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);
   if (CUresult r = issue_plan(*cu, ce->streams, ce->events, stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   tidy(st);
+  lap(&host.issue);
+  stats_op_host_times(host);
   return ncclSuccess;
 }
 

@@ -43,6 +43,8 @@ std::atomic<uint64_t> g_pairs_each{0}, g_pairs_later_both{0};
 std::atomic<uint64_t> g_peer_mappings{0}, g_peer_mapped_bytes{0}, g_peer_map_micros{0};
 std::atomic<uint64_t> g_peer_unmapped_bytes{0};
 std::atomic<uint64_t> g_staged_ops{0};
+std::atomic<uint64_t> g_host_ops{0}, g_host_post{0}, g_host_arrive{0}, g_host_pair_wait{0},
+    g_host_reach{0}, g_host_issue{0};
 // The process whose counters these are; the exit report runs only there.
 std::atomic<pid_t> g_owner_pid{0};
 
@@ -67,7 +69,8 @@ void reset_counters() {
   g_comms_ce_ready.store(0, kRelaxed);
   g_inner_calls.store(0, kRelaxed);
   for (auto* c : {&g_pairs_each, &g_pairs_later_both, &g_peer_mappings, &g_peer_mapped_bytes,
-                  &g_peer_map_micros, &g_peer_unmapped_bytes, &g_staged_ops})
+                  &g_peer_map_micros, &g_peer_unmapped_bytes, &g_staged_ops, &g_host_ops,
+                  &g_host_post, &g_host_arrive, &g_host_pair_wait, &g_host_reach, &g_host_issue})
     c->store(0, kRelaxed);
 }
 
@@ -152,6 +155,15 @@ void print_route(const RouteStats& r) {
              " peer_mappings=%" PRIu64 " (%s, %.1f ms) unmapped=%s staged_ops=%" PRIu64,
              r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
              static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, r.staged_ops);
+  if (r.host_ops == 0) return;
+  const double n = static_cast<double>(r.host_ops);
+  log_report("stats route host us per op: post=%.1f arrive=%.1f pair_wait=%.1f reach=%.1f "
+             "issue=%.1f (%" PRIu64 " ops)",
+             static_cast<double>(r.host_post_micros) / n,
+             static_cast<double>(r.host_arrive_micros) / n,
+             static_cast<double>(r.host_pair_wait_micros) / n,
+             static_cast<double>(r.host_reach_micros) / n,
+             static_cast<double>(r.host_issue_micros) / n, r.host_ops);
 }
 
 void report_at_exit() {
@@ -212,6 +224,18 @@ void stats_peer_unmapped(uint64_t bytes) { g_peer_unmapped_bytes.fetch_add(bytes
 
 void stats_op_staged() { g_staged_ops.fetch_add(1, kRelaxed); }
 
+void stats_op_host_times(const HostTimes& t) {
+  auto add = [](std::atomic<uint64_t>& c, int64_t us) {
+    c.fetch_add(us > 0 ? static_cast<uint64_t>(us) : 0, kRelaxed);
+  };
+  g_host_ops.fetch_add(1, kRelaxed);
+  add(g_host_post, t.post);
+  add(g_host_arrive, t.arrive);
+  add(g_host_pair_wait, t.pair_wait);
+  add(g_host_reach, t.reach);
+  add(g_host_issue, t.issue);
+}
+
 RouteStats route_stats_snapshot() {
   RouteStats r;
   r.pairs_each_pushes = g_pairs_each.load(kRelaxed);
@@ -221,6 +245,12 @@ RouteStats route_stats_snapshot() {
   r.peer_map_micros = g_peer_map_micros.load(kRelaxed);
   r.peer_unmapped_bytes = g_peer_unmapped_bytes.load(kRelaxed);
   r.staged_ops = g_staged_ops.load(kRelaxed);
+  r.host_ops = g_host_ops.load(kRelaxed);
+  r.host_post_micros = g_host_post.load(kRelaxed);
+  r.host_arrive_micros = g_host_arrive.load(kRelaxed);
+  r.host_pair_wait_micros = g_host_pair_wait.load(kRelaxed);
+  r.host_reach_micros = g_host_reach.load(kRelaxed);
+  r.host_issue_micros = g_host_issue.load(kRelaxed);
   return r;
 }
 
@@ -286,6 +316,12 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& ro
   append_field(&out, "peer_map_micros", route.peer_map_micros);
   append_field(&out, "peer_unmapped_bytes", route.peer_unmapped_bytes);
   append_field(&out, "staged_ops", route.staged_ops);
+  append_field(&out, "host_ops", route.host_ops);
+  append_field(&out, "host_post_micros", route.host_post_micros);
+  append_field(&out, "host_arrive_micros", route.host_arrive_micros);
+  append_field(&out, "host_pair_wait_micros", route.host_pair_wait_micros);
+  append_field(&out, "host_reach_micros", route.host_reach_micros);
+  append_field(&out, "host_issue_micros", route.host_issue_micros);
   out.back() = '}';
   out += ",\"ops\":{";
   bool first_op = true;

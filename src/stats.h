@@ -21,6 +21,14 @@ void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros);
 void stats_peer_unmapped(uint64_t bytes);
 // An op in which this rank's buffers were reached through its stage (stage_buffer.h).
 void stats_op_staged();
+// Where one routed op's time on the application's thread went, in microseconds: describing and
+// posting its buffers, arriving (waiting for room in the op ring), waiting for a later peer to
+// claim "each pushes", reaching the peers' buffers (imports and mappings; the first op on a
+// buffer pays them), and building and issuing the plan.
+struct HostTimes {
+  int64_t post = 0, arrive = 0, pair_wait = 0, reach = 0, issue = 0;
+};
+void stats_op_host_times(const HostTimes& t);
 
 // Installs the at-exit reporter and the fork handler once (called lazily at the first NCCL
 // call, never from a constructor). Only the process that gathered the counters reports them:

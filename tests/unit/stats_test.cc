@@ -242,6 +242,8 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   zc::stats_peer_mapped(3, 60 << 20, 1500);
   zc::stats_peer_unmapped(20 << 20);
   zc::stats_op_staged();
+  zc::stats_op_host_times({10, 1, 300, 40, 25});
+  zc::stats_op_host_times({12, 0, 0, 2, 23});
 
   const std::string file = path("stats.json");
   ASSERT_EQ(zerocta_write_stats_json(file.c_str()), 0);
@@ -264,7 +266,9 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   EXPECT_NE(json.find("\"route\":{\"pairs_each_pushes\":2,\"pairs_later_does_both\":1,"
                       "\"peer_mappings\":3,\"peer_mapped_bytes\":62914560,"
                       "\"peer_map_micros\":1500,\"peer_unmapped_bytes\":20971520,"
-                      "\"staged_ops\":1},"),
+                      "\"staged_ops\":1,\"host_ops\":2,\"host_post_micros\":22,"
+                      "\"host_arrive_micros\":1,\"host_pair_wait_micros\":300,"
+                      "\"host_reach_micros\":42,\"host_issue_micros\":48},"),
             std::string::npos)
       << json;
   EXPECT_NE(json.find("\"ops\":{\"allgather\":{\"ce\":{\"calls\":2,\"bytes\":300},"
