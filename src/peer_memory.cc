@@ -51,7 +51,8 @@ bool block_at(const CudaDriver& cu, uint64_t p, Block* b) {
   return true;
 }
 
-// This process's exported allocations: block id -> the fd service's token for its descriptor.
+// This process's exported allocations: block id -> where it is mapped and the fd service's
+// token for its descriptor.
 struct Exported {
   uint64_t base, bytes, token;
 };
@@ -80,14 +81,34 @@ uint64_t export_block(const CudaDriver& cu, const Block& b) {
   return token;
 }
 
+// The extent of the allocation at `p`, exported. An allocation exported before is known by its
+// block id alone — one driver query, where a new one takes four: a buffer of PyTorch's
+// expandable segments lies in one allocation per 20 MiB, and every op describes its buffers.
+// Block ids are never reused in a process, so a known id at `p` is that allocation, still
+// mapped where it was when it was exported.
+bool exported_extent(const CudaDriver& cu, uint64_t p, OpExtent* out) {
+  unsigned long long id = 0;
+  if (attribute(cu, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, p, &id) && id != 0) {
+    std::lock_guard<std::mutex> lock(g_exports_mu);
+    auto it = exports().find(id);
+    if (it != exports().end() && p >= it->second.base && p - it->second.base < it->second.bytes) {
+      *out = OpExtent{it->second.base, it->second.bytes, id, it->second.token};
+      return true;
+    }
+  }
+  Block b;
+  if (!block_at(cu, p, &b) || !b.posix_fd) return false;
+  const uint64_t token = export_block(cu, b);
+  *out = OpExtent{b.base, b.bytes, b.id, token};
+  return token != 0;
+}
+
 bool describe_extents(const CudaDriver& cu, uint64_t addr, uint64_t bytes, OpBuffer* out) {
   for (uint64_t p = addr; p < addr + bytes;) {
-    Block b;
-    if (out->nextents == kMaxExtents || !block_at(cu, p, &b) || !b.posix_fd) return false;
-    const uint64_t token = export_block(cu, b);
-    if (!token) return false;
-    out->extents[out->nextents++] = OpExtent{b.base, b.bytes, b.id, token};
-    p = b.base + b.bytes;
+    if (out->nextents == kMaxExtents || !exported_extent(cu, p, &out->extents[out->nextents]))
+      return false;
+    const OpExtent& e = out->extents[out->nextents++];
+    p = e.base + e.bytes;
   }
   return true;
 }
@@ -277,11 +298,29 @@ void PeerImports::release_view(const CudaDriver& cu, size_t i) {
 }
 
 void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it) {
+  if (it->second.freed) --freed_;
   cu.cuMemRelease(it->second.handle);
   held_ -= it->second.bytes;
   stats_pool_bytes_add(-static_cast<int64_t>(it->second.bytes));
   stats_peer_unmapped(it->second.bytes);
   imports_.erase(it);
+}
+
+// The views over an allocation its owner freed, once their last op finished, and then the
+// freed imports no view maps any more.
+void PeerImports::release_freed(const CudaDriver& cu) {
+  auto over_freed = [&](const View& v) {
+    for (uint64_t id : v.blocks)
+      if (imports_[{v.pid, id}].freed) return true;
+    return false;
+  };
+  for (size_t i = views_.size(); i-- > 0;)
+    if (views_[i].done.passed() && over_freed(views_[i])) release_view(cu, i);
+  for (auto it = imports_.begin(); it != imports_.end();)
+    if (it->second.views == 0 && it->second.freed)
+      release_import(cu, it++);
+    else
+      ++it;
 }
 
 // Asks every owner which of our imports' allocations it still exports. An owner that does not
@@ -300,21 +339,18 @@ void PeerImports::mark_freed() {
                                         &published, kFdAskTimeoutMs, nullptr))
       continue;
     for (size_t i = 0; i < asked.size(); ++i)
-      if (!published[i]) asked[i]->freed = true;
+      if (!published[i] && !asked[i]->freed) {
+        asked[i]->freed = true;
+        ++freed_;
+      }
   }
 }
 
 void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
+  // Called after every op: it walks its views and imports only when an owner freed some of
+  // them (until they are gone) or a bound is exceeded.
   if (ask_owners) mark_freed();
-  // Views: those over a freed allocation, then the least recently used beyond kMaxViews, once
-  // their last op finished.
-  auto over_freed = [&](const View& v) {
-    for (uint64_t id : v.blocks)
-      if (imports_[{v.pid, id}].freed) return true;
-    return false;
-  };
-  for (size_t i = views_.size(); i-- > 0;)
-    if (views_[i].done.passed() && over_freed(views_[i])) release_view(cu, i);
+  if (freed_ > 0) release_freed(cu);
   while (views_.size() > kMaxViews) {
     size_t oldest = views_.size();
     for (size_t i = 0; i < views_.size(); ++i)
@@ -324,13 +360,8 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
     if (oldest == views_.size()) break;
     release_view(cu, oldest);
   }
-  // Imports no view maps: the freed ones, then the least recently used beyond the budget (with
-  // their views, once those finished).
-  for (auto it = imports_.begin(); it != imports_.end();)
-    if (it->second.views == 0 && it->second.freed)
-      release_import(cu, it++);
-    else
-      ++it;
+  // Imports beyond the budget, least recently used first (with their views, once those
+  // finished).
   while (held_ > budget) {
     auto lru = imports_.end();
     for (auto it = imports_.begin(); it != imports_.end(); ++it)

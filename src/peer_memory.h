@@ -123,10 +123,12 @@ class PeerImports {
   View* map_view(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last, int pid,
                  const char** why);
   void mark_freed();
+  void release_freed(const CudaDriver& cu);
   void release_view(const CudaDriver& cu, size_t i);
   void release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it);
   int device_;
   uint64_t held_ = 0;
+  size_t freed_ = 0;  // imports whose owner freed them, still held
   std::map<Key, Import> imports_;
   std::vector<View> views_;
   std::map<int, std::string> owners_;  // pid -> its fd service's address

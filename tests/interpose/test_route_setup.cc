@@ -1414,7 +1414,8 @@ TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   // use 20 MiB ones): 5 MiB per rank, so each chunk a peer writes or reads lies in 3 of them.
   // A peer maps the allocations it imports back to back as they lie in their owner's address
   // space, so every chunk still moves in one copy — not one per allocation, each with its own
-  // start-up cost — and ops on the same buffers import and map nothing more.
+  // start-up cost — and ops on the same buffers import and map nothing more, and describe
+  // them with one driver query per allocation.
   constexpr int kOps = 3;
   Scratch s, chan, rdv;
   RunResult r = run_route({"ranks", "2", "basic"},
@@ -1438,6 +1439,10 @@ TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
     // Its own 3 + 5 allocations, and each import mapped once.
     EXPECT_EQ(cuda_calls(r, "cuMemMap", pid),
               8 + cuda_calls(r, "cuMemImportFromShareableHandle", pid))
+        << r.describe();
+    // Describing its buffers (8 allocations) for its peer: the first op learns and exports each
+    // allocation (5 queries), later ops know it by its block id (1 query).
+    EXPECT_LE(cuda_calls(r, "cuPointerGetAttribute", pid), 8 * 5 + (kOps - 1) * 8)
         << r.describe();
     expect_nothing_left(r, k);
   }
@@ -1482,7 +1487,10 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
     // the releases unmapped some of them.
     const std::string json = stats_file(s, pid);
     EXPECT_TRUE(contains(json, "\"peer_mappings\":" + std::to_string(imports) + ",")) << json;
-    EXPECT_FALSE(contains(json, "\"peer_unmapped_bytes\":0}")) << json;
+    EXPECT_FALSE(contains(json, "\"peer_unmapped_bytes\":0,")) << json;
+    // Every routed op's host time is counted, by phase.
+    EXPECT_EQ(json_number(json, "host_ops"), kOps) << json;
+    EXPECT_GT(json_number(json, "host_post_micros"), 0) << json;
     expect_nothing_left(r, k);
   }
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
