@@ -17,6 +17,11 @@
 # Part b (2 GPUs): benchmarks and FSDP2:
 #   bench-1proc    zerocta-bench --one-process, nccl-kernel nccl-ce zerocta ceiling, 64M-1G
 #   bench-cumem    zerocta-bench, one process per rank, --alloc cumem, the same paths
+#   bench-small    zerocta-bench --one-process, nccl-ce zerocta ceiling, 1M-16M: the fixed cost
+#                  per op where the copies are short
+#   contention     zerocta-bench --alloc cumem --contention: fixed work (40 all-gathers of
+#                  256 MiB per rank against 20 GEMMs), nccl-kernel nccl-ce zerocta and bare-ce,
+#                  5 rounds in rotated order, in and out of place
 #   fsdp2-comm     run_fsdp2.sh comm with --profile-steps 5 (exposed all-gather share)
 # Part c (2 GPUs): the #172714 overlap, three rounds; do-no-harm cycles and the ce-route test;
 #   the flag probe.
@@ -75,7 +80,8 @@ soak_nccl() {
   grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
 }
 
-# bench NAME SECONDS ARGS...: zerocta-bench with the comparison paths, JSON beside the log.
+# bench NAME SECONDS ARGS...: zerocta-bench, JSON beside the log; by default the comparison
+# paths from 64 MiB to 1 GiB (later options win).
 bench() {
   local name=$1 secs=$2
   shift 2
@@ -103,9 +109,12 @@ case "$PART" in
     grep -h '^RESULT' "$OUT/isolated.log" 2>/dev/null | sed "s/^/    /"
     ;;
   b)
-    bench bench-1proc 150 -g 2 --one-process
-    bench bench-cumem 150 -g 2 --alloc cumem
-    step fsdp2-comm 260 env FSDP_ARGS="--profile-steps 5" \
+    bench bench-1proc 60 -g 2 --one-process
+    bench bench-cumem 60 -g 2 --alloc cumem
+    bench bench-small 60 -g 2 --one-process --paths nccl-ce,zerocta,ceiling -b 1M -e 16M
+    bench contention 180 -g 2 --alloc cumem --paths none --contention \
+      --contention-paths nccl-kernel,nccl-ce,zerocta --repeats 5 --contention-placement both
+    step fsdp2-comm 200 env FSDP_ARGS="--profile-steps 5" \
       "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 2 "$OUT/fsdp2" comm
     ;;
   c)
