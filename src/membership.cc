@@ -52,7 +52,7 @@ Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_br
     if (m.problems & kProblemPeerInvisible)
       return no(
           "a peer's GPU is not visible in this process (CUDA_VISIBLE_DEVICES isolates the "
-          "ranks?); the route needs every peer GPU visible",
+          "ranks?) and NVML does not say that NVLink links it to this one",
           false);
     if (m.problems & kProblemP2p) return no("a peer's GPU is not reachable by direct P2P", true);
     if (m.problems & kProblemFdService)

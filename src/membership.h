@@ -32,7 +32,8 @@ enum MemberProblem : uint32_t {
   // wait on a flag would hold up the work (other ranks' ops included) queued behind it.
   kProblemOneConnection = 1u << 4,
   // A peer's GPU is not visible in this process (CUDA_VISIBLE_DEVICES giving each rank only its
-  // own GPU, as SLURM's --gpu-bind and Kubernetes do): the route needs to address it.
+  // own GPU, as SLURM's --gpu-bind and Kubernetes do), and either the peer is in this process
+  // (then the route would need its ordinal) or NVML does not confirm an NVLink path to it.
   kProblemPeerInvisible = 1u << 5,
 };
 

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "fd_exchange.h"
 #include "log.h"
+#include "nvml_links.h"
 #include "process_info.h"
 #include "real_nccl.h"
 #include "stats.h"
@@ -62,8 +63,10 @@ uint32_t register_flags(const CudaDriver& cu, const JoinPlan& plan, const Channe
 
 // What this rank can check of every other member it sees after publishing its own facts: a
 // direct P2P path to its GPU and its fd service. Of two ranks, the one that published second
-// sees the other, so every pair is checked by at least one of them.
-uint32_t check_members(const CudaDriver& cu, const JoinPlan& plan,
+// sees the other, so every pair is checked by at least one of them. A GPU this process cannot
+// see (CUDA_VISIBLE_DEVICES gives each rank its own) belongs to another process, which the route
+// reaches through imports, with no ordinal: there NVML says whether NVLink links the two GPUs.
+uint32_t check_members(const CudaDriver& cu, const JoinPlan& plan, const MemberFacts& mine,
                        const std::vector<MemberFacts>& members) {
   uint32_t problems = 0;
   CUdevice me;
@@ -73,11 +76,13 @@ uint32_t check_members(const CudaDriver& cu, const JoinPlan& plan,
     const int ord = local_ordinal_of(cu, m.uuid);
     CUdevice peer;
     int can = 0;
-    if (ord < 0)
-      problems |= kProblemPeerInvisible;
-    else if (ord == plan.device || cu.cuDeviceGet(&peer, ord) != CUDA_SUCCESS ||
-             cu.cuDeviceCanAccessPeer(&can, me, peer) != CUDA_SUCCESS || !can)
+    if (ord < 0) {
+      if (m.pid == mine.pid || nvlink_between(mine.uuid, m.uuid) != NvlinkAnswer::kLinked)
+        problems |= kProblemPeerInvisible;
+    } else if (ord == plan.device || cu.cuDeviceGet(&peer, ord) != CUDA_SUCCESS ||
+               cu.cuDeviceCanAccessPeer(&can, me, peer) != CUDA_SUCCESS || !can) {
       problems |= kProblemP2p;
+    }
     if (!fd_probe(m.fd_address, m.pid, kProbeTimeoutMs)) problems |= kProblemFdService;
   }
   return problems;
@@ -219,7 +224,7 @@ void route_join(CommState& st, const JoinPlan& plan) {
   f.problems = register_flags(*cu, plan, *st.channel, st.ce.get(), &f);
   st.channel->publish(f);
   if (f.problems == 0)
-    st.channel->add_problems(plan.join_index, check_members(*cu, plan, st.channel->members()));
+    st.channel->add_problems(plan.join_index, check_members(*cu, plan, f, st.channel->members()));
   st.route.store(RouteState::kJoined, std::memory_order_release);
   st.route_why = "membership not frozen yet (NCCL's init has not completed)";
 }

@@ -5,7 +5,8 @@
 // calls (a per-thread context stack; cuCtxGetDevice reports the device of its top).
 // Contexts are fake pointers (void*)(0x1000 + device), so a test can read the device straight
 // from a logged context. Each call logs "cuda <name> ...". FAKE_CUDA_DEVICES (default 4) is
-// the device count.
+// the device count; FAKE_CUDA_ISOLATED=K makes the process see one device, the host's device K
+// (as CUDA_VISIBLE_DEVICES=K does: ordinal 0, with device K's UUID).
 //
 // cuGetProcAddress_v2 hands out exactly those by default; for every other name it answers
 // CUDA_ERROR_NOT_FOUND, which is how a shim learns that the copy-engine path cannot be used
@@ -42,6 +43,7 @@ int g_retain_count[kMaxDevices];
 thread_local std::vector<CUcontext> t_stack;
 
 int device_count() {
+  if (getenv("FAKE_CUDA_ISOLATED")) return 1;  // one GPU visible, as CUDA_VISIBLE_DEVICES=K
   const char* env = getenv("FAKE_CUDA_DEVICES");
   int n = env ? atoi(env) : 4;
   if (n < 0) n = 0;

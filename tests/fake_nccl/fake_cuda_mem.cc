@@ -52,8 +52,8 @@
 // memory operations, cuMemAlloc) fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
 // has none current.
 //
-// Devices: cuDeviceGetUuid derives the UUID from the ordinal and FAKE_CUDA_UUID_SEED (another
-// seed = GPUs of another host); cuDeviceCanAccessPeer answers 1 for two distinct devices, 0 with
+// Devices: cuDeviceGetUuid derives the UUID from the host's device number (the ordinal, or
+// FAKE_CUDA_ISOLATED) and FAKE_CUDA_UUID_SEED (another seed = GPUs of another host); cuDeviceCanAccessPeer answers 1 for two distinct devices, 0 with
 // FAKE_CUDA_NO_P2P=1.
 //
 // FAKE_CUDA_FAIL=<name>[,<name>...] makes those entry points (base names, e.g. cuMemCreate)
@@ -334,7 +334,8 @@ CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   if (uuid == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (!valid_device(dev)) return done(what, CUDA_ERROR_INVALID_DEVICE);
   const uint32_t seed = static_cast<uint32_t>(env_long("FAKE_CUDA_UUID_SEED", 0));
-  const uint32_t ordinal = static_cast<uint32_t>(dev);
+  // The host's device behind the ordinal: with FAKE_CUDA_ISOLATED=K the one visible is K.
+  const uint32_t ordinal = static_cast<uint32_t>(env_long("FAKE_CUDA_ISOLATED", dev));
   const unsigned char head[4] = {'f', 'g', 'p', 'u'}, tail[4] = {0xd1, 0xce, 0xc0, 0xde};
   memcpy(uuid->bytes, head, 4);
   memcpy(uuid->bytes + 4, &seed, 4);

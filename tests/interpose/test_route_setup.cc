@@ -935,9 +935,48 @@ TEST(RouteSetup, DifferentMinBytesPassesThroughNamingTheSettings) {
                              "different ZEROCTA_* settings", true);
 }
 
-// One GPU visible per process (CUDA_VISIBLE_DEVICES isolation): both ranks meet in the
-// channel, but neither can name the other's GPU, so both pass through and say why at INFO.
-TEST(RouteSetup, PeerGpuInvisibleInThisProcessPassesThroughWithInfoOnly) {
+// One GPU visible per process, as CUDA_VISIBLE_DEVICES=<rank> gives (SLURM's --gpu-bind): each
+// rank sees its own GPU as device 0 and not its peer's. Across processes the route needs no
+// ordinal (imports), so NVML decides: NVLink between the two GPUs, and the route engages.
+TEST(RouteSetup, IsolatedRanksLinkedByNvlinkTakeTheRoute) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r0:FAKE_CUDA_ISOLATED=0", "r1:FAKE_CUDA_ISOLATED=1"},
+                with(route_env(chan, rdv, unique_id_text()), {{"DRV_DEVICE", "0"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_TRUE(any_contains(decisions(r, pid), kEngaged)) << r.describe();
+    EXPECT_EQ(warns(r, pid), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_nothing_left(r, k);
+  }
+  expect_pair_imports(r);
+  // The rank that joined second checked the pair, through NVML.
+  EXPECT_TRUE(contains(r.log, "nvml nvmlDeviceGetP2PStatus a=")) << r.describe();
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+// The same without an NVLink path, and without NVML: both ranks pass through and say why at
+// INFO.
+TEST(RouteSetup, IsolatedRanksWithoutNvlinkPassThroughWithInfoOnly) {
+  expect_pair_passes_through(
+      {"ranks", "2", "basic", "r0:FAKE_CUDA_ISOLATED=0", "r1:FAKE_CUDA_ISOLATED=1"},
+      {{"DRV_DEVICE", "0"}, {"FAKE_NVML_NVLINK", "0"}}, "not visible in this process",
+      /*warned=*/false);
+}
+
+TEST(RouteSetup, IsolatedRanksWithoutNvmlPassThroughWithInfoOnly) {
+  expect_pair_passes_through(
+      {"ranks", "2", "basic", "r0:FAKE_CUDA_ISOLATED=0", "r1:FAKE_CUDA_ISOLATED=1"},
+      {{"DRV_DEVICE", "0"}, {"FAKE_NVML_FAIL_INIT", "1"}}, "not visible in this process",
+      /*warned=*/false);
+}
+
+// A peer GPU that NVML does not know either (here: of another host seed, in a channel both see).
+TEST(RouteSetup, PeerGpuUnknownToNvmlPassesThroughWithInfoOnly) {
   expect_pair_passes_through({"ranks", "2", "basic", "r1:FAKE_CUDA_UUID_SEED=1"},
                              {{"FAKE_CUDA_DEVICES", "1"}, {"DRV_DEVICE", "0"}},
                              "not visible in this process", /*warned=*/false);
