@@ -7,7 +7,7 @@
 # Part a (2 GPUs): the zero-copy route on PyTorch and its released peer memory, the soak on
 #   cuMem buffers and with one rank on cudaMalloc, captures and aborts, cycles, isolation:
 #   zero-copy      run_zero_copy.sh torch-expandable (freed outputs' memory comes back within
-#                  160 ops), torch-default, shm-clean
+#                  160 ops), torch-isolated (one GPU visible per rank), torch-default, shm-clean
 #   soak-cumem     zerocta_gpu_ag_soak, ZEROCTA_ALLGATHER=zerocta, cuMem buffers, 2000 ops,
 #                  bitwise against NCCL, some ops on the copy engines
 #   soak-mixed     the same, 1000 ops, rank 0 on cudaMalloc (staged where it is not first)
@@ -99,9 +99,9 @@ fi
 
 case "$PART" in
   a)
-    step zero-copy 150 env ZEROCTA_SUITE_ONLY='torch-expandable|torch-default|shm-clean' \
+    step zero-copy 200 env ZEROCTA_SUITE_ONLY='torch-expandable|torch-isolated|torch-default|shm-clean' \
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy"
-    soak soak-cumem 120 2 cumem 2000
+    soak soak-cumem 60 2 cumem 2000
     soak soak-mixed 90 2 mixed 1000
     step reliability 180 env ZEROCTA_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
       ZEROCTA_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"

@@ -9,6 +9,8 @@
 # torch-expandable  PyTorch across processes with expandable segments (cuMem exported as fds):
 #                   every all-gather on the copy engines, bitwise right, odd sizes, dtypes, in
 #                   and out of place, fresh tensors each time; 256 MiB in-place time
+# torch-isolated    the same with one GPU visible per rank (CUDA_VISIBLE_DEVICES=<local rank>):
+#                   the peer's GPU has no ordinal here, NVML confirms the NVLink path
 # torch-default     PyTorch's default allocator (cudaMalloc, unreachable from another process):
 #                   every all-gather to NCCL, alike on every rank, bitwise right
 # torch-nccl        the same program without the library: NCCL's time for the comparison
@@ -36,6 +38,8 @@ step one-process 300 "${NATIVE[@]}" "${SHIMMED[@]}" ZEROCTA_EXPECT_CE=1 \
   "$BIN/zerocta_gpu_creation_paths_test"
 step torch-expandable 300 "${SHIMMED[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   ZG_EXPECT=ce "${TORCH[@]}" --bench
+step torch-isolated 300 "${SHIMMED[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  ZG_ISOLATE=1 ZG_EXPECT=ce "${TORCH[@]}" --bench
 step torch-default 300 "${SHIMMED[@]}" ZG_EXPECT=nccl "${TORCH[@]}"
 step torch-nccl 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "${TORCH[@]}" --bench
 if selected shm-clean; then

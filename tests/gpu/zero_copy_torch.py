@@ -9,7 +9,8 @@ time (so buffers move, are freed and reused), then reports how many all-gathers 
 route (zerocta_get_stats, when the shim is loaded). With --bench it also times a 256 MiB-per-
 rank all-gather alone, in and out of place (median and spread of 20 after 5 warm-ups, and the
 time the call takes on the host). With ZG_EXPECT=ce it also checks that memory a rank frees
-comes back although a peer had imported it.
+comes back although a peer had imported it. With ZG_ISOLATE=1 each rank sees only its own GPU
+(CUDA_VISIBLE_DEVICES set per rank).
 
 Run it with the shim (LD_PRELOAD=libzerocta.so ZEROCTA_ALLGATHER=zerocta) and with and without
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: with them every op must take the copy
@@ -80,13 +81,18 @@ def freed_memory_returns(rank, world, dev):
 
 
 def main():
+    # ZG_ISOLATE=1: each rank sees only its own GPU, as CUDA_VISIBLE_DEVICES=<local rank> from
+    # SLURM's --gpu-bind or a one-GPU container gives it (set before CUDA starts).
+    isolate = os.environ.get("ZG_ISOLATE") == "1"
+    if isolate:
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("LOCAL_RANK", "0")
     import torch
     import torch.distributed as dist
 
     bench = "--bench" in sys.argv
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(0 if isolate else int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda")
     failures = 0
     sizes = [1, 3, 4097, (1 << 20) + 5, 16 << 20, (64 << 20) + 12, 256 << 20]
