@@ -45,6 +45,28 @@ std::atomic<uint64_t> g_peer_unmapped_bytes{0};
 std::atomic<uint64_t> g_staged_ops{0};
 std::atomic<uint64_t> g_host_ops{0}, g_host_post{0}, g_host_arrive{0}, g_host_pair_wait{0},
     g_host_reach{0}, g_host_issue{0};
+// The route's counters, each with its RouteStats field and JSON name, in the JSON's order: the
+// snapshot, the reset and the file all walk this one table.
+struct RouteCounter {
+  const char* name;
+  std::atomic<uint64_t>* counter;
+  uint64_t RouteStats::*field;
+};
+const RouteCounter kRouteCounters[] = {
+    {"pairs_each_pushes", &g_pairs_each, &RouteStats::pairs_each_pushes},
+    {"pairs_later_does_both", &g_pairs_later_both, &RouteStats::pairs_later_does_both},
+    {"peer_mappings", &g_peer_mappings, &RouteStats::peer_mappings},
+    {"peer_mapped_bytes", &g_peer_mapped_bytes, &RouteStats::peer_mapped_bytes},
+    {"peer_map_micros", &g_peer_map_micros, &RouteStats::peer_map_micros},
+    {"peer_unmapped_bytes", &g_peer_unmapped_bytes, &RouteStats::peer_unmapped_bytes},
+    {"staged_ops", &g_staged_ops, &RouteStats::staged_ops},
+    {"host_ops", &g_host_ops, &RouteStats::host_ops},
+    {"host_post_micros", &g_host_post, &RouteStats::host_post_micros},
+    {"host_arrive_micros", &g_host_arrive, &RouteStats::host_arrive_micros},
+    {"host_pair_wait_micros", &g_host_pair_wait, &RouteStats::host_pair_wait_micros},
+    {"host_reach_micros", &g_host_reach, &RouteStats::host_reach_micros},
+    {"host_issue_micros", &g_host_issue, &RouteStats::host_issue_micros},
+};
 // The process whose counters these are; the exit report runs only there.
 std::atomic<pid_t> g_owner_pid{0};
 
@@ -68,10 +90,7 @@ void reset_counters() {
   g_comms_zero_policy.store(0, kRelaxed);
   g_comms_ce_ready.store(0, kRelaxed);
   g_inner_calls.store(0, kRelaxed);
-  for (auto* c : {&g_pairs_each, &g_pairs_later_both, &g_peer_mappings, &g_peer_mapped_bytes,
-                  &g_peer_map_micros, &g_peer_unmapped_bytes, &g_staged_ops, &g_host_ops,
-                  &g_host_post, &g_host_arrive, &g_host_pair_wait, &g_host_reach, &g_host_issue})
-    c->store(0, kRelaxed);
+  for (const RouteCounter& c : kRouteCounters) c.counter->store(0, kRelaxed);
 }
 
 // A forked child inherits a copy of the parent's counters; without this it would report the
@@ -238,19 +257,7 @@ void stats_op_host_times(const HostTimes& t) {
 
 RouteStats route_stats_snapshot() {
   RouteStats r;
-  r.pairs_each_pushes = g_pairs_each.load(kRelaxed);
-  r.pairs_later_does_both = g_pairs_later_both.load(kRelaxed);
-  r.peer_mappings = g_peer_mappings.load(kRelaxed);
-  r.peer_mapped_bytes = g_peer_mapped_bytes.load(kRelaxed);
-  r.peer_map_micros = g_peer_map_micros.load(kRelaxed);
-  r.peer_unmapped_bytes = g_peer_unmapped_bytes.load(kRelaxed);
-  r.staged_ops = g_staged_ops.load(kRelaxed);
-  r.host_ops = g_host_ops.load(kRelaxed);
-  r.host_post_micros = g_host_post.load(kRelaxed);
-  r.host_arrive_micros = g_host_arrive.load(kRelaxed);
-  r.host_pair_wait_micros = g_host_pair_wait.load(kRelaxed);
-  r.host_reach_micros = g_host_reach.load(kRelaxed);
-  r.host_issue_micros = g_host_issue.load(kRelaxed);
+  for (const RouteCounter& c : kRouteCounters) r.*c.field = c.counter->load(kRelaxed);
   return r;
 }
 
@@ -309,19 +316,7 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& ro
   append_field(&out, "pool_bytes", s.pool_bytes);
   append_field(&out, "inner_calls", s.inner_calls);
   out += "\"route\":{";
-  append_field(&out, "pairs_each_pushes", route.pairs_each_pushes);
-  append_field(&out, "pairs_later_does_both", route.pairs_later_does_both);
-  append_field(&out, "peer_mappings", route.peer_mappings);
-  append_field(&out, "peer_mapped_bytes", route.peer_mapped_bytes);
-  append_field(&out, "peer_map_micros", route.peer_map_micros);
-  append_field(&out, "peer_unmapped_bytes", route.peer_unmapped_bytes);
-  append_field(&out, "staged_ops", route.staged_ops);
-  append_field(&out, "host_ops", route.host_ops);
-  append_field(&out, "host_post_micros", route.host_post_micros);
-  append_field(&out, "host_arrive_micros", route.host_arrive_micros);
-  append_field(&out, "host_pair_wait_micros", route.host_pair_wait_micros);
-  append_field(&out, "host_reach_micros", route.host_reach_micros);
-  append_field(&out, "host_issue_micros", route.host_issue_micros);
+  for (const RouteCounter& c : kRouteCounters) append_field(&out, c.name, route.*c.field);
   out.back() = '}';
   out += ",\"ops\":{";
   bool first_op = true;
