@@ -316,7 +316,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
   lap(&host.reach);
-  host.reach -= host.pair_wait;
+  host.reach -= host.pair_wait;  // plan_parts both waits for claims and reaches: told apart
   build_view(st, a, sendbuff, recvbuff, chunk, stage);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);

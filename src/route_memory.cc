@@ -7,32 +7,6 @@ namespace {
 
 constexpr int kMaxAccess = 64;  // devices one allocation is opened for (the route's rank limit)
 
-// Reserves, maps and opens for `devices` an allocation already held in `handle`.
-bool map_for(const CudaDriver& cu, CUmemGenericAllocationHandle handle, size_t bytes,
-             const int* devices, int ndevices, MappedAllocation* out) {
-  CUdeviceptr va = 0;
-  if (cu.cuMemAddressReserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS) return false;
-  if (cu.cuMemMap(va, bytes, 0, handle, 0) != CUDA_SUCCESS) {
-    cu.cuMemAddressFree(va, bytes);
-    return false;
-  }
-  CUmemAccessDesc access[kMaxAccess + 1] = {};
-  for (int i = 0; i < ndevices; ++i) {
-    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access[i].location.id = devices[i];
-    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  }
-  if (cu.cuMemSetAccess(va, bytes, access, static_cast<size_t>(ndevices)) != CUDA_SUCCESS) {
-    cu.cuMemUnmap(va, bytes);
-    cu.cuMemAddressFree(va, bytes);
-    return false;
-  }
-  out->va = va;
-  out->bytes = bytes;
-  out->handle = handle;
-  return true;
-}
-
 // Unmaps the first `n` of the allocations mapped back to back at `va`; returns their bytes.
 uint64_t unmap_first(const CudaDriver& cu, CUdeviceptr va, const uint64_t* bytes, size_t n) {
   uint64_t at = 0;
@@ -51,22 +25,28 @@ bool import_allocation(const CudaDriver& cu, int fd, CUmemGenericAllocationHandl
 }
 
 bool map_back_to_back(const CudaDriver& cu, const CUmemGenericAllocationHandle* handles,
-                      const uint64_t* bytes, size_t n, int device, CUdeviceptr* va) {
+                      const uint64_t* bytes, size_t n, const int* devices, int ndevices,
+                      CUdeviceptr* va) {
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += bytes[i];
   *va = 0;
   CUdeviceptr base = 0;
-  if (n == 0 || cu.cuMemAddressReserve(&base, total, 0, 0, 0) != CUDA_SUCCESS) return false;
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (n == 0 || ndevices < 1 || ndevices > kMaxAccess + 1 ||
+      cu.cuMemAddressReserve(&base, total, 0, 0, 0) != CUDA_SUCCESS)
+    return false;
+  CUmemAccessDesc access[kMaxAccess + 1] = {};
+  for (int i = 0; i < ndevices; ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devices[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
   // Each allocation is mapped and opened on its own: the driver's calls take one mapping each.
   size_t mapped = 0;
   uint64_t at = 0;
   for (; mapped < n; at += bytes[mapped], ++mapped) {
     if (cu.cuMemMap(base + at, bytes[mapped], 0, handles[mapped], 0) != CUDA_SUCCESS) break;
-    if (cu.cuMemSetAccess(base + at, bytes[mapped], &access, 1) != CUDA_SUCCESS) {
+    if (cu.cuMemSetAccess(base + at, bytes[mapped], access, static_cast<size_t>(ndevices)) !=
+        CUDA_SUCCESS) {
       cu.cuMemUnmap(base + at, bytes[mapped]);
       break;
     }
@@ -102,17 +82,20 @@ bool create_exportable(const CudaDriver& cu, size_t bytes, int device, const int
   if (cu.cuMemCreate(&h, rounded, &prop, 0) != CUDA_SUCCESS) return false;
   int devices[kMaxAccess + 1] = {device};
   for (int i = 0; i < nalso; ++i) devices[i + 1] = also[i];
-  if (!map_for(cu, h, rounded, devices, nalso + 1, out)) {
+  const uint64_t size = rounded;
+  if (!map_back_to_back(cu, &h, &size, 1, devices, nalso + 1, &out->va)) {
     cu.cuMemRelease(h);
     return false;
   }
+  out->bytes = rounded;
+  out->handle = h;
   return true;
 }
 
 void release_mapping(const CudaDriver& cu, MappedAllocation* m) {
   if (!m->va) return;
-  cu.cuMemUnmap(m->va, m->bytes);
-  cu.cuMemAddressFree(m->va, m->bytes);
+  const uint64_t size = m->bytes;
+  unmap_back_to_back(cu, m->va, &size, 1);
   cu.cuMemRelease(m->handle);
   *m = MappedAllocation{};
 }

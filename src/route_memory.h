@@ -24,11 +24,13 @@ struct MappedAllocation {
 bool import_allocation(const CudaDriver& cu, int fd, CUmemGenericAllocationHandle* handle);
 
 // Maps `n` allocations back to back at one new address, each whole (cuMemMap needs offset 0
-// and the imported granularity: `bytes[i]` is allocation i's whole size), accessible from
-// `device`, so that a buffer its owner laid across them is one range here too. *va is the
-// address of the first; the handles stay the caller's. False (nothing mapped) on failure.
+// and the imported granularity: `bytes[i]` is allocation i's whole size), accessible from the
+// `ndevices` devices in `devices`, so that a buffer its owner laid across them is one range
+// here too. *va is the address of the first; the handles stay the caller's. False (nothing
+// mapped) on failure.
 bool map_back_to_back(const CudaDriver& cu, const CUmemGenericAllocationHandle* handles,
-                      const uint64_t* bytes, size_t n, int device, CUdeviceptr* va);
+                      const uint64_t* bytes, size_t n, const int* devices, int ndevices,
+                      CUdeviceptr* va);
 
 // Undoes map_back_to_back (the same sizes, in the same order) and frees the address range.
 void unmap_back_to_back(const CudaDriver& cu, CUdeviceptr va, const uint64_t* bytes, size_t n);
