@@ -1248,9 +1248,12 @@ RunResult run_ordered(int nranks, const std::vector<int>& unreachable, const Env
   for (int k = 1; k < nranks; ++k)
     args.push_back("r" + std::to_string(k) + ":DRV_SLEEP_EACH_AG_MS=" + std::to_string(120 * k));
   for (int k : unreachable) args.push_back("r" + std::to_string(k) + ":DRV_AG_MEM=host");
+  // The ranks meet before every op with their buffers ready, so that the sleeps alone order
+  // them: a rank still preparing its buffers on a loaded machine must not arrive out of turn.
   Env env =
       with(route_env(chan, rdv, unique_id_text()), {{"ZEROCTA_ALLGATHER", "zerocta"},
                                                     {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"},
+                                                    {"DRV_AG_BARRIER", "1"},
                                                     {"DRV_TIMEOUT_S", "40"}});
   return run_route(args, with(env, more), s);
 }

@@ -30,7 +30,9 @@
 //             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers;
 //             DRV_AG_FRESH_EVERY=K: new buffers every K of them, the old ones freed first;
 //             DRV_AG_GROW=1: new buffers for every op, op i of (i + 1) x DRV_AG_BYTES per rank;
-//             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals),
+//             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals;
+//             DRV_AG_BARRIER=1: every rank first meets the others, its buffers ready, so that
+//             the sleeps alone order them),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them).
 
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
@@ -55,6 +57,7 @@
 #include <dirent.h>
 #include <nccl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +68,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,9 +81,30 @@ namespace {
 
 std::string g_prefix;  // "r<K>." in a rank, "" otherwise
 int g_device = 0;      // a rank's device (DRV_DEVICE, default the rank)
+int g_nranks = 0;      // the ranks run_ranks forked
+
+// The ranks' barrier before each all-gather with DRV_AG_BARRIER=1, in memory shared by every
+// rank (mapped before the forks): a count of arrivals per generation.
+struct RankBarrier {
+  std::atomic<int> arrived{0};
+  std::atomic<int> generation{0};
+};
+RankBarrier* g_barrier = nullptr;
 
 void out(const std::string& key, const std::string& value) { drv::out(g_prefix + key, value); }
 void out(const std::string& key, long long value) { drv::out(g_prefix + key, value); }
+
+// Every rank waits here until all have come (the last to come opens the next generation).
+void barrier_of_ranks() {
+  RankBarrier& b = *g_barrier;
+  const int generation = b.generation.load();
+  if (b.arrived.fetch_add(1) + 1 == g_nranks) {
+    b.arrived.store(0);
+    b.generation.fetch_add(1);
+    return;
+  }
+  while (b.generation.load() == generation) usleep(200);
+}
 
 std::string env_str(const char* name, const char* fallback) {
   const char* v = getenv(name);
@@ -281,6 +306,7 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   const long fresh_every = env_long("DRV_AG_FRESH_EVERY", 0);
   const bool grow = env_long("DRV_AG_GROW", 0) == 1;
   const long sleep_each_ms = env_long("DRV_SLEEP_EACH_AG_MS", 0);
+  const bool barrier = env_long("DRV_AG_BARRIER", 0) == 1 && g_barrier != nullptr;
   for (long i = 0, repeat = env_long("DRV_AG_REPEAT", 1); i < repeat; ++i) {
     // The old buffers are freed before the new ones exist, as a caching allocator's
     // empty_cache() and a fresh allocation would.
@@ -289,9 +315,10 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
       fresh = std::make_unique<Gather>(r, n, grow ? bytes * static_cast<size_t>(i + 1) : bytes,
                                        g_device);
     }
-    if (sleep_each_ms > 0) usleep(static_cast<useconds_t>(sleep_each_ms) * 1000);
     Gather& g = *fresh;
     memset(g.recv.data(), 0xee, g.recv.size());
+    if (barrier) barrier_of_ranks();
+    if (sleep_each_ms > 0) usleep(static_cast<useconds_t>(sleep_each_ms) * 1000);
     if (grouped) ncclGroupStart();
     ncclResult_t op = g.issue(c);
     if (grouped) {
@@ -568,6 +595,11 @@ void rank_cycles(int rank, int nranks) {
 }
 
 int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
+  void* shared = mmap(nullptr, sizeof(RankBarrier), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) return 3;
+  g_barrier = new (shared) RankBarrier;
+  g_nranks = nranks;
   std::vector<pid_t> pids;
   for (int rank = 0; rank < nranks; ++rank) {
     pid_t pid = fork();
