@@ -13,8 +13,10 @@
 // here. With FAKE_CUDA_CE=1 it also hands out the copy-engine API of fake_cuda_mem.cc (memory
 // shared across processes through memfds, streams, events, copies run at once; its header
 // lists every knob: FAKE_CUDA_GRANULARITY, FAKE_CUDA_WAIT_MS, FAKE_CUDA_UUID_SEED,
-// FAKE_CUDA_NO_P2P, FAKE_CUDA_DELAY). FAKE_CUDA_FAIL=<name>[,<name>] makes those entry points
-// fail (the ones of this file answer CUDA_ERROR_UNKNOWN).
+// FAKE_CUDA_NO_P2P, FAKE_CUDA_DELAY) and the stream capture, graphs and user objects of
+// fake_cuda_graph.cc (FAKE_CUDA_CAPTURING, FAKE_CUDA_INVALIDATE_CAPTURE). FAKE_CUDA_FAIL=<name>
+// [,<name>] makes those entry points fail (the ones of this file answer CUDA_ERROR_UNKNOWN);
+// every entry point refuses a call from a user object's destructor (fake_cuda_graph.cc).
 #include <cuda.h>
 
 #include <atomic>
@@ -23,12 +25,8 @@
 #include <mutex>
 #include <vector>
 
+#include "fake_cuda_internal.h"
 #include "fake_log.h"
-
-// From fake_cuda_mem.cc.
-FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol);
-FAKE_HIDDEN bool fake_cuda_failing(const char* name);
-FAKE_HIDDEN void fake_cuda_delay(const char* name);
 
 namespace {
 
@@ -77,27 +75,23 @@ FAKE_HIDDEN int fake_cuda_current_device() { return device_of(current()); }
 FAKE_HIDDEN int fake_cuda_device_count() { return device_count(); }
 FAKE_HIDDEN bool fake_cuda_initialized() { return g_initialized.load(); }
 
-#define FAKE_CUDA_FAIL_POINT(name, what) \
-  fake_cuda_delay(name);                 \
-  if (fake_cuda_failing(name))           \
-  return done(std::string(what) + " injected_failure", CUDA_ERROR_UNKNOWN)
-
 extern "C" {
 
 CUresult cuInit(unsigned int flags) {
-  FAKE_CUDA_FAIL_POINT("cuInit", fake::strf("cuInit flags=%u", flags));
+  FAKE_CUDA_ENTRY("cuInit", fake::strf("cuInit flags=%u", flags), CUDA_ERROR_UNKNOWN);
   g_initialized = true;
   return done(fake::strf("cuInit flags=%u", flags), CUDA_SUCCESS);
 }
 
 CUresult cuDriverGetVersion(int* version) {
+  FAKE_CUDA_ENTRY("cuDriverGetVersion", "cuDriverGetVersion", CUDA_ERROR_UNKNOWN);
   if (version == nullptr) return done("cuDriverGetVersion", CUDA_ERROR_INVALID_VALUE);
   *version = 13000;
   return done("cuDriverGetVersion version=13000", CUDA_SUCCESS);
 }
 
 CUresult cuDeviceGetCount(int* count) {
-  FAKE_CUDA_FAIL_POINT("cuDeviceGetCount", "cuDeviceGetCount");
+  FAKE_CUDA_ENTRY("cuDeviceGetCount", "cuDeviceGetCount", CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done("cuDeviceGetCount", CUDA_ERROR_NOT_INITIALIZED);
   if (count == nullptr) return done("cuDeviceGetCount", CUDA_ERROR_INVALID_VALUE);
   *count = device_count();
@@ -106,7 +100,7 @@ CUresult cuDeviceGetCount(int* count) {
 
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   std::string what = fake::strf("cuDeviceGet ordinal=%d", ordinal);
-  FAKE_CUDA_FAIL_POINT("cuDeviceGet", what);
+  FAKE_CUDA_ENTRY("cuDeviceGet", what, CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (device == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (ordinal < 0 || ordinal >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
@@ -116,7 +110,7 @@ CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   std::string what = fake::strf("cuDevicePrimaryCtxRetain dev=%d", dev);
-  FAKE_CUDA_FAIL_POINT("cuDevicePrimaryCtxRetain", what);
+  FAKE_CUDA_ENTRY("cuDevicePrimaryCtxRetain", what, CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (pctx == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
@@ -131,6 +125,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 // cuda.h maps cuDevicePrimaryCtxRelease to the _v2 entry point, as the real driver exports it.
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   std::string what = fake::strf("cuDevicePrimaryCtxRelease dev=%d", dev);
+  FAKE_CUDA_ENTRY("cuDevicePrimaryCtxRelease", what, CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
   std::lock_guard<std::mutex> lock(g_retain_mu);
@@ -140,6 +135,7 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
 }
 
 CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  FAKE_CUDA_ENTRY("cuCtxGetCurrent", "cuCtxGetCurrent", CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done("cuCtxGetCurrent", CUDA_ERROR_NOT_INITIALIZED);
   if (pctx == nullptr) return done("cuCtxGetCurrent", CUDA_ERROR_INVALID_VALUE);
   *pctx = current();
@@ -148,7 +144,7 @@ CUresult cuCtxGetCurrent(CUcontext* pctx) {
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   std::string what = "cuCtxSetCurrent ctx=" + fake::hex_ptr(ctx);
-  FAKE_CUDA_FAIL_POINT("cuCtxSetCurrent", what);
+  FAKE_CUDA_ENTRY("cuCtxSetCurrent", what, CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (ctx != nullptr && device_of(ctx) < 0) return done(what, CUDA_ERROR_INVALID_CONTEXT);
   // Real semantics: replace the top of the stack; NULL pops it.
@@ -163,7 +159,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 
 CUresult cuCtxGetDevice(CUdevice* device) {
-  FAKE_CUDA_FAIL_POINT("cuCtxGetDevice", "cuCtxGetDevice");
+  FAKE_CUDA_ENTRY("cuCtxGetDevice", "cuCtxGetDevice", CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done("cuCtxGetDevice", CUDA_ERROR_NOT_INITIALIZED);
   if (device == nullptr) return done("cuCtxGetDevice", CUDA_ERROR_INVALID_VALUE);
   int dev = device_of(current());
@@ -174,6 +170,7 @@ CUresult cuCtxGetDevice(CUdevice* device) {
 
 CUresult cuCtxPushCurrent(CUcontext ctx) {
   std::string what = "cuCtxPushCurrent ctx=" + fake::hex_ptr(ctx);
+  FAKE_CUDA_ENTRY("cuCtxPushCurrent", what, CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (device_of(ctx) < 0) return done(what, CUDA_ERROR_INVALID_CONTEXT);
   t_stack.push_back(ctx);
@@ -181,6 +178,7 @@ CUresult cuCtxPushCurrent(CUcontext ctx) {
 }
 
 CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  FAKE_CUDA_ENTRY("cuCtxPopCurrent", "cuCtxPopCurrent", CUDA_ERROR_UNKNOWN);
   if (!g_initialized) return done("cuCtxPopCurrent", CUDA_ERROR_NOT_INITIALIZED);
   if (t_stack.empty()) return done("cuCtxPopCurrent", CUDA_ERROR_INVALID_CONTEXT);
   CUcontext top = t_stack.back();
@@ -212,6 +210,7 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
   std::string what =
       fake::strf("cuGetProcAddress symbol=%s version=%d flags=%llu", symbol ? symbol : "(null)",
                  cudaVersion, static_cast<unsigned long long>(flags));
+  FAKE_CUDA_ENTRY("cuGetProcAddress", what, CUDA_ERROR_UNKNOWN);
   if (pfn == nullptr || symbol == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   for (const Entry& e : kTable) {
     if (strcmp(e.name, symbol) == 0) {
@@ -221,7 +220,9 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
     }
   }
   if (ce_enabled()) {
-    if (void* fn = fake_cuda_ce_lookup(symbol)) {
+    void* fn = fake_cuda_ce_lookup(symbol);
+    if (fn == nullptr) fn = fake_cuda_graph_lookup(symbol);
+    if (fn != nullptr) {
       *pfn = fn;
       if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
       return done(what + " found", CUDA_SUCCESS);

@@ -1,5 +1,7 @@
 // The fake CUDA driver's copy-engine API (libcuda.so.1, see fake_cuda.cc): what the shim's
-// copy-engine route needs to set up and run, on host memory, across processes.
+// copy-engine route needs to set up and run, on host memory, across processes. Stream capture,
+// graphs and user objects are fake_cuda_graph.cc's; the stream operations they record and replay
+// run here, through one executor per kind of operation.
 //
 // cuGetProcAddress_v2 hands these out only with FAKE_CUDA_CE=1 (fake_cuda.cc); without it the
 // route stays unavailable (CudaDriver::ce_ok false), as many tests expect.
@@ -33,36 +35,42 @@
 //
 // Work on streams runs at once, in the calling thread, on those host addresses:
 // cuMemsetD32Async, cuMemcpyAsync, cuMemcpyHtoD/DtoH, cuMemcpyBatchAsync (refused on the legacy
-// NULL stream, as the real driver does), cuStreamWriteValue32. An address inside a reservation
-// of this fake must be mapped with the needed access, by one mapping or several back to back
-// (else CUDA_ERROR_ILLEGAL_ADDRESS instead of a crash); any other address is taken for host
-// memory of the caller.
-// cuStreamWaitValue32 cannot block a fake stream: a satisfied wait logs "satisfied"; an
+// NULL stream, as the real driver does), cuStreamWriteValue32/64 (which store exactly 4 or 8
+// bytes: a 32-bit write to the low half of a 64-bit word leaves the high half). An address
+// inside a reservation of this fake must be mapped with the needed access, by one mapping or
+// several back to back (else CUDA_ERROR_ILLEGAL_ADDRESS instead of a crash); any other address
+// is taken for host memory of the caller. Flags of 32/64-bit operations must be 4/8-byte aligned.
+// cuStreamWaitValue32/64 (GEQ as a wrapping signed difference, EQ, AND: (*addr & value) != 0,
+// NOR: ~(*addr | value) != 0) cannot block a fake stream: a satisfied wait logs "satisfied"; an
 // unsatisfied one logs "not_satisfied" and returns CUDA_SUCCESS, unless FAKE_CUDA_WAIT_MS=<ms>
 // is set: then it polls the flag (a peer process may still write it) for up to that long
 // ("satisfied_after_ms=N"). The first wait that times out stops every later wait of the
 // process from waiting (one hang costs the budget once); every such wait logs "not_satisfied".
 // A test can thus read a route that diverged between ranks off the log.
+// On a stream in a capture (fake_cuda_graph.cc) these operations, cuEventRecord and
+// cuStreamWaitEvent are recorded instead (" captured=<id>"; arguments are checked, memory is
+// not touched) and run by each cuGraphLaunch with the same executors (" replay=exec#N"), waits
+// included; cuMemcpyBatchAsync is refused there (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
 //
 // Streams and events are fake handles ("stream#3", "event#7"); destroying an unknown (or
 // already destroyed) one is CUDA_ERROR_INVALID_HANDLE. cuStreamQuery/cuStreamSynchronize
-// succeed; cuStreamIsCapturing answers NONE (ACTIVE for every stream but the legacy one with
-// FAKE_CUDA_CAPTURING=1); cuThreadExchangeStreamCaptureMode swaps a
-// per-thread mode. Calls that need a context (stream/event creation, copies, memsets, stream
-// memory operations, cuMemAlloc) fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
-// has none current.
+// succeed (but not on a stream in an explicit capture). Calls that need a context
+// (stream/event creation, copies, memsets, stream memory operations, cuMemAlloc) fail with
+// CUDA_ERROR_INVALID_CONTEXT when the calling thread has none current.
 //
 // Devices: cuDeviceGetUuid derives the UUID from the host's device number (the ordinal, or
-// FAKE_CUDA_ISOLATED) and FAKE_CUDA_UUID_SEED (another seed = GPUs of another host); cuDeviceCanAccessPeer answers 1 for two distinct devices, 0 with
-// FAKE_CUDA_NO_P2P=1.
+// FAKE_CUDA_ISOLATED) and FAKE_CUDA_UUID_SEED (another seed = GPUs of another host);
+// cuDeviceCanAccessPeer answers 1 for two distinct devices, 0 with FAKE_CUDA_NO_P2P=1.
 //
 // FAKE_CUDA_FAIL=<name>[,<name>...] makes those entry points (base names, e.g. cuMemCreate)
 // fail: CUDA_ERROR_OUT_OF_MEMORY for cuMemCreate/cuMemAlloc, CUDA_ERROR_UNKNOWN otherwise.
-// FAKE_CUDA_DELAY=<name>:<ms>[,...] makes them sleep that long first (race windows).
+// FAKE_CUDA_DELAY=<name>:<ms>[,...] makes them sleep that long first (race windows). Every
+// entry point of the fake refuses a call from a user object's destructor
+// (CUDA_ERROR_NOT_PERMITTED, "called from a user-object destructor").
 //
 // Every call logs "cuda <name> ... pid=<pid> -> <result>". fake_cuda_live(kind) (exported,
 // for drivers) counts what this process still holds: "alloc", "reserve", "map", "stream",
-// "event", "memalloc", "hostreg".
+// "event", "memalloc", "hostreg", and fake_cuda_graph.cc's "graph", "exec", "userobj".
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -80,13 +88,10 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 
+#include "fake_cuda_internal.h"
 #include "fake_log.h"
-
-// From fake_cuda.cc.
-FAKE_HIDDEN int fake_cuda_current_device();  // -1: no current context on this thread
-FAKE_HIDDEN int fake_cuda_device_count();
-FAKE_HIDDEN bool fake_cuda_initialized();
 
 namespace {
 
@@ -168,7 +173,6 @@ std::set<const void*>& events() {
 }
 int g_next_stream = 1, g_next_event = 1;
 
-thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 std::atomic<bool> g_wait_budget_spent{false};
 
 bool env_is_1(const char* name) {
@@ -264,10 +268,14 @@ CUresult access_error(const std::string& what, uintptr_t p, size_t n, int prot) 
       CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
-bool wait_satisfied(uint32_t seen, uint32_t value, unsigned flags) {
+// The wait conditions of cuStreamWaitValue32/64 (the low two bits of the flags; the others,
+// such as CU_STREAM_WAIT_VALUE_FLUSH, change nothing here). GEQ compares as a wrapping signed
+// difference, so a counter that wrapped still counts as ahead.
+template <typename T>
+bool wait_satisfied(T seen, T value, unsigned flags) {
   switch (flags & 0x3) {
     case CU_STREAM_WAIT_VALUE_GEQ:
-      return static_cast<int32_t>(seen - value) >= 0;
+      return static_cast<std::make_signed_t<T>>(seen - value) >= 0;
     case CU_STREAM_WAIT_VALUE_EQ:
       return seen == value;
     case CU_STREAM_WAIT_VALUE_AND:
@@ -283,10 +291,8 @@ long long now_ms() {
   return static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
-}  // namespace
-
 // FAKE_CUDA_FAIL: a comma-separated list of base names.
-FAKE_HIDDEN bool fake_cuda_failing(const char* name) {
+bool failing(const char* name) {
   const char* v = getenv("FAKE_CUDA_FAIL");
   if (v == nullptr || *v == '\0') return false;
   const size_t len = strlen(name);
@@ -302,7 +308,7 @@ FAKE_HIDDEN bool fake_cuda_failing(const char* name) {
 
 // FAKE_CUDA_DELAY=<name>:<ms>[,<name>:<ms>...]: those entry points sleep first (to widen a
 // race window of the caller's).
-FAKE_HIDDEN void fake_cuda_delay(const char* name) {
+void delay(const char* name) {
   const char* v = getenv("FAKE_CUDA_DELAY");
   if (v == nullptr || *v == '\0') return;
   const size_t len = strlen(name);
@@ -319,9 +325,108 @@ FAKE_HIDDEN void fake_cuda_delay(const char* name) {
   }
 }
 
-#define FAKE_CUDA_FAIL_POINT(name, what, code) \
-  fake_cuda_delay(name);                       \
-  if (fake_cuda_failing(name)) return done(std::string(what) + " injected_failure", code)
+// ---- The executors: one per kind of stream operation, for eager ops and graph replays ----
+
+CUresult run_copy(const std::string& what, CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  CUresult r;
+  if ((r = access_error(what, src, bytes, PROT_READ)) != CUDA_SUCCESS) return r;
+  if ((r = access_error(what, dst, bytes, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return done(what, CUDA_SUCCESS);
+}
+
+CUresult run_memset_d32(const std::string& what, CUdeviceptr dst, uint32_t value, size_t count) {
+  CUresult r;
+  if ((r = access_error(what, dst, count * 4, PROT_WRITE)) != CUDA_SUCCESS) return r;
+  auto* p = reinterpret_cast<uint32_t*>(dst);
+  for (size_t i = 0; i < count; ++i) __atomic_store_n(p + i, value, __ATOMIC_RELEASE);
+  return done(what, CUDA_SUCCESS);
+}
+
+// Stores exactly sizeof(T) bytes: a 32-bit write to half of a 64-bit word leaves the other half.
+template <typename T>
+CUresult run_write(const std::string& what, CUdeviceptr flag, T value) {
+  CUresult r;
+  if ((r = access_error(what, flag, sizeof(T), PROT_WRITE)) != CUDA_SUCCESS) return r;
+  __atomic_store_n(reinterpret_cast<T*>(flag), value, __ATOMIC_RELEASE);
+  return done(what, CUDA_SUCCESS);
+}
+
+// A fake stream cannot block: a satisfied wait logs "satisfied"; an unsatisfied one is skipped
+// ("not_satisfied"), after polling for up to FAKE_CUDA_WAIT_MS while the process's wait budget
+// is not spent.
+template <typename T>
+CUresult run_wait(const std::string& what, CUdeviceptr flag, T value, unsigned flags) {
+  CUresult r;
+  if ((r = access_error(what, flag, sizeof(T), PROT_READ)) != CUDA_SUCCESS) return r;
+  const auto* p = reinterpret_cast<const T*>(flag);
+  T seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  if (wait_satisfied(seen, value, flags)) return done(what + " satisfied", CUDA_SUCCESS);
+  const long budget = env_long("FAKE_CUDA_WAIT_MS", 0);
+  if (budget > 0 && !g_wait_budget_spent.load()) {
+    const long long start = now_ms();
+    while (now_ms() - start < budget) {
+      usleep(50);
+      seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+      if (wait_satisfied(seen, value, flags))
+        return done(what + fake::strf(" satisfied_after_ms=%lld", now_ms() - start), CUDA_SUCCESS);
+    }
+    g_wait_budget_spent.store(true);
+  }
+  return done(what + fake::strf(" not_satisfied seen=%llu", static_cast<unsigned long long>(seen)),
+              CUDA_SUCCESS);
+}
+
+// An operation issued on `stream`: recorded if the stream is in a capture, else run now.
+CUresult issue(CUstream stream, const FakeOp& op) {
+  const FakeCudaRecorded rec = fake_cuda_record(stream, op);
+  if (rec.run) return fake_cuda_run(op, "");
+  return done(op.what + rec.note, rec.result);
+}
+
+FakeOp op_of(FakeOp::Kind kind, std::string what) {
+  FakeOp op;
+  op.kind = kind;
+  op.what = std::move(what);
+  return op;
+}
+
+}  // namespace
+
+FAKE_HIDDEN FakeCudaRefusal fake_cuda_enter(const char* name, CUresult injected) {
+  if (fake_cuda_in_user_object_destructor())
+    return {CUDA_ERROR_NOT_PERMITTED, " called from a user-object destructor"};
+  delay(name);
+  if (failing(name)) return {injected, " injected_failure"};
+  return {CUDA_SUCCESS, ""};
+}
+
+FAKE_HIDDEN CUresult fake_cuda_run(const FakeOp& op, const std::string& tail) {
+  const std::string what = op.what + tail;
+  switch (op.kind) {
+    case FakeOp::Kind::kCopy:
+      return run_copy(what, op.dst, op.src, op.count);
+    case FakeOp::Kind::kMemsetD32:
+      return run_memset_d32(what, op.dst, static_cast<uint32_t>(op.value), op.count);
+    case FakeOp::Kind::kWrite32:
+      return run_write<uint32_t>(what, op.dst, static_cast<uint32_t>(op.value));
+    case FakeOp::Kind::kWrite64:
+      return run_write<uint64_t>(what, op.dst, op.value);
+    case FakeOp::Kind::kWait32:
+      return run_wait<uint32_t>(what, op.dst, static_cast<uint32_t>(op.value), op.flags);
+    case FakeOp::Kind::kWait64:
+      return run_wait<uint64_t>(what, op.dst, op.value, op.flags);
+    default:  // event records and waits, synchronizations: the work is already done
+      return done(what, CUDA_SUCCESS);
+  }
+}
+
+FAKE_HIDDEN CUresult fake_cuda_done(const std::string& what, CUresult r) { return done(what, r); }
+FAKE_HIDDEN bool fake_cuda_need_context(const std::string& what, CUresult* r) {
+  return need_context(what, r);
+}
+FAKE_HIDDEN std::string fake_cuda_stream_name(CUstream s) { return stream_name(s); }
+FAKE_HIDDEN bool fake_cuda_env_is_1(const char* name) { return env_is_1(name); }
 
 extern "C" {
 
@@ -329,7 +434,7 @@ extern "C" {
 
 CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   std::string what = fake::strf("cuDeviceGetUuid dev=%d", dev);
-  FAKE_CUDA_FAIL_POINT("cuDeviceGetUuid", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuDeviceGetUuid", what, CUDA_ERROR_UNKNOWN);
   if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (uuid == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (!valid_device(dev)) return done(what, CUDA_ERROR_INVALID_DEVICE);
@@ -346,7 +451,7 @@ CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
 
 CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
   std::string what = fake::strf("cuDeviceCanAccessPeer dev=%d peer=%d", dev, peer);
-  FAKE_CUDA_FAIL_POINT("cuDeviceCanAccessPeer", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuDeviceCanAccessPeer", what, CUDA_ERROR_UNKNOWN);
   if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (can == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   if (!valid_device(dev) || !valid_device(peer)) return done(what, CUDA_ERROR_INVALID_DEVICE);
@@ -366,9 +471,16 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
       {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND (fake)"},
       {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS (fake)"},
       {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED (fake)"},
+      {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED (fake)"},
+      {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE (fake)"},
+      {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (fake)"},
+      {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (fake)"},
+      {CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED (fake)"},
+      {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION (fake)"},
       {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN (fake)"},
   };
   std::string what = fake::strf("cuGetErrorString error=%d", static_cast<int>(error));
+  FAKE_CUDA_ENTRY("cuGetErrorString", what, CUDA_ERROR_UNKNOWN);
   if (text == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   auto it = kNames.find(static_cast<int>(error));
   if (it == kNames.end()) {
@@ -383,7 +495,7 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
 
 CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
   std::string what = fake::strf("cuStreamCreate flags=%u", flags);
-  FAKE_CUDA_FAIL_POINT("cuStreamCreate", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuStreamCreate", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (stream == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -399,56 +511,35 @@ CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
 
 CUresult cuStreamDestroy(CUstream stream) {
   std::string what = "cuStreamDestroy stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuStreamDestroy", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuStreamDestroy", what, CUDA_ERROR_UNKNOWN);
   bool known;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     known = streams().erase(stream) != 0;
   }
   if (!known) return done(what + " unknown_stream", CUDA_ERROR_INVALID_HANDLE);
+  fake_cuda_forget(stream);
   delete reinterpret_cast<FakeStream*>(stream);
   return done(what, CUDA_SUCCESS);
 }
 
+// The fake's streams have nothing outstanding; synchronizing a stream in an explicit capture
+// is refused (and invalidates the capture), as in CUDA.
 CUresult cuStreamSynchronize(CUstream stream) {
   std::string what = "cuStreamSynchronize stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuStreamSynchronize", what, CUDA_ERROR_UNKNOWN);
-  return done(what, CUDA_SUCCESS);
+  FAKE_CUDA_ENTRY("cuStreamSynchronize", what, CUDA_ERROR_UNKNOWN);
+  return issue(stream, op_of(FakeOp::Kind::kSync, what));
 }
 
 CUresult cuStreamQuery(CUstream stream) {
   std::string what = "cuStreamQuery stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuStreamQuery", what, CUDA_ERROR_UNKNOWN);
-  return done(what, CUDA_SUCCESS);
-}
-
-CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
-  std::string what = "cuStreamIsCapturing stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuStreamIsCapturing", what, CUDA_ERROR_UNKNOWN);
-  if (status == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
-  // FAKE_CUDA_CAPTURING=1: every stream but the legacy one is being captured (this process
-  // captures its all-gathers into a graph where a peer may run them eagerly).
-  const bool capturing =
-      env_is_1("FAKE_CUDA_CAPTURING") && stream != nullptr && stream != CU_STREAM_LEGACY;
-  *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-  return done(what + (capturing ? " status=active" : " status=none"), CUDA_SUCCESS);
-}
-
-CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
-  std::string what = "cuThreadExchangeStreamCaptureMode";
-  FAKE_CUDA_FAIL_POINT("cuThreadExchangeStreamCaptureMode", what, CUDA_ERROR_UNKNOWN);
-  if (mode == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
-  const CUstreamCaptureMode old = t_capture_mode;
-  t_capture_mode = *mode;
-  *mode = old;
-  return done(
-      what + fake::strf(" set=%d old=%d", static_cast<int>(t_capture_mode), static_cast<int>(old)),
-      CUDA_SUCCESS);
+  FAKE_CUDA_ENTRY("cuStreamQuery", what, CUDA_ERROR_UNKNOWN);
+  return issue(stream, op_of(FakeOp::Kind::kSync, what));
 }
 
 CUresult cuEventCreate(CUevent* event, unsigned int flags) {
   std::string what = fake::strf("cuEventCreate flags=%u", flags);
-  FAKE_CUDA_FAIL_POINT("cuEventCreate", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuEventCreate", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (event == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -464,73 +555,80 @@ CUresult cuEventCreate(CUevent* event, unsigned int flags) {
 
 CUresult cuEventDestroy(CUevent event) {
   std::string what = "cuEventDestroy event=" + event_name(event);
-  FAKE_CUDA_FAIL_POINT("cuEventDestroy", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuEventDestroy", what, CUDA_ERROR_UNKNOWN);
   bool known;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     known = events().erase(event) != 0;
   }
   if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
+  fake_cuda_forget(event);
   delete reinterpret_cast<FakeEvent*>(event);
   return done(what, CUDA_SUCCESS);
 }
 
+// Recorded on a capturing stream, the event marks a point of that capture: a stream that waits
+// for it joins the capture (fake_cuda_graph.cc).
 CUresult cuEventRecord(CUevent event, CUstream stream) {
   std::string what = "cuEventRecord event=" + event_name(event) + " stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuEventRecord", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuEventRecord", what, CUDA_ERROR_UNKNOWN);
   bool known;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     known = events().count(event) != 0;
   }
   if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
-  return done(what, CUDA_SUCCESS);
+  FakeOp op = op_of(FakeOp::Kind::kEventRecord, what);
+  op.event = event;
+  return issue(stream, op);
 }
 
 CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
   std::string what = "cuStreamWaitEvent stream=" + stream_name(stream) +
                      " event=" + event_name(event) + fake::strf(" flags=%u", flags);
-  FAKE_CUDA_FAIL_POINT("cuStreamWaitEvent", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuStreamWaitEvent", what, CUDA_ERROR_UNKNOWN);
   bool known;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     known = events().count(event) != 0;
   }
   if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
-  return done(what, CUDA_SUCCESS);
+  FakeOp op = op_of(FakeOp::Kind::kWaitEvent, what);
+  op.event = event;
+  return issue(stream, op);
 }
 
-// ---- Copies, memsets, stream memory operations (run at once) ----
+// ---- Copies, memsets, stream memory operations (run at once, or recorded in a capture) ----
+// Arguments are checked when the operation is issued; addresses when it runs.
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   std::string what = "cuMemcpyAsync dst=" + addr(dst) + " src=" + addr(src) +
                      fake::strf(" bytes=%zu", bytes) + " stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuMemcpyAsync", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemcpyAsync", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (bytes > 0 && (dst == 0 || src == 0)) return done(what, CUDA_ERROR_INVALID_VALUE);
-  if ((r = access_error(what, src, bytes, PROT_READ)) != CUDA_SUCCESS) return r;
-  if ((r = access_error(what, dst, bytes, PROT_WRITE)) != CUDA_SUCCESS) return r;
-  memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
-  return done(what, CUDA_SUCCESS);
+  FakeOp op = op_of(FakeOp::Kind::kCopy, what);
+  op.dst = dst;
+  op.src = src;
+  op.count = bytes;
+  return issue(stream, op);
 }
 
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t bytes) {
   std::string what = "cuMemcpyHtoD dst=" + addr(dst) + " src=" + fake::hex_ptr(src) +
                      fake::strf(" bytes=%zu", bytes);
-  FAKE_CUDA_FAIL_POINT("cuMemcpyHtoD", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemcpyHtoD", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (bytes > 0 && (dst == 0 || src == nullptr)) return done(what, CUDA_ERROR_INVALID_VALUE);
-  if ((r = access_error(what, dst, bytes, PROT_WRITE)) != CUDA_SUCCESS) return r;
-  memmove(reinterpret_cast<void*>(dst), src, bytes);
-  return done(what, CUDA_SUCCESS);
+  return run_copy(what, dst, reinterpret_cast<CUdeviceptr>(src), bytes);
 }
 
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
   std::string what = "cuMemcpyDtoH dst=" + fake::hex_ptr(dst) + " src=" + addr(src) +
                      fake::strf(" bytes=%zu", bytes);
-  FAKE_CUDA_FAIL_POINT("cuMemcpyDtoH", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemcpyDtoH", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (bytes > 0 && (dst == nullptr || src == 0)) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -545,12 +643,13 @@ CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
   return done(what + seen, CUDA_SUCCESS);
 }
 
+// No capture may hold it (the real batch API is not capturable): refused on a capturing stream.
 CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count,
                             CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs,
                             CUstream stream) {
   std::string what = fake::strf("cuMemcpyBatchAsync count=%zu numAttrs=%zu", count, numAttrs) +
                      " stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuMemcpyBatchAsync", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemcpyBatchAsync", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (dsts == nullptr || srcs == nullptr || sizes == nullptr || count == 0 || attrs == nullptr ||
@@ -563,6 +662,8 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
   // "Must not be legacy NULL stream" (cuda.h).
   if (stream == nullptr || stream == CU_STREAM_LEGACY)
     return done(what + " legacy_stream", CUDA_ERROR_INVALID_VALUE);
+  const FakeCudaRecorded rec = fake_cuda_record(stream, op_of(FakeOp::Kind::kUncapturable, what));
+  if (!rec.run) return done(what + rec.note, rec.result);
   for (size_t i = 0; i < count; ++i) {
     if ((r = access_error(what, srcs[i], sizes[i], PROT_READ)) != CUDA_SUCCESS) return r;
     if ((r = access_error(what, dsts[i], sizes[i], PROT_WRITE)) != CUDA_SUCCESS) return r;
@@ -578,20 +679,21 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUs
   std::string what = "cuMemsetD32Async dst=" + addr(dst) +
                      fake::strf(" value=0x%x count=%zu", value, count) +
                      " stream=" + stream_name(stream);
-  FAKE_CUDA_FAIL_POINT("cuMemsetD32Async", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemsetD32Async", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (dst % 4 != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
-  if ((r = access_error(what, dst, count * 4, PROT_WRITE)) != CUDA_SUCCESS) return r;
-  auto* p = reinterpret_cast<uint32_t*>(dst);
-  for (size_t i = 0; i < count; ++i) __atomic_store_n(p + i, value, __ATOMIC_RELEASE);
-  return done(what, CUDA_SUCCESS);
+  FakeOp op = op_of(FakeOp::Kind::kMemsetD32, what);
+  op.dst = dst;
+  op.value = value;
+  op.count = count;
+  return issue(stream, op);
 }
 
 CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count) {
   std::string what =
       "cuMemsetD8 dst=" + addr(dst) + fake::strf(" value=0x%x count=%zu", value, count);
-  FAKE_CUDA_FAIL_POINT("cuMemsetD8", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemsetD8", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if ((r = access_error(what, dst, count, PROT_WRITE)) != CUDA_SUCCESS) return r;
@@ -601,56 +703,68 @@ CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count) {
 
 // The fake's streams run every operation when it is issued: nothing is ever outstanding.
 CUresult cuCtxSynchronize() {
+  FAKE_CUDA_ENTRY("cuCtxSynchronize", "cuCtxSynchronize", CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context("cuCtxSynchronize", &r)) return r;
   return done("cuCtxSynchronize", CUDA_SUCCESS);
 }
 
-CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr flag, cuuint32_t value,
-                              unsigned int flags) {
-  std::string what = "cuStreamWriteValue32 stream=" + stream_name(stream) + " addr=" + addr(flag) +
-                     fake::strf(" value=%u flags=%u", value, flags);
-  FAKE_CUDA_FAIL_POINT("cuStreamWriteValue32", what, CUDA_ERROR_UNKNOWN);
+}  // extern "C"
+
+namespace {
+
+// cuStreamWriteValue32/64 and cuStreamWaitValue32/64: the flag must be aligned to its width.
+template <typename T>
+CUresult value_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdeviceptr flag, T value,
+                  unsigned flags) {
+  std::string what =
+      std::string(name) + " stream=" + stream_name(stream) + " addr=" + addr(flag) +
+      fake::strf(" value=%llu flags=%u", static_cast<unsigned long long>(value), flags);
+  FAKE_CUDA_ENTRY(name, what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
-  if (flag % 4 != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
-  if ((r = access_error(what, flag, 4, PROT_WRITE)) != CUDA_SUCCESS) return r;
-  __atomic_store_n(reinterpret_cast<uint32_t*>(flag), value, __ATOMIC_RELEASE);
-  return done(what, CUDA_SUCCESS);
+  if (flag % sizeof(T) != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
+  FakeOp op = op_of(kind, what);
+  op.dst = flag;
+  op.value = value;
+  op.flags = flags;
+  return issue(stream, op);
+}
+
+}  // namespace
+
+extern "C" {
+
+// cuda.h names these the _v2 entry points (the 12.0 ABI), as the real driver exports them.
+CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr flag, cuuint32_t value,
+                              unsigned int flags) {
+  return value_op<uint32_t>("cuStreamWriteValue32", FakeOp::Kind::kWrite32, stream, flag, value,
+                            flags);
+}
+
+CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr flag, cuuint64_t value,
+                              unsigned int flags) {
+  return value_op<uint64_t>("cuStreamWriteValue64", FakeOp::Kind::kWrite64, stream, flag, value,
+                            flags);
 }
 
 CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr flag, cuuint32_t value,
                              unsigned int flags) {
-  std::string what = "cuStreamWaitValue32 stream=" + stream_name(stream) + " addr=" + addr(flag) +
-                     fake::strf(" value=%u flags=%u", value, flags);
-  FAKE_CUDA_FAIL_POINT("cuStreamWaitValue32", what, CUDA_ERROR_UNKNOWN);
-  CUresult r;
-  if (!need_context(what, &r)) return r;
-  if (flag % 4 != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
-  if ((r = access_error(what, flag, 4, PROT_READ)) != CUDA_SUCCESS) return r;
-  const auto* p = reinterpret_cast<const uint32_t*>(flag);
-  uint32_t seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-  if (wait_satisfied(seen, value, flags)) return done(what + " satisfied", CUDA_SUCCESS);
-  const long budget = env_long("FAKE_CUDA_WAIT_MS", 0);
-  if (budget > 0 && !g_wait_budget_spent.load()) {
-    const long long start = now_ms();
-    while (now_ms() - start < budget) {
-      usleep(50);
-      seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-      if (wait_satisfied(seen, value, flags))
-        return done(what + fake::strf(" satisfied_after_ms=%lld", now_ms() - start), CUDA_SUCCESS);
-    }
-    g_wait_budget_spent.store(true);
-  }
-  // A fake stream cannot block: the wait is skipped, and says so.
-  return done(what + fake::strf(" not_satisfied seen=%u", seen), CUDA_SUCCESS);
+  return value_op<uint32_t>("cuStreamWaitValue32", FakeOp::Kind::kWait32, stream, flag, value,
+                            flags);
+}
+
+CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr flag, cuuint64_t value,
+                             unsigned int flags) {
+  return value_op<uint64_t>("cuStreamWaitValue64", FakeOp::Kind::kWait64, stream, flag, value,
+                            flags);
 }
 
 // ---- Memory ----
 
 CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
   std::string what = fake::strf("cuMemAlloc bytes=%zu", bytes);
-  FAKE_CUDA_FAIL_POINT("cuMemAlloc", what, CUDA_ERROR_OUT_OF_MEMORY);
+  FAKE_CUDA_ENTRY("cuMemAlloc", what, CUDA_ERROR_OUT_OF_MEMORY);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (dptr == nullptr || bytes == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -666,7 +780,7 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
 
 CUresult cuMemFree(CUdeviceptr dptr) {
   std::string what = "cuMemFree ptr=" + addr(dptr);
-  FAKE_CUDA_FAIL_POINT("cuMemFree", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemFree", what, CUDA_ERROR_UNKNOWN);
   bool known;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -681,7 +795,7 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity_out, const CUmemAlloc
                                        CUmemAllocationGranularity_flags option) {
   std::string what =
       fake::strf("cuMemGetAllocationGranularity option=%d", static_cast<int>(option));
-  FAKE_CUDA_FAIL_POINT("cuMemGetAllocationGranularity", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemGetAllocationGranularity", what, CUDA_ERROR_UNKNOWN);
   if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (granularity_out == nullptr || prop == nullptr ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -695,7 +809,7 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity_out, const CUmemAlloc
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                      const CUmemAllocationProp* prop, unsigned long long flags) {
   std::string what = fake::strf("cuMemCreate size=%zu flags=%llu", size, flags);
-  FAKE_CUDA_FAIL_POINT("cuMemCreate", what, CUDA_ERROR_OUT_OF_MEMORY);
+  FAKE_CUDA_ENTRY("cuMemCreate", what, CUDA_ERROR_OUT_OF_MEMORY);
   if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (handle == nullptr || prop == nullptr || size == 0 || size % granularity() != 0 ||
       prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
@@ -726,7 +840,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   std::string what =
       fake::strf("cuMemRelease handle=%llu", static_cast<unsigned long long>(handle));
-  FAKE_CUDA_FAIL_POINT("cuMemRelease", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemRelease", what, CUDA_ERROR_UNKNOWN);
   int fd = -1;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -746,7 +860,7 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
   std::string what =
       fake::strf("cuMemExportToShareableHandle handle=%llu type=%d flags=%llu",
                  static_cast<unsigned long long>(handle), static_cast<int>(type), flags);
-  FAKE_CUDA_FAIL_POINT("cuMemExportToShareableHandle", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemExportToShareableHandle", what, CUDA_ERROR_UNKNOWN);
   if (shareable == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return done(what, CUDA_ERROR_INVALID_VALUE);
   int fd = -1;
@@ -772,7 +886,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
   const int in = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
   std::string what =
       fake::strf("cuMemImportFromShareableHandle fd=%d type=%d", in, static_cast<int>(type));
-  FAKE_CUDA_FAIL_POINT("cuMemImportFromShareableHandle", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemImportFromShareableHandle", what, CUDA_ERROR_UNKNOWN);
   if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
   if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -813,7 +927,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
                              unsigned long long flags) {
   std::string what =
       fake::strf("cuMemAddressReserve size=%zu alignment=%zu flags=%llu", size, alignment, flags);
-  FAKE_CUDA_FAIL_POINT("cuMemAddressReserve", what, CUDA_ERROR_OUT_OF_MEMORY);
+  FAKE_CUDA_ENTRY("cuMemAddressReserve", what, CUDA_ERROR_OUT_OF_MEMORY);
   const size_t g = granularity();
   if (ptr == nullptr || size == 0 || size % g != 0) return done(what, CUDA_ERROR_INVALID_VALUE);
   (void)addr_hint;  // a hint only
@@ -836,7 +950,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
 
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   std::string what = "cuMemAddressFree ptr=" + addr(ptr) + fake::strf(" size=%zu", size);
-  FAKE_CUDA_FAIL_POINT("cuMemAddressFree", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemAddressFree", what, CUDA_ERROR_UNKNOWN);
   const char* problem = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -862,7 +976,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   std::string what = "cuMemMap ptr=" + addr(ptr) +
                      fake::strf(" size=%zu offset=%zu handle=%llu flags=%llu", size, offset,
                                 static_cast<unsigned long long>(handle), flags);
-  FAKE_CUDA_FAIL_POINT("cuMemMap", what, CUDA_ERROR_OUT_OF_MEMORY);
+  FAKE_CUDA_ENTRY("cuMemMap", what, CUDA_ERROR_OUT_OF_MEMORY);
   const char* problem = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -895,7 +1009,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   std::string what = "cuMemUnmap ptr=" + addr(ptr) + fake::strf(" size=%zu", size);
-  FAKE_CUDA_FAIL_POINT("cuMemUnmap", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemUnmap", what, CUDA_ERROR_UNKNOWN);
   bool known;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -916,7 +1030,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   std::string what =
       "cuMemSetAccess ptr=" + addr(ptr) + fake::strf(" size=%zu count=%zu", size, count);
-  FAKE_CUDA_FAIL_POINT("cuMemSetAccess", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemSetAccess", what, CUDA_ERROR_UNKNOWN);
   if (desc == nullptr || count == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
   int prot = PROT_NONE;
   for (size_t i = 0; i < count; ++i) {
@@ -946,7 +1060,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
 CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   std::string what = fake::strf("cuPointerGetAttribute attribute=%d", static_cast<int>(attribute)) +
                      " ptr=" + addr(ptr);
-  FAKE_CUDA_FAIL_POINT("cuPointerGetAttribute", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuPointerGetAttribute", what, CUDA_ERROR_UNKNOWN);
   if (data == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   std::lock_guard<std::mutex> lock(g_mu);
   auto m = containing(mappings(), ptr);
@@ -988,7 +1102,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
 
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* p) {
   std::string what = "cuMemRetainAllocationHandle ptr=" + fake::hex_ptr(p);
-  FAKE_CUDA_FAIL_POINT("cuMemRetainAllocationHandle", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemRetainAllocationHandle", what, CUDA_ERROR_UNKNOWN);
   if (handle == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   std::lock_guard<std::mutex> lock(g_mu);
   auto m = containing(mappings(), reinterpret_cast<uintptr_t>(p));
@@ -1008,7 +1122,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
 
 CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   std::string what = "cuMemGetAccess ptr=" + addr(ptr);
-  FAKE_CUDA_FAIL_POINT("cuMemGetAccess", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemGetAccess", what, CUDA_ERROR_UNKNOWN);
   if (flags == nullptr || location == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
   std::lock_guard<std::mutex> lock(g_mu);
   auto m = containing(mappings(), ptr);
@@ -1023,7 +1137,7 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   std::string what =
       "cuCtxEnablePeerAccess peer=" + fake::hex_ptr(peer) + fake::strf(" flags=%u", flags);
-  FAKE_CUDA_FAIL_POINT("cuCtxEnablePeerAccess", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuCtxEnablePeerAccess", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (peer == nullptr || flags != 0) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -1036,7 +1150,7 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
 CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
   std::string what =
       "cuMemHostRegister ptr=" + fake::hex_ptr(p) + fake::strf(" bytes=%zu flags=%u", bytes, flags);
-  FAKE_CUDA_FAIL_POINT("cuMemHostRegister", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemHostRegister", what, CUDA_ERROR_UNKNOWN);
   CUresult r;
   if (!need_context(what, &r)) return r;
   if (p == nullptr || bytes == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
@@ -1050,7 +1164,7 @@ CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
 
 CUresult cuMemHostUnregister(void* p) {
   std::string what = "cuMemHostUnregister ptr=" + fake::hex_ptr(p);
-  FAKE_CUDA_FAIL_POINT("cuMemHostUnregister", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemHostUnregister", what, CUDA_ERROR_UNKNOWN);
   std::lock_guard<std::mutex> lock(g_mu);
   if (host_registrations().erase(reinterpret_cast<uintptr_t>(p)) == 0)
     return done(what + " not_registered", CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
@@ -1059,7 +1173,7 @@ CUresult cuMemHostUnregister(void* p) {
 
 CUresult cuMemHostGetDevicePointer(CUdeviceptr* out, void* p, unsigned int flags) {
   std::string what = "cuMemHostGetDevicePointer ptr=" + fake::hex_ptr(p);
-  FAKE_CUDA_FAIL_POINT("cuMemHostGetDevicePointer", what, CUDA_ERROR_UNKNOWN);
+  FAKE_CUDA_ENTRY("cuMemHostGetDevicePointer", what, CUDA_ERROR_UNKNOWN);
   if (out == nullptr || flags != 0) return done(what, CUDA_ERROR_INVALID_VALUE);
   std::lock_guard<std::mutex> lock(g_mu);
   if (containing(host_registrations(), reinterpret_cast<uintptr_t>(p)) ==
@@ -1080,12 +1194,13 @@ __attribute__((visibility("default"))) int fake_cuda_live(const char* kind) {
   if (k == "event") return static_cast<int>(events().size());
   if (k == "memalloc") return static_cast<int>(mem_allocs().size());
   if (k == "hostreg") return static_cast<int>(host_registrations().size());
-  return -1;
+  return fake_cuda_graph_live(k);
 }
 
 }  // extern "C"
 
-// The copy-engine entry points by base name, as cuGetProcAddress hands them out.
+// The copy-engine entry points by base name, as cuGetProcAddress hands them out (the 12.0 ABI:
+// cuStreamWaitValue32 is cuStreamWaitValue32_v2).
 FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
   struct Entry {
     const char* name;
@@ -1098,7 +1213,6 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuStreamDestroy", reinterpret_cast<void*>(&cuStreamDestroy)},
       {"cuStreamSynchronize", reinterpret_cast<void*>(&cuStreamSynchronize)},
       {"cuStreamQuery", reinterpret_cast<void*>(&cuStreamQuery)},
-      {"cuStreamIsCapturing", reinterpret_cast<void*>(&cuStreamIsCapturing)},
       {"cuStreamWaitEvent", reinterpret_cast<void*>(&cuStreamWaitEvent)},
       {"cuEventCreate", reinterpret_cast<void*>(&cuEventCreate)},
       {"cuEventDestroy", reinterpret_cast<void*>(&cuEventDestroy)},
@@ -1111,6 +1225,8 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuMemsetD32Async", reinterpret_cast<void*>(&cuMemsetD32Async)},
       {"cuStreamWaitValue32", reinterpret_cast<void*>(&cuStreamWaitValue32)},
       {"cuStreamWriteValue32", reinterpret_cast<void*>(&cuStreamWriteValue32)},
+      {"cuStreamWaitValue64", reinterpret_cast<void*>(&cuStreamWaitValue64)},
+      {"cuStreamWriteValue64", reinterpret_cast<void*>(&cuStreamWriteValue64)},
       {"cuGetErrorString", reinterpret_cast<void*>(&cuGetErrorString)},
       {"cuMemcpyBatchAsync", reinterpret_cast<void*>(&cuMemcpyBatchAsync)},
       {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},
@@ -1123,8 +1239,6 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
       {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&cuMemExportToShareableHandle)},
       {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&cuMemImportFromShareableHandle)},
-      {"cuThreadExchangeStreamCaptureMode",
-       reinterpret_cast<void*>(&cuThreadExchangeStreamCaptureMode)},
       {"cuPointerGetAttribute", reinterpret_cast<void*>(&cuPointerGetAttribute)},
       {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&cuMemRetainAllocationHandle)},
       {"cuMemGetAccess", reinterpret_cast<void*>(&cuMemGetAccess)},

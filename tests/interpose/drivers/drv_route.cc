@@ -48,6 +48,27 @@
 //             (open fds, threads, resident KiB, the fake driver's live objects, pool_bytes)
 //             after cycle DRV_CYCLES_WARM (default 5) as warm.* and after the last as last.*.
 //
+// Captured all-gathers, in the all-gather step of every rank scenario (instead of the eager
+// ones; DRV_AG_REPEAT and its companions do not apply): DRV_AG_CAPTURE=1 captures ONE
+// ncclAllGather (DRV_AG_GROUP=1: in a group) on the rank's stream (cuStreamBeginCapture in
+// CU_STREAM_CAPTURE_MODE_GLOBAL), ends the capture and instantiates the graph: <tag>.capture_rc
+// (the captured call's ncclResult_t, or ncclInvalidUsage when the capture could not begin),
+// <tag>.begin_capture, <tag>.end_capture and <tag>.instantiate (CUresults). It then launches the
+// graph DRV_AG_REPLAYS times (default 2): before each launch the send buffer gets a pattern of
+// its own (per rank and per replay) and the receive buffer is poisoned;
+// DRV_SLEEP_BEFORE_REPLAY_MS sleeps first (which orders the ranks; with DRV_AG_BARRIER=1 they
+// meet before that); after it, cuStreamSynchronize and a check against every rank's pattern of
+// that replay. <tag>.launch_rc (the first failed launch's CUresult, else 0), <tag>.replay_ok
+// (the replays whose output was right), <tag>.rc (= capture_rc), <tag>.data_ok (1 only if every
+// replay was right). DRV_AG_CHECK=1 then asks ncclCommGetAsyncError and runs one more
+// all-gather eagerly, as for eager ones. Then the exec and the graph are destroyed
+// (<tag>.exec_destroy, <tag>.graph_destroy); with DRV_AG_KEEP_GRAPH=1 they and their buffers
+// are kept until the communicator has been destroyed, finalized or aborted.
+// DRV_AG_CAPTURE_DISCARD=1 first captures one all-gather whose graph is destroyed, never
+// instantiated nor launched (<tag>.discard_begin, <tag>.discard_rc, <tag>.discard_end,
+// <tag>.discard_destroy). The replays of two ranks wait for each other's flags in shared
+// memory: tests that replay set FAKE_CUDA_WAIT_MS.
+//
 // All-gather buffers, in every scenario: DRV_AG_MEM=cumem (the default) allocates them with the
 // driver's cuMem API, exportable as POSIX fds (what the route reaches across processes), one
 // allocation each or DRV_AG_CHUNK bytes each, mapped back to back;
@@ -179,7 +200,8 @@ void stats(const std::string& tag) {
 }
 
 void cuda_live(const std::string& tag) {
-  for (const char* k : {"alloc", "reserve", "map", "stream", "event", "hostreg"})
+  for (const char* k :
+       {"alloc", "reserve", "map", "stream", "event", "hostreg", "graph", "exec", "userobj"})
     out(tag + ".live_" + k, fake_cuda_live(k));
 }
 
@@ -189,7 +211,10 @@ void report(const std::string& tag) {
   out(tag + ".channel_files", channel_count());
 }
 
-uint8_t pattern(int rank, size_t i) { return static_cast<uint8_t>(rank * 37 + i * 7 + 1); }
+// Byte i of `rank`'s send buffer; replay K of a captured all-gather has patterns of its own.
+uint8_t pattern(int rank, size_t i, int replay = -1) {
+  return static_cast<uint8_t>(rank * 37 + i * 7 + 1 + (replay + 1) * 101);
+}
 
 // One buffer of an all-gather. DRV_AG_MEM=cumem (the default): cuMem memory that may be
 // exported as POSIX fds, opened read-write for `access` (the devices that must reach it by
@@ -271,25 +296,132 @@ struct Gather {
              access.empty() ? std::vector<int>{device} : access),
         rank(r),
         nranks(n) {
-    for (size_t i = 0; i < bytes; ++i) send[i] = pattern(r, i);
-    memset(recv.data(), 0xee, recv.size());
+    fill();
     if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) stream = nullptr;
+  }
+  // This rank's pattern (of a replay) into the send buffer, poison into the receive buffer.
+  void fill(int replay = -1) {
+    for (size_t i = 0; i < send.size(); ++i) send[i] = pattern(rank, i, replay);
+    memset(recv.data(), 0xee, recv.size());
   }
   ncclResult_t issue(ncclComm_t c) {
     return ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, c,
                          reinterpret_cast<cudaStream_t>(stream));
   }
-  int data_ok() const {
+  int data_ok(int replay = -1) const {
     const size_t bytes = send.size();
     for (int r = 0; r < nranks; ++r)
       for (size_t i = 0; i < bytes; ++i)
-        if (recv[static_cast<size_t>(r) * bytes + i] != pattern(r, i)) return 0;
+        if (recv[static_cast<size_t>(r) * bytes + i] != pattern(r, i, replay)) return 0;
     return 1;
   }
   ~Gather() {
     if (stream) cuStreamDestroy(stream);
   }
 };
+
+// ncclCommGetAsyncError (<tag>.async), then one more all-gather issued eagerly on `g`'s buffers
+// (<tag>.next_rc, <tag>.next_data_ok): a rank's error shows in the op, or in the next call.
+void check_after(const std::string& tag, ncclComm_t c, Gather& g) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
+  out(tag + ".async", poll != ncclSuccess ? poll : state);
+  g.fill();
+  out(tag + ".next_rc", g.issue(c));
+  if (g.stream) cuStreamSynchronize(g.stream);
+  out(tag + ".next_data_ok", g.data_ok());
+}
+
+// A captured all-gather's graph, its exec and its buffers, destroyed together.
+struct CapturedGather {
+  std::string tag;
+  std::unique_ptr<Gather> buffers;
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+};
+// DRV_AG_KEEP_GRAPH=1: those kept until their communicator is gone.
+std::vector<CapturedGather> g_kept;
+
+void destroy_captured(CapturedGather& cg) {
+  if (cg.exec) out(cg.tag + ".exec_destroy", cuGraphExecDestroy(cg.exec));
+  if (cg.graph) out(cg.tag + ".graph_destroy", cuGraphDestroy(cg.graph));
+  cg.buffers.reset();
+}
+
+// After a communicator's destroy (finalize, abort): the graphs kept by DRV_AG_KEEP_GRAPH=1.
+void release_kept_graphs() {
+  for (CapturedGather& cg : g_kept) destroy_captured(cg);
+  g_kept.clear();
+}
+
+// One all-gather of `g` (in a group if `grouped`) captured on g's stream.
+struct Captured {
+  CUresult begin = CUDA_SUCCESS, end = CUDA_SUCCESS;
+  ncclResult_t rc = ncclInvalidUsage;  // the captured call's (this, if the capture never began)
+  CUgraph graph = nullptr;
+};
+Captured capture_one(ncclComm_t c, Gather& g, bool grouped) {
+  Captured cap;
+  cap.begin = cap.end = cuStreamBeginCapture(g.stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  if (cap.begin != CUDA_SUCCESS) return cap;
+  if (grouped) ncclGroupStart();
+  cap.rc = g.issue(c);
+  if (grouped) {
+    const ncclResult_t group_end = ncclGroupEnd();
+    if (cap.rc == ncclSuccess) cap.rc = group_end;
+  }
+  cap.end = cuStreamEndCapture(g.stream, &cap.graph);
+  return cap;
+}
+
+// DRV_AG_CAPTURE=1's all-gather (see the header): capture, replays, checks.
+void captured_all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped) {
+  const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
+  CapturedGather cg;
+  cg.tag = tag;
+  cg.buffers = std::make_unique<Gather>(r, n, bytes, g_device);
+  Gather& g = *cg.buffers;
+  if (long ms = env_long("DRV_SLEEP_BEFORE_AG_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
+  if (env_long("DRV_AG_CAPTURE_DISCARD", 0) == 1) {
+    const Captured discarded = capture_one(c, g, grouped);
+    out(tag + ".discard_begin", discarded.begin);
+    out(tag + ".discard_rc", discarded.rc);
+    out(tag + ".discard_end", discarded.end);
+    if (discarded.graph) out(tag + ".discard_destroy", cuGraphDestroy(discarded.graph));
+  }
+  const Captured cap = capture_one(c, g, grouped);
+  const ncclResult_t rc = cap.rc;
+  cg.graph = cap.graph;
+  out(tag + ".begin_capture", cap.begin);
+  out(tag + ".capture_rc", rc);
+  out(tag + ".end_capture", cap.end);
+  CUresult instantiate = CUDA_ERROR_INVALID_VALUE;  // no graph to instantiate
+  if (cg.graph) instantiate = cuGraphInstantiate(&cg.exec, cg.graph, 0);
+  out(tag + ".instantiate", instantiate);
+  const bool barrier = env_long("DRV_AG_BARRIER", 0) == 1 && g_barrier != nullptr;
+  const long sleep_ms = env_long("DRV_SLEEP_BEFORE_REPLAY_MS", 0);
+  const long replays = env_long("DRV_AG_REPLAYS", 2);
+  CUresult launch_rc = CUDA_SUCCESS;
+  long ok = 0;
+  for (int i = 0; i < replays && cg.exec; ++i) {
+    g.fill(i);
+    if (barrier) barrier_of_ranks();
+    if (sleep_ms > 0) usleep(static_cast<useconds_t>(sleep_ms) * 1000);
+    const CUresult launched = cuGraphLaunch(cg.exec, g.stream);
+    cuStreamSynchronize(g.stream);
+    if (launch_rc == CUDA_SUCCESS) launch_rc = launched;
+    ok += launched == CUDA_SUCCESS && g.data_ok(i);
+  }
+  out(tag + ".launch_rc", launch_rc);
+  out(tag + ".replay_ok", ok);
+  out(tag + ".rc", rc);
+  out(tag + ".data_ok", cg.exec != nullptr && ok == replays ? 1 : 0);
+  if (env_long("DRV_AG_CHECK", 0) == 1) check_after(tag, c, g);
+  if (env_long("DRV_AG_KEEP_GRAPH", 0) == 1)
+    g_kept.push_back(std::move(cg));
+  else
+    destroy_captured(cg);
+}
 
 // An all-gather on `c` (rank `r` of `n`) with buffers on this rank's device: prints <tag>.rc
 // and <tag>.data_ok. DRV_SLEEP_BEFORE_AG_MS delays it (which rank arrives first);
@@ -298,6 +430,7 @@ struct Gather {
 // issues it once more (<tag>.next_rc, <tag>.next_data_ok): a rank's error shows in the op, or
 // in the next call.
 void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped = false) {
+  if (env_long("DRV_AG_CAPTURE", 0) == 1) return captured_all_gather(tag, c, r, n, grouped);
   const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
   auto fresh = std::make_unique<Gather>(r, n, bytes, g_device);
   if (long ms = env_long("DRV_SLEEP_BEFORE_AG_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
@@ -331,15 +464,7 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   }
   out(tag + ".rc", rc);
   out(tag + ".data_ok", ok);
-  if (env_long("DRV_AG_CHECK", 0) != 1) return;
-  Gather& g = *fresh;
-  ncclResult_t state = ncclSuccess;
-  const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
-  out(tag + ".async", poll != ncclSuccess ? poll : state);
-  memset(g.recv.data(), 0xee, g.recv.size());
-  out(tag + ".next_rc", g.issue(c));
-  if (g.stream) cuStreamSynchronize(g.stream);
-  out(tag + ".next_data_ok", g.data_ok());
+  if (env_long("DRV_AG_CHECK", 0) == 1) check_after(tag, c, *fresh);
 }
 
 // Polls until not in progress (at most 2000 polls); <tag>.polls_in_progress, <tag>.async,
@@ -444,6 +569,7 @@ void end_comm(ncclComm_t c, const std::string& tag) {
   } else if (how == "kill") {
     kill(getpid(), SIGKILL);
   }
+  release_kept_graphs();
 }
 
 void rank_basic(int rank, int nranks) {
@@ -474,6 +600,7 @@ void use_child(ncclComm_t child, const char* made_by) {
   all_gather("child_ag", child, r, n);
   stats("child_ag");
   out("child.destroy", ncclCommDestroy(child));
+  release_kept_graphs();
 }
 
 void rank_split(int rank, int nranks) {
@@ -526,6 +653,9 @@ void rank_fork(int rank, int nranks) {
   if (pid == 0) {
     alarm(static_cast<unsigned>(env_long("DRV_TIMEOUT_S", 20)));
     g_prefix = parent_prefix + "child.";
+    // The parent's kept graphs and buffers are the parent's to destroy: forgotten here.
+    for (CapturedGather& cg : g_kept) (void)cg.buffers.release();
+    g_kept.clear();
     out("pid", getpid());
     out("fd_threads_at_start", fd_threads());
     setenv("FAKE_NCCL_COMM_ID", (env_str("FAKE_NCCL_COMM_ID", "x") + "-child").c_str(), 1);
@@ -534,6 +664,7 @@ void rank_fork(int rank, int nranks) {
       all_gather("ag", cc, rank, nranks);
       stats("ag");
       out("destroy", ncclCommDestroy(cc));
+      release_kept_graphs();
     }
     report("end");
     _exit(0);
