@@ -30,13 +30,17 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   p->count = count;
   p->datatype = type;
   p->pid = static_cast<int32_t>(getpid());
-  if (capturing) return;  // goes to NCCL: nothing of this rank's memory is needed
   const CudaDriver& cu = *cuda_driver();
   const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
   const bool ok =
       describe_buffer(cu, reinterpret_cast<uint64_t>(send), chunk, ce.needs, &p->send) &&
       describe_buffer(cu, reinterpret_cast<uint64_t>(recv), total, ce.needs, &p->recv);
   if (ok) p->reach = (ce.needs.by_pointer ? uint32_t{kReachPointer} : 0u) | kReachExtents;
+  // A captured op needs a flag block; without one (the driver cannot capture, or every block is
+  // held) this rank's post sends the op to NCCL if it is the first to arrive.
+  if (capturing && !(cu.capture_ok && ce.ops->blocks().claim(static_cast<uint32_t>(st.rank),
+                                                              &p->block)))
+    p->reach = 0;
 }
 
 // How long an earlier rank waits for a later one in another process to claim "each pushes"
@@ -66,8 +70,9 @@ int64_t now_us() {
 }
 
 // A peer's buffer range as this process addresses it: by address in its process, else imported.
+// `hold`: a captured op's, which pins the views it uses.
 bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64_t addr,
-           uint64_t bytes, Span* out, const char** why) {
+           uint64_t bytes, GraphHold* hold, Span* out, const char** why) {
   if (post.reach == 0) {
     *why = "a rank's buffers cannot be reached by its peers (another allocator on that rank?)";
     return false;
@@ -82,8 +87,12 @@ bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64
   const DoneMark done{
       ce.ops->done_flag(static_cast<uint32_t>(p), static_cast<uint32_t>(st.rank), ce.seq),
       static_cast<uint32_t>(ce.seq)};
-  return ce.imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes, ce.seq, done,
-                             out, why);
+  ViewPin pin;
+  if (!ce.imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes, ce.seq, done,
+                           out, why, hold ? &pin : nullptr))
+    return false;
+  if (hold) hold->pins.push_back(std::move(pin));
+  return true;
 }
 
 bool same_process(const CommState& st, int p) {
@@ -100,19 +109,23 @@ bool peer_failed(const CommState& st) {
 constexpr int64_t kStageWaitUs = 10 * 1000 * 1000;
 
 // This rank's buffers cannot be reached and ranks arrive after it: makes it reachable through
-// its stage for op `seq` (grown if needed, stage_buffer.h) and publishes the stage.
-bool stage_mine(CommState& st, uint64_t seq, uint64_t chunk, uint64_t* stage, const char** why) {
+// its stage for op `seq` (grown if needed, stage_buffer.h) and publishes the stage. A captured
+// op (`hold`) gets a stage of its own, which lives as long as its graph.
+bool stage_mine(CommState& st, uint64_t seq, uint64_t chunk, GraphHold* hold, uint64_t* stage,
+                const char** why) {
   CeComm& ce = *st.ce;
   const CudaDriver& cu = *cuda_driver();
   const uint32_t me = static_cast<uint32_t>(st.rank);
   const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
-  if (!ce.stage) ce.stage.reset(new StageBuffer(st.device));
+  std::unique_ptr<StageBuffer>& buf = hold ? hold->stage : ce.stage;
+  if (!buf) buf.reset(new StageBuffer(st.device));
   // An outgrown stage was last used by the op before this one, all of whose work on this rank
   // precedes this op's ready flag on the push stream.
-  const DoneMark outgrown{ce.ops->ready_flag(me, seq), static_cast<uint32_t>(seq)};
-  if (!ce.stage->ensure(cu, total, ce.needs, outgrown, why)) return false;
+  const DoneMark outgrown =
+      hold ? DoneMark{} : DoneMark{ce.ops->ready_flag(me, seq), static_cast<uint32_t>(seq)};
+  if (!buf->ensure(cu, total, ce.needs, outgrown, why)) return false;
   OpStage published;
-  published.addr = ce.stage->addr();
+  published.addr = buf->addr();
   published.bytes = total;
   OpBuffer described;
   if (!describe_buffer(cu, published.addr, total, ce.needs, &described) || described.nextents > 1) {
@@ -158,16 +171,29 @@ bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* po
 // pair at once; as the earlier one it waits for later ranks in other processes to claim "each
 // pushes" (pair_wait_us in all, added to *pair_wait_us_spent), then settles the rest as "later
 // does both". `stage`: this rank's, where the later ranks reach it (0: they reach its buffers).
+// `hold`: a captured op's, which takes a reference to the block of every peer whose post it
+// reads (ce.peer_blocks) and pins the views it uses.
 bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk, uint64_t stage,
-                int64_t* pair_wait_us_spent, const char** why) {
+                GraphHold* hold, int64_t* pair_wait_us_spent, const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
   const uint32_t me = static_cast<uint32_t>(st.rank);
   const uint64_t my_slot_in_peer = static_cast<uint64_t>(st.rank) * chunk;
   const int64_t deadline = now_us() + pair_wait_us(chunk);
+  auto refer_to = [&](int p, CaptureRef block) {
+    if (!hold) return;
+    const uint32_t owner = static_cast<uint32_t>(p);
+    if (ops.blocks().hold(owner, block)) {
+      hold->peers.emplace_back(owner, block);
+      ce.peer_blocks[static_cast<size_t>(p)] = block;
+    } else {
+      hold->broken = true;  // the peer's graph is gone already: this op can never pair
+    }
+  };
   for (int p = 0; p < st.nranks; ++p) {
     PeerPart& part = ce.view.peers[p];
     part = PeerPart{};
+    ce.peer_blocks[static_cast<size_t>(p)] = CaptureRef{};
     if (p == st.rank) continue;
     const uint32_t q = static_cast<uint32_t>(p);
     if (a.before >> p & 1) {  // I am the later one
@@ -180,8 +206,9 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
       part.push = true;
       part.pull = m == PairMode::kLaterDoesBoth;
       part.peer_copies = m == PairMode::kEachPushes;
-      if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, &part.to, why) ||
-          (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, &part.from, why)))
+      refer_to(p, e.block);
+      if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why) ||
+          (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, hold, &part.from, why)))
         return false;
       continue;
     }
@@ -205,9 +232,40 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
       return false;
     }
     part.push = true;
-    if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, &part.to, why)) return false;
+    refer_to(p, l.block);
+    if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why))
+      return false;
   }
   return true;
+}
+
+// A captured op's flags: the words of its blocks (capture_blocks.h). An op that can never pair
+// (`broken`) keeps only its own copy and the started mark, and orphans every block it holds,
+// which releases whatever a peer waits on.
+void captured_flags(CommState& st, const OpPost& mine, GraphHold& hold) {
+  CeComm& ce = *st.ce;
+  DirectOpView& v = ce.view;
+  CaptureBlocks& b = ce.ops->blocks();
+  const uint32_t me = static_cast<uint32_t>(st.rank);
+  v.captured = true;
+  v.started = ce.dev(b.started(me, mine.block));
+  if (hold.broken) {
+    for (int p = 0; p < st.nranks; ++p) v.peers[p] = PeerPart{};
+    b.orphan(me, mine.block);
+    for (const auto& [owner, ref] : hold.peers) b.orphan(owner, ref);
+    return;
+  }
+  for (uint32_t p = 0; p < static_cast<uint32_t>(st.nranks); ++p) {
+    if (p == me) continue;
+    v.ready_push_out[p] = ce.dev(b.ready_push(me, mine.block, p));
+    v.ready_pull_out[p] = ce.dev(b.ready_pull(me, mine.block, p));
+    v.done_from[p] = ce.dev(b.done_from(me, mine.block, p));
+    const CaptureRef theirs = ce.peer_blocks[p];
+    if (!theirs.valid()) continue;  // a pair in which I only wait on my own block
+    v.ready_push_in[p] = ce.dev(b.ready_push(p, theirs, me));
+    v.ready_pull_in[p] = ce.dev(b.ready_pull(p, theirs, me));
+    v.done_to[p] = ce.dev(b.done_from(p, theirs, me));
+  }
 }
 
 void build_view(CommState& st, const Arrival& a, const void* send, void* recv, uint64_t chunk,
@@ -222,6 +280,7 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
   v.send = reinterpret_cast<uint64_t>(send);
   v.recv = reinterpret_cast<uint64_t>(recv);
   v.stage = stage;
+  v.captured = false;
   for (uint32_t r = 0; r < static_cast<uint32_t>(st.nranks); ++r) {
     v.ready[r] = ce.dev(ce.ops->ready_flag(r, a.seq));
     v.done_to[r] = ce.dev(ce.ops->done_flag(r, me, a.seq));
@@ -246,6 +305,36 @@ ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char
   return code;
 }
 
+// The thread's capture mode relaxed for a scope, when `on`.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(bool on) : on_(on) {
+    if (on_) cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  ~RelaxedCapture() {
+    if (on_) cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  bool on_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
+// The captured ops' streams and events, made at the first (in relaxed mode).
+bool capture_streams(const CudaDriver& cu, CeComm* ce) {
+  for (int k = 1; k < kDirectStreams; ++k)
+    if (!ce->capture_streams[k] &&
+        cu.cuStreamCreate(&ce->capture_streams[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+      return false;
+  for (int e = 0; e < kDirectEvents; ++e)
+    if (!ce->capture_events[e] &&
+        cu.cuEventCreate(&ce->capture_events[e], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      return false;
+  return true;
+}
+
 }  // namespace
 
 bool stream_is_capturing(CUstream stream) {
@@ -265,12 +354,22 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   *to_nccl = false;
   const CudaDriver* cu = cuda_driver();
   std::lock_guard<std::mutex> lock(st.issue_mu);
+  if (!capturing) collect_gone_graphs();
+  check_captured_replays(st);
+  // A peer's poison too: its waits may have been released, and this op must not pair with them.
+  if (route_peer_poison(st) != ncclSuccess) {
+    int none = ncclSuccess;
+    st.poisoned.compare_exchange_strong(none, ncclRemoteError);
+  }
   if (int p = st.poisoned.load(); p != ncclSuccess) return static_cast<ncclResult_t>(p);
   CeComm* ce = st.ce.get();
   if (!ce || !ce->prepared || !ce->ops || !cu)
     return fail(st, ncclInternalError, "set-up", "not prepared");
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
+  // Imports, mappings and streams made during an application's capture: PyTorch captures in
+  // global mode, where they would invalidate it.
+  RelaxedCapture relaxed(capturing);
   HostTimes host;
   int64_t mark = now_us();
   auto lap = [&mark](int64_t* into) {
@@ -280,8 +379,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   };
   ++ce->seq;
   // Exports of allocations the application freed are withdrawn now and then, whatever route
-  // the ops take (an export keeps its allocation alive); never during a capture, which makes
-  // no driver call of ours.
+  // the ops take (an export keeps its allocation alive); never during a capture.
   if (!capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
   OpPost mine;
   post_for(st, sendbuff, recvbuff, sendcount, datatype, chunk, capturing, &mine);
@@ -292,6 +390,15 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     if (spins > 1000) usleep(spins > 100000 ? 1000 : 20);
     return peer_failed(st);
   };
+  // A claimed block goes back unless a captured op on the route keeps it (in its hold).
+  struct BlockClaim {
+    CaptureBlocks& blocks;
+    uint32_t me;
+    CaptureRef ref;
+    ~BlockClaim() {
+      if (ref.valid()) blocks.drop(me, ref);
+    }
+  } claim{ce->ops->blocks(), me, mine.block};
   if (!ce->ops->arrive(me, mine, &a, ce->earlier.data(), give_up))
     return fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
   struct Finish {  // this rank is done with op seq's posts, whatever happens next
@@ -306,26 +413,71 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     *to_nccl = true;
     return ncclSuccess;
   }
+  std::unique_ptr<GraphHold> hold;
+  struct HoldUntilAttached {  // an op that fails before its graph holds it never runs
+    std::unique_ptr<GraphHold>& hold;
+    ~HoldUntilAttached() {
+      if (hold) graph_gone(hold.release());
+    }
+  } unattached{hold};
+  if (capturing) {
+    if (!mine.block.valid())
+      return fail(st, ncclSystemError, "capturing an all-gather",
+                  cu->capture_ok ? "every flag block is held by a live graph"
+                                 : "this CUDA driver cannot capture the route's operations");
+    hold.reset(new GraphHold);
+    hold->life = ce->life;
+    hold->rank = me;
+    hold->seq = a.seq;
+    hold->mine = mine.block;
+    claim.ref = CaptureRef{};  // the hold has it now
+  }
   const uint64_t all = st.nranks >= 64 ? ~uint64_t{0} : (uint64_t{1} << st.nranks) - 1;
   const bool peers_need_mine = (a.before | uint64_t{1} << me) != all;
   const char* why = "";
   uint64_t stage = 0;
-  if (peers_need_mine && mine.reach == 0 && !stage_mine(st, a.seq, chunk, &stage, &why))
+  if (peers_need_mine && mine.reach == 0 &&
+      !stage_mine(st, a.seq, chunk, hold.get(), &stage, &why))
     return fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
-  if (!plan_parts(st, a, mine, chunk, stage, &host.pair_wait, &why))
+  if (!plan_parts(st, a, mine, chunk, stage, hold.get(), &host.pair_wait, &why))
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
   lap(&host.reach);
   host.reach -= host.pair_wait;  // plan_parts both waits for claims and reaches: told apart
   build_view(st, a, sendbuff, recvbuff, chunk, stage);
+  if (hold) captured_flags(st, mine, *hold);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);
-  if (CUresult r = issue_plan(*cu, ce->streams, ce->events, stream, ce->plan); r != CUDA_SUCCESS)
+  const CUstream* streams = ce->streams;
+  const CUevent* events = ce->events;
+  if (hold) {
+    if (!capture_streams(*cu, ce))
+      return fail(st, ncclUnhandledCudaError, "capturing", "cannot create the capture streams");
+    streams = ce->capture_streams;
+    events = ce->capture_events;
+  }
+  if (CUresult r = issue_plan(*cu, streams, events, stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
-  tidy(st);
+  if (hold && !attach_to_capture(std::move(hold), stream, &why))
+    return fail(st, ncclUnhandledCudaError, "capturing", why);
+  if (!capturing) tidy(st);
   lap(&host.issue);
   stats_op_host_times(host);
   return ncclSuccess;
+}
+
+void check_captured_replays(CommState& st) {
+  if (st.route.load(std::memory_order_acquire) != RouteState::kCommitted ||
+      st.poisoned.load() != ncclSuccess)
+    return;
+  std::shared_ptr<CaptureLife> life;
+  {
+    std::lock_guard<std::mutex> lock(st.route_mu);
+    if (st.ce) life = st.ce->life;
+  }
+  const char* why = nullptr;
+  if (life && life->broken_replay(static_cast<uint32_t>(st.rank), &why))
+    fail(st, ncclRemoteError, "a graph replay", why);
 }
 
 }  // namespace zc

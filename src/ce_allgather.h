@@ -11,12 +11,16 @@ namespace zc {
 
 // Posts the op, arrives, and either issues it on the copy engines behind `stream` or, when the
 // first rank to arrive decided so, sets *to_nccl: the caller then forwards the op to NCCL, as
-// every rank does. `capturing`: the stream is being captured into a CUDA graph (such ops go to
-// NCCL on every rank; one rank capturing where another runs eagerly is an error). Any failure
-// after the post poisons the communicator and returns the error.
+// every rank does. `capturing`: the stream is being captured into a CUDA graph: the op is
+// captured on the route (captured_ops.h); one rank capturing where another runs eagerly is an
+// error. Any failure after the post poisons the communicator and returns the error.
 ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
                           ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream,
                           bool capturing, bool* to_nccl);
+
+// Poisons the communicator when one of its graphs replayed an op whose peer graph is gone
+// (captured_ops.h). Host-only: any thread, a watchdog's poll included.
+void check_captured_replays(CommState& st);
 
 // Whether `stream` is being captured into a CUDA graph (true when it cannot be queried: the
 // mode tag then makes a mistaken answer an error on every rank, never a divergence).

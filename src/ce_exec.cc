@@ -1,5 +1,7 @@
 #include "ce_exec.h"
 
+#include "capture_blocks.h"
+
 namespace zc {
 
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
@@ -14,6 +16,10 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
       // operations on them are local ones, which CUDA 13.1 drivers still allow.
       case DirectOpKind::kWaitGeq:
         r = cu.cuStreamWaitValue32(s, op.dst, op.value, CU_STREAM_WAIT_VALUE_GEQ);
+        break;
+      // A captured op's word (capture_blocks.h): its signal or its release.
+      case DirectOpKind::kWaitSignal:
+        r = cu.cuStreamWaitValue64(s, op.dst, kCaptureWaitMask, CU_STREAM_WAIT_VALUE_AND);
         break;
       case DirectOpKind::kWrite:
         r = cu.cuStreamWriteValue32(s, op.dst, op.value, CU_STREAM_WRITE_VALUE_DEFAULT);

@@ -3,6 +3,7 @@
 // non-blocking comm, peers' poison), the application's windows, and the teardown paths.
 #include <vector>
 
+#include "ce_allgather.h"
 #include "comm_children.h"
 #include "comm_create.h"
 #include "comm_state.h"
@@ -184,6 +185,7 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   if (auto st = comm_lookup(comm)) {
     freeze_when_ready(*st, /*on_app_thread=*/false);
     settle_pending_windows(*st);
+    check_captured_replays(*st);
     if (route_peer_poison(*st) != ncclSuccess) {
       int none = ncclSuccess;
       st->poisoned.compare_exchange_strong(none, ncclRemoteError);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "captured_ops.h"
 #include "channel.h"
 #include "comm_key.h"
 #include "cuda_driver.h"
@@ -43,12 +44,19 @@ struct CeComm {
   std::unique_ptr<StageBuffer> stage;     // only once an op needed one
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
   CUevent events[kDirectEvents] = {};
+  // Captured ops (captured_ops.h): what their graphs keep alive, and streams and events of
+  // their own (a stream joined to a capture stays in it until the capture ends), created at
+  // the first captured op.
+  std::shared_ptr<CaptureLife> life;
+  CUstream capture_streams[kDirectStreams] = {};
+  CUevent capture_events[kDirectEvents] = {};
   // Reused per op.
   std::vector<OpPost> earlier;  // the posts of the ranks that arrived before me, by rank
+  std::vector<CaptureRef> peer_blocks;  // captured: the block of each peer whose post was read
   DirectOpView view;
   std::vector<DirectOp> plan;
   // The GPU address of a flag in the registered region.
-  CUdeviceptr dev(const uint32_t* flag) const {
+  CUdeviceptr dev(const void* flag) const {
     return registered_dev + static_cast<CUdeviceptr>(reinterpret_cast<const char*>(flag) -
                                                      static_cast<const char*>(registered));
   }

@@ -79,9 +79,15 @@ CudaDriver* load() {
   ce &= get(gpa, "cuMemHostGetDevicePointer", &d.cuMemHostGetDevicePointer);
   ce &= get(gpa, "cuMemCreate", &d.cuMemCreate);
   ce &= get(gpa, "cuMemGetAllocationGranularity", &d.cuMemGetAllocationGranularity);
+  bool capture = ce;
+  capture &= get(gpa, "cuStreamGetCaptureInfo", &d.cuStreamGetCaptureInfo);
+  capture &= get(gpa, "cuStreamWaitValue64", &d.cuStreamWaitValue64);
+  capture &= get(gpa, "cuUserObjectCreate", &d.cuUserObjectCreate);
+  capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;
+  d.capture_ok = capture && d.ce_ok;
   if (!d.context_ok) return nullptr;
   return &d;
 }

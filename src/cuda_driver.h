@@ -67,8 +67,17 @@ struct CudaDriver {
   CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
                                             CUmemAllocationGranularity_flags);
 
+  // The route's ops captured into CUDA graphs (captured_ops.h); `capture_ok` when all resolved.
+  // cuStreamGetCaptureInfo with the 12.0 ABI (its _v2).
+  CUresult (*cuStreamGetCaptureInfo)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                     const CUgraphNode**, size_t*);
+  CUresult (*cuStreamWaitValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+  CUresult (*cuUserObjectCreate)(CUuserObject*, void*, CUhostFn, unsigned, unsigned);
+  CUresult (*cuGraphRetainUserObject)(CUgraph, CUuserObject, unsigned, unsigned);
+
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
+  bool capture_ok = false;  // ... and the capture group
 };
 
 // nullptr when no CUDA driver can be loaded. Loads libcuda.so.1 on first use only.

@@ -23,6 +23,7 @@ class PlanWriter {
   void wait_geq(DirectStream s, uint64_t flag, uint32_t v) {
     op(s, DirectOpKind::kWaitGeq, flag, 0, 0, v);
   }
+  void wait_signal(DirectStream s, uint64_t word) { op(s, DirectOpKind::kWaitSignal, word); }
   void write(DirectStream s, uint64_t flag, uint32_t v) {
     op(s, DirectOpKind::kWrite, flag, 0, 0, v);
   }
@@ -44,17 +45,35 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   const bool in_place = v.send == own;
   auto copies = [&](int p) { return p != v.rank && (v.peers[p].push || v.peers[p].pull); };
 
+  // A flag: eager, a counter set to the op's number; captured, a signal its one waiter resets.
+  auto signal = [&](S s, uint64_t flag) { w.write(s, flag, v.captured ? 1u : v.seq); };
+  auto await = [&](S s, uint64_t flag) {
+    if (!v.captured) return w.wait_geq(s, flag, v.seq);
+    w.wait_signal(s, flag);
+    w.write(s, flag, 0);
+  };
+
   w.record(S::kUser, kEvStart);
   w.wait_event(S::kPush, kEvStart);
+  if (v.captured) w.write(S::kPush, v.started, 1);
   if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
-  w.write(S::kPush, v.ready[v.rank], v.seq);
+  if (!v.captured) w.write(S::kPush, v.ready[v.rank], v.seq);
+  // A peer that touches my buffers pushes into them; it also pulls from them where it does
+  // both copies of the pair (then I push nothing to it).
+  for (int p = 0; v.captured && p < v.nranks; ++p)
+    if (p != v.rank && v.peers[p].peer_copies) {
+      signal(S::kPush, v.ready_push_out[p]);
+      if (!v.peers[p].push) signal(S::kPush, v.ready_pull_out[p]);
+    }
   for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].push) w.wait_geq(S::kPush, v.ready[p], v.seq);
+    if (p != v.rank && v.peers[p].push)
+      await(S::kPush, v.captured ? v.ready_push_in[p] : v.ready[p]);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].push) w.copy(S::kPush, v.peers[p].to.addr, v.send, v.chunk);
   w.wait_event(S::kPull, kEvStart);
   for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].pull) w.wait_geq(S::kPull, v.ready[p], v.seq);
+    if (p != v.rank && v.peers[p].pull)
+      await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].pull)
       w.copy(S::kPull, slot(v.recv, p), v.peers[p].from.addr, v.chunk);
@@ -64,9 +83,9 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   w.record(S::kLocal, kEvLocal);
   w.wait_event(S::kPush, kEvPulled);
   for (int p = 0; p < v.nranks; ++p)
-    if (copies(p)) w.write(S::kPush, v.done_to[p], v.seq);
+    if (copies(p)) signal(S::kPush, v.done_to[p]);
   for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].peer_copies) w.wait_geq(S::kPush, v.done_from[p], v.seq);
+    if (p != v.rank && v.peers[p].peer_copies) await(S::kPush, v.done_from[p]);
   for (int p = 0; p < v.nranks; ++p)
     if (v.stage && p != v.rank && v.peers[p].staged)
       w.copy(S::kPush, slot(v.recv, p), slot(v.stage, p), v.chunk);

@@ -28,6 +28,12 @@
 //   local  wait kEvStart; copy my chunk (out of place only); record kEvLocal
 //
 // The user's stream only records and waits on events: no copy and no flag wait sits on it.
+//
+// A captured op (captured_ops.h) has the same plan over its own flag block (capture_blocks.h):
+// a graph replays the values it captured, so its flags are signals, consumed and reset by
+// their one waiter rather than counters. The push stream first marks the op started; ready
+// is one word per peer and stream that waits on it (ready_push/ready_pull); every wait is
+// followed by the reset of its word on the same stream.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +51,7 @@ constexpr int kDirectEvents = 4;
 
 enum class DirectOpKind : uint8_t {
   kWaitGeq,    // wait until the 32-bit flag at dst, as a wrapping counter, is >= value
+  kWaitSignal,  // wait until the 64-bit word at dst is signalled or released (capture_blocks.h)
   kWrite,      // write value to the 32-bit flag at dst
   kCopy,       // copy bytes from src to dst
   kRecord,     // record event `event` on this stream
@@ -86,9 +93,16 @@ struct DirectOpView {
   uint64_t stage = 0;           // my stage, laid out like recv; 0 when my buffers are reached
   PeerPart peers[kMaxRanks];
   // Flags, as my streams address them.
-  uint64_t ready[kMaxRanks] = {};      // ready[r] of this op's slot
+  uint64_t ready[kMaxRanks] = {};      // eager: ready[r] of this op's slot
   uint64_t done_to[kMaxRanks] = {};    // done[p][me]: I tell peer p I am done with its buffers
   uint64_t done_from[kMaxRanks] = {};  // done[me][p]: peer p tells me
+  // Captured ops: words of the blocks instead (done_to/done_from are words too).
+  bool captured = false;
+  uint64_t started = 0;                     // my block's
+  uint64_t ready_push_out[kMaxRanks] = {};  // my block: my buffers are ready for p's push
+  uint64_t ready_pull_out[kMaxRanks] = {};  // ... for p's pull
+  uint64_t ready_push_in[kMaxRanks] = {};   // p's block: p's buffers are ready for my push
+  uint64_t ready_pull_in[kMaxRanks] = {};   // ... for my pull
 };
 
 // Appends the plan (clears nothing: the caller reuses one vector).

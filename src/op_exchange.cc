@@ -10,6 +10,7 @@ namespace zc {
 //   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
 //   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing]   (uint32_t each)
+//   blocks   the captured ops' flag blocks (capture_blocks.h)
 struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
   std::atomic<uint64_t> verdict[kOpRing];  // (seq << 2) | OpVerdict, by the first to arrive
@@ -57,15 +58,21 @@ const char* compare_posts(const OpPost& mine, const OpPost& peer) {
   return "";
 }
 
+size_t blocks_offset(uint32_t nranks) {
+  return (flags_offset(nranks) + flag_words(nranks) * sizeof(uint32_t) + 63) / 64 * 64;
+}
+
 }  // namespace
 
 size_t OpExchange::region_bytes(uint32_t nranks) {
-  const size_t bytes = flags_offset(nranks) + flag_words(nranks) * sizeof(uint32_t);
+  const size_t bytes = blocks_offset(nranks) + CaptureBlocks::region_bytes(nranks);
   return (bytes + kPage - 1) / kPage * kPage;
 }
 
 OpExchange::OpExchange(void* base, uint32_t nranks)
-    : shared_(static_cast<Shared*>(base)), nranks_(nranks) {}
+    : shared_(static_cast<Shared*>(base)),
+      nranks_(nranks),
+      blocks_(static_cast<char*>(base) + blocks_offset(nranks), nranks) {}
 
 namespace {
 SharedPost* post_at(void* base, uint32_t rank, uint64_t seq) {
@@ -103,8 +110,7 @@ Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
   // nobody posts there again before every rank finished this op (ring_free).
   if ((a.before | me) == all) shared_->arrival[slot].store(0, std::memory_order_release);
   if (a.before == 0) {
-    a.verdict =
-        mine.mode == OpMode::kEager && mine.reach != 0 ? OpVerdict::kRoute : OpVerdict::kNccl;
+    a.verdict = mine.reach != 0 ? OpVerdict::kRoute : OpVerdict::kNccl;
     shared_->verdict[slot].store(mine.seq << 2 | static_cast<uint64_t>(a.verdict),
                                  std::memory_order_release);
   } else {

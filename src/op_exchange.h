@@ -22,6 +22,8 @@
 //   verdict  whether op `seq` takes the copy engines or goes to NCCL on every rank. The first
 //            rank to arrive decides it from its own post (route, if its buffers can be reached;
 //            else NCCL) and every later rank follows: a per-op choice, taken once for all.
+//            Captured ops are decided alike; their post also names the poster's flag block
+//            (capture_blocks.h), since a graph cannot replay the ring's counting flags.
 //   pair     how a pair of ranks moves its two chunks, settled once per op by a compare-and-swap
 //            on the pair's word, so both see the same answer: the later rank claims "each
 //            pushes" on arrival (the earlier one then writes its own chunk into the later one's
@@ -45,6 +47,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "capture_blocks.h"
 
 namespace zc {
 
@@ -92,6 +96,7 @@ struct OpPost {
   uint64_t count = 0;
   int32_t datatype = 0;
   int32_t pid = 0;
+  CaptureRef block;  // captured ops: the poster's flag block (capture_blocks.h)
   OpBuffer send, recv;
 };
 
@@ -141,6 +146,9 @@ class OpExchange {
   uint32_t* flags_begin();
   size_t flag_count() const;
 
+  // The flag blocks of captured ops, after the rest of the region.
+  CaptureBlocks& blocks() { return blocks_; }
+
   uint32_t nranks() const { return nranks_; }
 
  private:
@@ -150,6 +158,7 @@ class OpExchange {
   Arrival join(uint32_t rank, const OpPost& mine, OpPost* earlier);
   Shared* shared_;
   uint32_t nranks_;
+  CaptureBlocks blocks_;
 };
 
 template <typename GiveUp>

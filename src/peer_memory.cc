@@ -262,7 +262,7 @@ PeerImports::View* PeerImports::map_view(const CudaDriver& cu, const OpBuffer& b
 
 bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
                           const char* fd_address, uint64_t addr, uint64_t bytes, uint64_t seq,
-                          DoneMark done, Span* out, const char** why) {
+                          DoneMark done, Span* out, const char** why, ViewPin* pin) {
   if (addr < buf.addr || bytes > buf.bytes || addr - buf.addr > buf.bytes - bytes) {
     *why = "a peer posted a buffer smaller than the op";
     return false;
@@ -285,7 +285,13 @@ bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
   View* v = find_view(buf, first, last, pid);
   if (!v && !(v = map_view(cu, buf, first, last, pid, why))) return false;
   v->last_seq = seq;
-  v->done = done;
+  if (pin) {
+    if (!v->pins) v->pins = std::make_shared<std::atomic<int>>(0);
+    v->pins->fetch_add(1);
+    *pin = v->pins;
+  } else {
+    v->done = done;
+  }
   for (uint32_t i = first; i <= last; ++i) imports_[{pid, buf.extents[i].block_id}].last_seq = seq;
   *out = Span{v->va + (addr - v->peer_base), bytes};
   return true;
@@ -316,7 +322,7 @@ void PeerImports::release_freed(const CudaDriver& cu) {
     return false;
   };
   for (size_t i = views_.size(); i-- > 0;)
-    if (views_[i].done.passed() && over_freed(views_[i])) release_view(cu, i);
+    if (views_[i].idle() && over_freed(views_[i])) release_view(cu, i);
   for (auto it = imports_.begin(); it != imports_.end();)
     if (it->second.views == 0 && it->second.freed)
       release_import(cu, it++);
@@ -355,7 +361,7 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
   while (views_.size() > kMaxViews) {
     size_t oldest = views_.size();
     for (size_t i = 0; i < views_.size(); ++i)
-      if (views_[i].done.passed() &&
+      if (views_[i].idle() &&
           (oldest == views_.size() || views_[i].last_seq < views_[oldest].last_seq))
         oldest = i;
     if (oldest == views_.size()) break;
@@ -374,7 +380,7 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
       if (v.pid != lru->first.first ||
           std::find(v.blocks.begin(), v.blocks.end(), lru->first.second) == v.blocks.end())
         continue;
-      if (v.done.passed())
+      if (v.idle())
         release_view(cu, i);
       else
         busy = true;

@@ -27,7 +27,9 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +73,11 @@ struct DoneMark {
   }
 };
 
+// A graph's hold on a view (captured_ops.h): while the count is above zero the view stays
+// mapped, whatever its owner freed or the budget says. Decremented by the graph's destruction
+// (an atomic store, no CUDA call).
+using ViewPin = std::shared_ptr<std::atomic<int>>;
+
 // One communicator's imports of its peers' allocations, on `device`. An allocation is imported
 // once (cached by process and block id); the runs of consecutive allocations that ops touch are
 // mapped back to back ("views"), so a buffer its owner laid across several allocations (PyTorch's
@@ -89,10 +96,10 @@ class PeerImports {
 
   // [addr, addr + bytes) of the peer's buffer `buf` (posted by process `pid` whose fd service
   // is at `fd_address`) as one span here, for op `seq` whose copies end with `done`; false with
-  // *why when it cannot be mapped.
+  // *why when it cannot be mapped. `pin` (captured ops): the view is pinned, *pin holds it.
   bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
                uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, Span* out,
-               const char** why);
+               const char** why, ViewPin* pin = nullptr);
   // Releases what may go (see the class comment). `ask_owners`: first ask each owner's fd
   // service which allocations it still exports (a socket round trip per owner process).
   void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
@@ -115,7 +122,9 @@ class PeerImports {
     std::vector<uint64_t> blocks;       // block ids, in address order
     std::vector<uint64_t> sizes;        // their bytes
     uint64_t last_seq = 0;
-    DoneMark done;  // when the last op that used it finished
+    DoneMark done;  // when the last eager op that used it finished
+    ViewPin pins;   // graphs holding it (null: none ever did)
+    bool idle() const { return done.passed() && (!pins || pins->load() == 0); }
   };
   bool import_missing(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last,
                       int pid, const char* fd_address, const char** why);

@@ -122,12 +122,14 @@ void say_join_failure(const char* why) {
 // Every wait of every rank is on a flag in the shared region, for an op at most kOpRing ahead
 // of any rank's count: moving every flag far ahead (flags compare as wrapping counters)
 // releases them all, ours and the peers', with plain host stores and no CUDA call.
+// Captured ops wait on their blocks' words, which the release half frees for good.
 void release_flags(CeComm& ce) {
   if (!ce.ops) return;
   const uint32_t ahead = static_cast<uint32_t>(ce.seq) + (1u << 30);
   uint32_t* flags = ce.ops->flags_begin();
   for (size_t i = 0; i < ce.ops->flag_count(); ++i)
     __atomic_store_n(flags + i, ahead, __ATOMIC_RELEASE);
+  ce.ops->blocks().release_all();
 }
 
 // Communicators of this process with route state (joined, committed or not).
@@ -136,20 +138,30 @@ std::atomic<int> g_route_comms{0};
 // Frees what the route holds on this rank; the caller made sure no stream of ours runs. The
 // process's exports of allocations its application freed go too — a communicator may end
 // before its periodic sweep ever ran — and all of them with the last communicator.
+// Graphs of captured ops that may outlive the communicator keep the channel, the registration
+// and the imports (captured_ops.h): they are handed over and freed with the last graph.
 void release_route(CommState& st) {
   const CudaDriver* cu = cuda_driver();
   if (!st.ce || !cu) return;
   CeComm& ce = *st.ce;
   ScopedDevice on(st.device);
-  ce.imports.reset();
   ce.stage.reset();
-  for (int k = 1; k < kDirectStreams; ++k)
-    if (ce.streams[k]) cu->cuStreamDestroy(ce.streams[k]);
-  for (CUevent& e : ce.events)
-    if (e) cu->cuEventDestroy(e), e = nullptr;
-  if (ce.registered) {
-    cu->cuMemHostUnregister(ce.registered);
-    stats_pool_bytes_add(-static_cast<int64_t>(ce.registered_bytes));
+  for (CUstream* set : {ce.streams, ce.capture_streams})
+    for (int k = 1; k < kDirectStreams; ++k)
+      if (set[k]) cu->cuStreamDestroy(set[k]);
+  for (CUevent* set : {ce.events, ce.capture_events})
+    for (int e = 0; e < kDirectEvents; ++e)
+      if (set[e]) cu->cuEventDestroy(set[e]), set[e] = nullptr;
+  if (ce.life) {
+    ce.life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
+                       std::move(ce.imports));
+    ce.life.reset();
+  } else {
+    ce.imports.reset();
+    if (ce.registered) {
+      cu->cuMemHostUnregister(ce.registered);
+      stats_pool_bytes_add(-static_cast<int64_t>(ce.registered_bytes));
+    }
   }
   st.ce.reset();
   if (g_route_comms.fetch_sub(1) == 1)
@@ -195,6 +207,7 @@ void route_not_joining(CommState& st, int nranks) {
 void route_join(CommState& st, const JoinPlan& plan) {
   const CudaDriver* cu = cuda_driver();
   const Config& cfg = config();
+  collect_gone_graphs();  // what graphs of earlier communicators left, at a creation too
   std::lock_guard<std::mutex> lock(st.route_mu);
   st.device = plan.device;
   const char* why = nullptr;
@@ -320,7 +333,9 @@ ncclResult_t route_prepare(CommState& st) {
     return ncclSystemError;
   }
   ce->imports.reset(new PeerImports(st.device));
+  ce->life = std::make_shared<CaptureLife>(st.channel.get(), &ce->ops->blocks(), st.device);
   ce->earlier.resize(static_cast<size_t>(st.nranks));
+  ce->peer_blocks.resize(static_cast<size_t>(st.nranks));
   ce->prepared = true;
   return ncclSuccess;
 }
@@ -371,6 +386,7 @@ void route_teardown(CommState& st, bool aborting) {
   }
   release_route(st);
   st.channel.reset();
+  collect_gone_graphs();
 }
 
 }  // namespace zc

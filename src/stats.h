@@ -21,6 +21,7 @@ void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros);
 void stats_peer_unmapped(uint64_t bytes);
 // An op in which this rank's buffers were reached through its stage (stage_buffer.h).
 void stats_op_staged();
+void stats_op_captured();  // an all-gather captured into a CUDA graph on the route
 // Where one routed op's time on the application's thread went, in microseconds: describing and
 // posting its buffers, arriving (waiting for room in the op ring), waiting for a later peer to
 // claim "each pushes", reaching the peers' buffers (imports and mappings; the first op on a

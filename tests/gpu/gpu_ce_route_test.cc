@@ -258,15 +258,16 @@ int ce_route_rank(const RankContext& ctx) {
   });
   expect_gathered(b, n, "legacy-stream");
 
-  // A captured graph goes to NCCL on every rank (the route's ops are eager only).
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ZG_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ZG_NCCL(ncclAllGather(b.send, b.recv, b.count, ncclFloat32, comm, stream));
-  ZG_CUDA(cudaStreamEndCapture(stream, &graph));
-  ZG_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  // Captured into a graph (global mode, as PyTorch captures): the capture is the one routed op,
+  // and its three replays launch no kernel either.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
   ZG_CUDA(cudaMemset(b.recv, kPoison, b.chunk * n));
-  ok &= check_window("graph-replay", rank, 0, stream, [&] {
+  ok &= check_window("graph-replay", rank, 1, stream, [&] {
+    ZG_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    ZG_NCCL(ncclAllGather(b.send, b.recv, b.count, ncclFloat32, comm, stream));
+    ZG_CUDA(cudaStreamEndCapture(stream, &graph));
+    ZG_CUDA(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 3; ++i) ZG_CUDA(cudaGraphLaunch(exec, stream));
   });
   expect_gathered(b, n, "graph-replay");

@@ -1585,24 +1585,135 @@ TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
   expect_error_on_both(r, "captured an all-gather");
 }
 
-// Both ranks capture: the op goes to NCCL on both (captured ops are NCCL's), no error.
-TEST(RouteSetup, CapturedOnEveryRankGoesToNccl) {
+// ---- Captured all-gathers ----
+
+// The settings of the capture tests: the route, each rank capturing one all-gather and
+// replaying it (drv_route DRV_AG_CAPTURE), then polling and one more eager all-gather.
+Env capture_env(const Scratch& chan, const Scratch& rdv, const Env& more = {}) {
+  return with(with(route_env(chan, rdv, unique_id_text()),
+                   {{"DRV_AG_CAPTURE", "1"}, {"DRV_AG_CHECK", "1"}, {"FAKE_CUDA_WAIT_MS", "3000"}}),
+              more);
+}
+
+// Lines of the fake CUDA that say a user object's destructor called CUDA (which CUDA forbids).
+int cuda_calls_from_destructors(const RunResult& r) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (contains(line, "called from a user-object destructor")) ++n;
+  return n;
+}
+
+int stream_waits_not_satisfied(const RunResult& r) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("cuda cuStreamWaitValue", 0) == 0 && contains(line, " not_satisfied")) ++n;
+  return n;
+}
+
+// The capturing rank first this time (it decides the verdict and waits for the pair alone):
+// the eager rank, later, finds the mismatch; the capturing rank's replay, launched after that,
+// is released and the error is reported on both; no hang.
+TEST(RouteSetup, CapturingRankFirstAndAnEagerOneLaterBothFail) {
   Scratch s, chan, rdv;
-  RunResult r = run_route({"ranks", "2", "basic"},
-                          with(route_env(chan, rdv, unique_id_text()),
-                               {{"FAKE_CUDA_CAPTURING", "1"}, {"DRV_AG_CHECK", "1"}}),
+  RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_AG_CAPTURE=1", "r1:DRV_AG_REPLAYS=1",
+                           "r1:DRV_SLEEP_BEFORE_REPLAY_MS=800", "r0:DRV_SLEEP_BEFORE_AG_MS=300"},
+                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
+  expect_clean_pair(r, chan);
+  expect_error_on_both(r, "captured an all-gather");
+}
+
+// Both ranks capture: the op takes the route on both, no NCCL all-gather; three replays, each
+// with fresh inputs, are bitwise right; the eager op after them pairs too; the graph's user
+// object goes with it and the shim's memory with the communicator.
+TEST(RouteSetup, CapturedOnEveryRankTakesTheRouteAndEveryReplayIsRight) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"}, capture_env(chan, rdv, {{"DRV_AG_REPLAYS", "3"}}),
                           s);
   expect_clean_pair(r, chan);
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
-    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.capture_rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.end_capture"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.replay_ok"), 3) << r.describe();
     EXPECT_EQ(rnum(r, k, "ag.async"), 0) << r.describe();
     EXPECT_EQ(rnum(r, k, "ag.next_rc"), 0) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 0);
-    EXPECT_GE(rnum(r, k, "ag.ag_pass"), 1);
-    EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid_of(r, k)), 0) << "a copy on a captured op";
+    EXPECT_EQ(rnum(r, k, "ag.next_data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 2) << "the capture and the eager op after it";
+    EXPECT_EQ(rnum(r, k, "ag.ag_pass"), 0);
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+    expect_nothing_left(r, k);
+    EXPECT_EQ(rnum(r, k, "end.live_userobj"), 0) << "the graph's hold was not released";
   }
-  EXPECT_EQ(warns(r, pid_of(r, 0)), std::vector<std::string>{}) << r.describe();
+  EXPECT_EQ(static_cast<int>(log_calls(r, "ncclAllGather").size()), 0) << r.describe();
+  EXPECT_EQ(stream_waits_not_satisfied(r), 0) << r.describe();
+  EXPECT_EQ(cuda_calls_from_destructors(r), 0) << r.describe();
+}
+
+// Rank 0 captures an all-gather and destroys the graph without replaying it, then captures it
+// again; rank 1 captures once. Rank 1's op can never pair: its replays are released (no hang)
+// and, its replay having started on an orphaned op, it poisons the communicator; rank 0, held
+// back, finds the poison. An error on both, and no wrong result reported as right.
+TEST(RouteSetup, CaptureDiscardedOnOneRankIsAnErrorOnEveryRankNeverAHang) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic", "r0:DRV_AG_CAPTURE_DISCARD=1", "r0:DRV_SLEEP_BEFORE_REPLAY_MS=400"},
+      capture_env(chan, rdv), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const bool error = rnum(r, k, "ag.async") != 0 || rnum(r, k, "ag.next_rc") != 0;
+    EXPECT_TRUE(error) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.next_data_ok") == 1 && rnum(r, k, "ag.next_rc") == 0, false)
+        << "an op after the poison reported as right";
+  }
+  EXPECT_EQ(rnum(r, 0, "ag.discard_rc"), 0);
+  EXPECT_TRUE(any_contains(warns(r, pid_of(r, 1)), "destroyed without ever being replayed"))
+      << r.describe();
+  EXPECT_EQ(cuda_calls_from_destructors(r), 0) << r.describe();
+}
+
+// The same capture discarded on every rank, then captured again on every rank: no error (the
+// discarded ops are never replayed by anyone).
+TEST(RouteSetup, CaptureDiscardedOnEveryRankIsNoError) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          capture_env(chan, rdv, {{"DRV_AG_CAPTURE_DISCARD", "1"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "ag.replay_ok"), 2) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.async"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.next_rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.next_data_ok"), 1) << r.describe();
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+  }
+  EXPECT_EQ(stream_waits_not_satisfied(r), 0) << r.describe();
+}
+
+// A graph kept after its communicator is destroyed still holds what its nodes address: the
+// channel's registration is not undone before the graph goes.
+TEST(RouteSetup, AGraphOutlivingItsCommunicatorKeepsItsFlagsRegistered) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          capture_env(chan, rdv, {{"DRV_AG_KEEP_GRAPH", "1"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "ag.replay_ok"), 2) << r.describe();
+    EXPECT_EQ(rnum(r, k, "world.destroy"), 0);
+    EXPECT_EQ(rnum(r, k, "end.live_userobj"), 0);
+    // Every unregistration of this process came after its graph was destroyed.
+    const std::string pid = " pid=" + pid_of(r, k);
+    bool graph_gone = false, early = false;
+    for (const std::string& line : r.log_lines()) {
+      if (!contains(line, pid)) continue;
+      if (line.rfind("cuda cuGraphDestroy ", 0) == 0) graph_gone = true;
+      if (line.rfind("cuda cuMemHostUnregister ", 0) == 0 && !graph_gone) early = true;
+    }
+    EXPECT_TRUE(graph_gone) << r.describe();
+    EXPECT_FALSE(early) << "the flags were unregistered under a live graph\n" << r.describe();
+  }
+  EXPECT_EQ(cuda_calls_from_destructors(r), 0) << r.describe();
 }
 
 }  // namespace

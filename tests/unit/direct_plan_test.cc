@@ -10,6 +10,11 @@
 // after the peer reused its buffers, or that ends before its data arrived, shows as wrong bytes;
 // one that waits for a signal nobody gives shows as a deadlock. Flags live in an OpExchange
 // region, so they are laid out and reused (ring slots) exactly as on the GPU.
+//
+// Captured ops (Scenario::captured) are built once, over flag blocks claimed in that region, and
+// then replayed: each replay enqueues every rank's plans again, with fresh inputs, as graph
+// launches do; a reset that comes too late or not at all shows as a stale signal letting a
+// later replay through early (wrong bytes), or a deadlock.
 #include "direct_plan.h"
 
 #include <gtest/gtest.h>
@@ -56,6 +61,9 @@ struct Scenario {
   // Ranks whose buffers no peer can reach: never the first to arrive (that rank's verdict would
   // send the op to NCCL); between the first and the last, reached through their stage.
   std::vector<bool> unreachable;
+  // Captured into a graph of `ops` ops, replayed `replays` times.
+  bool captured = false;
+  int replays = 1;
 };
 
 class Sim {
@@ -83,9 +91,13 @@ class Sim {
   uint64_t recv_of(int r) { return addr(recv_[r].data()); }
   uint64_t stage_of(int r) { return addr(stage_[r].data()); }
 
-  // The views of every rank for op k, as ce_allgather builds them.
+  // The views of every rank for op k, as ce_allgather builds them; captured ops' plans are kept
+  // for replay() rather than enqueued.
   void build(int k, const std::function<void(int rank, std::vector<DirectOp>*)>& mutate) {
     const uint64_t seq = static_cast<uint64_t>(k) + 1;
+    std::vector<CaptureRef> block(static_cast<size_t>(s_.nranks));
+    for (int r = 0; s_.captured && r < s_.nranks; ++r)
+      EXPECT_TRUE(ex_->blocks().claim(static_cast<uint32_t>(r), &block[r]));
     std::vector<int> order = s_.order(k, rng_);
     while (s_.unreachable[order[0]]) std::rotate(order.begin(), order.begin() + 1, order.end());
     std::vector<int> position(static_cast<size_t>(s_.nranks));
@@ -130,28 +142,65 @@ class Sim {
         if (part.push) part.to = Span{peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk};
         if (part.pull) part.from = Span{peer_send, s_.chunk};
       }
+      if (s_.captured) captured_words(me, block, &v);
       std::vector<DirectOp> plan;
       build_direct_plan(v, &plan);
       if (mutate) mutate(me, &plan);
-      SimOp produce;
-      produce.kind = SimOp::kProduce;
-      produce.seq = seq;
-      streams_[me][0].push_back(produce);
-      for (const DirectOp& o : plan) {
-        SimOp op;
-        op.op = o;
-        op.seq = seq;
-        const int e = o.event;
-        if (o.kind == DirectOpKind::kRecord) ++enqueued_records_[me][e];
-        if (o.kind == DirectOpKind::kWaitEvent) op.event_target = enqueued_records_[me][e];
-        streams_[me][static_cast<int>(o.stream)].push_back(op);
+      if (s_.captured) {
+        graph_.resize(static_cast<size_t>(s_.nranks));
+        graph_[me].push_back(plan);
+        continue;
       }
-      SimOp consume;
-      consume.kind = SimOp::kConsume;
-      consume.seq = seq;
-      streams_[me][0].push_back(consume);
+      enqueue(me, seq, plan);
     }
   }
+
+  // Every rank launches its graph (every captured op, in order) once more, with fresh inputs.
+  void replay(int rep) {
+    for (int me = 0; me < s_.nranks; ++me)
+      for (size_t k = 0; k < graph_[me].size(); ++k)
+        enqueue(me, static_cast<uint64_t>(rep) * graph_[me].size() + k + 1, graph_[me][k]);
+  }
+
+  // A captured op's flags: the words of the blocks, as captured_flags() in ce_allgather.cc.
+  void captured_words(int me, const std::vector<CaptureRef>& block, DirectOpView* v) {
+    CaptureBlocks& b = ex_->blocks();
+    const uint32_t um = static_cast<uint32_t>(me);
+    v->captured = true;
+    v->started = addr(b.started(um, block[me]));
+    for (int p = 0; p < s_.nranks; ++p) {
+      const uint32_t up = static_cast<uint32_t>(p);
+      if (p == me) continue;
+      v->ready_push_out[p] = addr(b.ready_push(um, block[me], up));
+      v->ready_pull_out[p] = addr(b.ready_pull(um, block[me], up));
+      v->done_from[p] = addr(b.done_from(um, block[me], up));
+      v->ready_push_in[p] = addr(b.ready_push(up, block[p], um));
+      v->ready_pull_in[p] = addr(b.ready_pull(up, block[p], um));
+      v->done_to[p] = addr(b.done_from(up, block[p], um));
+    }
+  }
+
+  void enqueue(int me, uint64_t seq, const std::vector<DirectOp>& plan) {
+    SimOp produce;
+    produce.kind = SimOp::kProduce;
+    produce.seq = seq;
+    streams_[me][0].push_back(produce);
+    for (const DirectOp& o : plan) {
+      SimOp op;
+      op.op = o;
+      op.seq = seq;
+      const int e = o.event;
+      if (o.kind == DirectOpKind::kRecord) ++enqueued_records_[me][e];
+      if (o.kind == DirectOpKind::kWaitEvent) op.event_target = enqueued_records_[me][e];
+      streams_[me][static_cast<int>(o.stream)].push_back(op);
+    }
+    SimOp consume;
+    consume.kind = SimOp::kConsume;
+    consume.seq = seq;
+    streams_[me][0].push_back(consume);
+  }
+
+  std::vector<std::vector<std::vector<DirectOp>>> graph_;  // [rank][op]: captured plans
 
   // Runs everything; "" or what went wrong.
   std::string run() {
@@ -195,6 +244,11 @@ class Sim {
       const uint32_t v = *reinterpret_cast<const uint32_t*>(o.op.dst);
       return static_cast<int32_t>(v - o.op.value) >= 0;
     }
+    if (o.op.kind == DirectOpKind::kWaitSignal) {  // a 64-bit word written in 32-bit halves
+      uint64_t word;
+      memcpy(&word, reinterpret_cast<const void*>(o.op.dst), sizeof word);
+      return (word & kCaptureWaitMask) != 0;
+    }
     if (o.op.kind == DirectOpKind::kWaitEvent) return records_[r][o.op.event] >= o.event_target;
     return true;
   }
@@ -225,7 +279,7 @@ class Sim {
     const DirectOp& d = o.op;
     switch (d.kind) {
       case DirectOpKind::kWrite:
-        *reinterpret_cast<uint32_t*>(d.dst) = d.value;
+        memcpy(reinterpret_cast<void*>(d.dst), &d.value, sizeof d.value);
         break;
       case DirectOpKind::kCopy:
         memmove(reinterpret_cast<void*>(d.dst), reinterpret_cast<const void*>(d.src), d.bytes);
@@ -234,6 +288,7 @@ class Sim {
         ++records_[r][d.event];
         break;
       case DirectOpKind::kWaitGeq:
+      case DirectOpKind::kWaitSignal:
       case DirectOpKind::kWaitEvent:
         break;
     }
@@ -283,6 +338,7 @@ std::string run(const Scenario& s, uint64_t seed,
     sim.build(k, [&](int rank, std::vector<DirectOp>* plan) {
       if (mutate) mutate(k, rank, plan);
     });
+  for (int rep = 0; s.captured && rep < s.replays; ++rep) sim.replay(rep);
   return sim.run();
 }
 
@@ -326,6 +382,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{4, false, "mixed", {false, true, true, false}},
         Case{5, true, "mixed", {true, false, true, true, false}},
         Case{8, false, "mixed", {false, true, false, true, true, false, true, false}}));
+
+// Captured: every shape, a graph of three ops replayed four times.
+TEST_P(DirectPlanSim, CapturedReplaysGatherCorrectly) {
+  const Case c = GetParam();
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    Scenario s = scenario(c.nranks, c.in_place, c.modes, c.unreachable);
+    s.captured = true;
+    s.ops = 3;
+    s.replays = 4;
+    ASSERT_EQ(run(s, seed), "") << "seed " << seed;
+  }
+}
 
 TEST(DirectPlan, TheUsersStreamOnlyRecordsAndWaitsOnEvents) {
   Scenario s = scenario(3, false, "mixed");
@@ -398,6 +466,46 @@ TEST(DirectPlan, DroppingAnyWaitAroundAStageIsCaught) {
       for (int victim = 0; victim < 3; ++victim)
         expect_every_wait_matters(
             s, victim, std::string(modes) + (in_place ? " in place" : " out of place") + " staged");
+    }
+}
+
+// A captured op's plan: dropping any wait on a word, any reset after one, or any done signal
+// shows as wrong bytes or a deadlock in some replay.
+TEST(DirectPlan, DroppingAnyCapturedWaitResetOrSignalIsCaught) {
+  for (const char* modes : {"each", "later"})
+    for (bool in_place : {false, true}) {
+      Scenario s = scenario(2, in_place, modes);
+      s.captured = true;
+      s.ops = 2;
+      s.replays = 3;
+      s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1}; };
+      const std::string label = std::string(modes) + (in_place ? " in place" : " out of place");
+      for (int victim = 0; victim < 2; ++victim) {
+        std::vector<DirectOp> plan;
+        Sim probe(s, 1);
+        probe.build(1, [&](int rank, std::vector<DirectOp>* p) {
+          if (rank == victim) plan = *p;
+        });
+        size_t checked = 0;
+        bool pulled = false;  // the push stream is past its wait for the pulls: done signals next
+        for (size_t i = 0; i < plan.size(); ++i) {
+          const DirectOp& o = plan[i];
+          pulled |= o.kind == DirectOpKind::kWaitEvent && o.stream == DirectStream::kPush &&
+                    o.event == kEvPulled;
+          const bool wait = o.kind == DirectOpKind::kWaitSignal;
+          const bool reset = o.kind == DirectOpKind::kWrite && o.value == 0;
+          const bool done_signal = pulled && o.kind == DirectOpKind::kWrite && o.value == 1;
+          if (!wait && !reset && !done_signal) continue;
+          ++checked;
+          bool caught = false;
+          for (uint64_t seed = 1; seed <= 60 && !caught; ++seed)
+            caught = !run(s, seed, [&](int k, int rank, std::vector<DirectOp>* p) {
+                        if (k == 1 && rank == victim) p->erase(p->begin() + static_cast<long>(i));
+                      }).empty();
+          EXPECT_TRUE(caught) << label << ", rank " << victim << " without op " << i;
+        }
+        EXPECT_GT(checked, 0u) << label;
+      }
     }
 }
 

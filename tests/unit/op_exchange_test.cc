@@ -85,19 +85,24 @@ TEST(OpExchange, TheFirstToArriveDecidesForEveryone) {
   EXPECT_EQ(a1.verdict, OpVerdict::kNccl);
 }
 
-TEST(OpExchange, ACapturedOpGoesToNcclAndMeetingAnEagerOneIsAMismatch) {
+// A captured op is decided like an eager one (the route when the first rank's buffers can be
+// reached); captured on one rank and eager on another at the same position is a mismatch.
+TEST(OpExchange, ACapturedOpTakesTheRouteAndMeetingAnEagerOneIsAMismatch) {
   Region r(2);
   OpExchange x(r.base, 2);
   std::vector<OpPost> earlier(2);
   Arrival a0, a1;
   ASSERT_TRUE(x.arrive(0, post(1, true, 100, OpMode::kCaptured), &a0, earlier.data(), never));
-  EXPECT_EQ(a0.verdict, OpVerdict::kNccl);
+  EXPECT_EQ(a0.verdict, OpVerdict::kRoute);
   ASSERT_TRUE(x.arrive(1, post(1), &a1, earlier.data(), never));
   EXPECT_STRNE(a1.mismatch, "");
   ASSERT_TRUE(x.arrive(0, post(2, true, 100, OpMode::kCaptured), &a0, earlier.data(), never));
   ASSERT_TRUE(x.arrive(1, post(2, true, 100, OpMode::kCaptured), &a1, earlier.data(), never));
-  EXPECT_STREQ(a1.mismatch, "") << "captured on both: NCCL's business";
-  EXPECT_EQ(a1.verdict, OpVerdict::kNccl);
+  EXPECT_STREQ(a1.mismatch, "");
+  EXPECT_EQ(a1.verdict, OpVerdict::kRoute);
+  ASSERT_TRUE(x.arrive(0, post(3, false, 100, OpMode::kCaptured), &a0, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, post(3, true, 100, OpMode::kCaptured), &a1, earlier.data(), never));
+  EXPECT_EQ(a1.verdict, OpVerdict::kNccl) << "the first rank's buffers cannot be reached";
 }
 
 TEST(OpExchange, DifferentCountsAtOnePositionAreAMismatch) {
