@@ -61,9 +61,9 @@ bool CaptureBlocks::claim(uint32_t owner, CaptureRef* out) {
     const uint32_t gen = gen_of(v) + 1;
     if (!s->compare_exchange_strong(v, uint64_t{gen} << 32 | 1, std::memory_order_acq_rel))
       continue;
-    // Nobody refers to this generation before the owner posts it.
+    // Nobody refers to this generation before the owner posts it (a release store: the
+    // zeroes are seen by whoever reads the post).
     memset(words(owner, i), 0, block_bytes() - sizeof(uint64_t));
-    std::atomic_thread_fence(std::memory_order_release);
     *out = CaptureRef{i, gen};
     return true;
   }

@@ -8,7 +8,8 @@
 #                 one all-reduce, for one thread creating a communicator per GPU inside a
 #                 group, and for ncclCommInitAll plus NULL-config splits
 # rank0-*         the library on rank 0 only (default, auto): the job finishes, bits right,
-#                 and rank 0 says why the route is off
+#                 and rank 0 says why the route is off; rank0-symm-mem: PyTorch's NCCL-backed
+#                 symmetric memory (NCCL's copy-engine path on windows) the same way
 # auto-*          ZEROCTA_ALLGATHER=auto engages (counted on the copy-engine route) and is
 #                 bitwise right: grouped init, InitAll + splits, PyTorch (blocking, and
 #                 non-blocking with the first use in a coalescing block)
@@ -81,6 +82,16 @@ export ZEROCTA_LOG=info
 step rank0-auto 180 env ZEROCTA_ALLGATHER=auto bash -c 'rank0_only "$@"' _ "$HERE/one_collective.py" allgather
 if [ "$(result_of rank0-auto)" = PASS ] && ! grep -q 'not engaged: a rank on this host did not join' "$OUT/rank0-auto.log"; then
   record rank0-auto FAIL "rank 0 did not say why the route is off"
+fi
+# PyTorch's NCCL-backed symmetric memory (NCCL windows: NCCL's own copy-engine path) with the
+# library on rank 0 only: rank 0 asks for the zero-CTA policy, rank 1 does not, so NCCL may
+# take its copy-engine path on one rank only. What happens is recorded (finished and bitwise,
+# or hung); rank 0 must WARN naming window ops as the risk.
+step rank0-symm-mem 120 env ZEROCTA_ALLGATHER=auto bash -c 'rank0_only "$@"' _ \
+  "$HERE/torch_compat.py" --cell symm_mem_nccl --out "$OUT/rank0-symm-mem"
+if ! grep -q 'WARN copy-engine all-gather off for a communicator: a rank on this host did not join.*window buffers' \
+  "$OUT/rank0-symm-mem.log" 2>/dev/null; then
+  [ "$(result_of rank0-symm-mem)" = PASS ] && record rank0-symm-mem FAIL "rank 0 did not WARN about window ops"
 fi
 unset ZEROCTA_LOG
 
