@@ -85,13 +85,22 @@ if [ "$(result_of rank0-auto)" = PASS ] && ! grep -q 'not engaged: a rank on thi
 fi
 # PyTorch's NCCL-backed symmetric memory (NCCL windows: NCCL's own copy-engine path) with the
 # library on rank 0 only: rank 0 asks for the zero-CTA policy, rank 1 does not, so NCCL may
-# take its copy-engine path on one rank only. What happens is recorded (finished and bitwise,
-# or hung); rank 0 must WARN naming window ops as the risk.
-step rank0-symm-mem 120 env ZEROCTA_ALLGATHER=auto bash -c 'rank0_only "$@"' _ \
-  "$HERE/torch_compat.py" --cell symm_mem_nccl --out "$OUT/rank0-symm-mem"
-if ! grep -q 'WARN copy-engine all-gather off for a communicator: a rank on this host did not join.*window buffers' \
-  "$OUT/rank0-symm-mem.log" 2>/dev/null; then
-  [ "$(result_of rank0-symm-mem)" = PASS ] && record rank0-symm-mem FAIL "rank 0 did not WARN about window ops"
+# take its copy-engine path on one rank only, and hang: no setting of one rank can agree the
+# policy with a rank that does not run zerocta. Recorded as what happens: finished and bitwise
+# (PASS), or hung (KNOWN, measured on 2xH100 with NCCL 2.28.3 / PyTorch 2.11) — either way
+# rank 0 must have WARNed naming window ops as the risk.
+if selected rank0-symm-mem; then
+  timeout --kill-after=10 60 env ZEROCTA_ALLGATHER=auto bash -c 'rank0_only "$@"' _ \
+    "$HERE/torch_compat.py" --cell symm_mem_nccl --out "$OUT/rank0-symm-mem" \
+    >"$OUT/rank0-symm-mem.log" 2>&1
+  rc=$?
+  if ! grep -q 'WARN copy-engine all-gather off.*did not join.*window buffers' "$OUT/rank0-symm-mem.log"; then
+    record rank0-symm-mem FAIL "rank 0 did not WARN about window ops (exit $rc)"
+  elif [ $rc -eq 0 ]; then
+    record rank0-symm-mem PASS "finished; rank 0 WARNed about window ops"
+  else
+    record rank0-symm-mem KNOWN "exit $rc (124: hung in NCCL's CE path on one rank); rank 0 WARNed"
+  fi
 fi
 unset ZEROCTA_LOG
 
