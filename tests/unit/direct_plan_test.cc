@@ -419,21 +419,21 @@ TEST(DirectPlan, InPlaceCopiesNothingLocally) {
   }
 }
 
-// Dropping any flag wait, or any done signal, of rank `victim` in op 1 of `s` is caught: every
-// one of them guards something in some interleaving.
-void expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
+// Dropping any op of rank `victim`'s plan for op 1 of `s` that `guards` (given the plan and
+// the op's index) is caught: every one of them guards something in some interleaving. Returns
+// how many were dropped.
+size_t expect_every_guard_matters(
+    const Scenario& s, int victim, const std::string& label,
+    const std::function<bool(const std::vector<DirectOp>&, size_t)>& guards) {
   std::vector<DirectOp> plan;
   Sim probe(s, 1);
   probe.build(1, [&](int rank, std::vector<DirectOp>* p) {
     if (rank == victim) plan = *p;
   });
+  size_t dropped = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
-    const DirectOp& o = plan[i];
-    const bool wait = o.kind == DirectOpKind::kWaitGeq;
-    // The writes after the first (ready) on the push stream: done signals.
-    const bool done_signal =
-        o.kind == DirectOpKind::kWrite && o.stream == DirectStream::kPush && i > 3;
-    if (!wait && !done_signal) continue;
+    if (!guards(plan, i)) continue;
+    ++dropped;
     bool caught = false;
     for (uint64_t seed = 1; seed <= 60 && !caught; ++seed)
       caught = !run(s, seed, [&](int k, int rank, std::vector<DirectOp>* p) {
@@ -441,6 +441,17 @@ void expect_every_wait_matters(const Scenario& s, int victim, const std::string&
                 }).empty();
     EXPECT_TRUE(caught) << label << ", rank " << victim << " without op " << i;
   }
+  return dropped;
+}
+
+// An eager plan's flag waits, and its done signals (the writes after the first, ready, on the
+// push stream).
+void expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
+  expect_every_guard_matters(s, victim, label, [](const std::vector<DirectOp>& plan, size_t i) {
+    const DirectOp& o = plan[i];
+    return o.kind == DirectOpKind::kWaitGeq ||
+           (o.kind == DirectOpKind::kWrite && o.stream == DirectStream::kPush && i > 3);
+  });
 }
 
 TEST(DirectPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
@@ -480,32 +491,19 @@ TEST(DirectPlan, DroppingAnyCapturedWaitResetOrSignalIsCaught) {
       s.replays = 3;
       s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1}; };
       const std::string label = std::string(modes) + (in_place ? " in place" : " out of place");
-      for (int victim = 0; victim < 2; ++victim) {
-        std::vector<DirectOp> plan;
-        Sim probe(s, 1);
-        probe.build(1, [&](int rank, std::vector<DirectOp>* p) {
-          if (rank == victim) plan = *p;
-        });
-        size_t checked = 0;
-        bool pulled = false;  // the push stream is past its wait for the pulls: done signals next
-        for (size_t i = 0; i < plan.size(); ++i) {
-          const DirectOp& o = plan[i];
-          pulled |= o.kind == DirectOpKind::kWaitEvent && o.stream == DirectStream::kPush &&
-                    o.event == kEvPulled;
-          const bool wait = o.kind == DirectOpKind::kWaitSignal;
-          const bool reset = o.kind == DirectOpKind::kWrite && o.value == 0;
-          const bool done_signal = pulled && o.kind == DirectOpKind::kWrite && o.value == 1;
-          if (!wait && !reset && !done_signal) continue;
-          ++checked;
-          bool caught = false;
-          for (uint64_t seed = 1; seed <= 60 && !caught; ++seed)
-            caught = !run(s, seed, [&](int k, int rank, std::vector<DirectOp>* p) {
-                        if (k == 1 && rank == victim) p->erase(p->begin() + static_cast<long>(i));
-                      }).empty();
-          EXPECT_TRUE(caught) << label << ", rank " << victim << " without op " << i;
-        }
-        EXPECT_GT(checked, 0u) << label;
-      }
+      // Its waits on words, the reset after each, and its done signals (the writes of 1 on the
+      // push stream once it waited for the pulls).
+      auto guards = [](const std::vector<DirectOp>& plan, size_t i) {
+        bool pulled = false;
+        for (size_t j = 0; j < i; ++j)
+          pulled |= plan[j].kind == DirectOpKind::kWaitEvent &&
+                    plan[j].stream == DirectStream::kPush && plan[j].event == kEvPulled;
+        const DirectOp& o = plan[i];
+        return o.kind == DirectOpKind::kWaitSignal ||
+               (o.kind == DirectOpKind::kWrite && (o.value == 0 || pulled));
+      };
+      for (int victim = 0; victim < 2; ++victim)
+        EXPECT_GT(expect_every_guard_matters(s, victim, label, guards), 0u) << label;
     }
 }
 

@@ -456,6 +456,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!parse_alloc(v, &o->alloc)) return bad(v, "cudamalloc|cumem");
     } else if (a == "--one-process") {
       o->one_process = true;
+    } else if (a == "--graph") {
+      o->graph = true;
     } else if (a == "--gemm-iters") {
       if (!need(&v)) return false;
       if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
@@ -594,6 +596,9 @@ Other options:
                          cuMemCreate chunks with POSIX fd handles, mapped back to back)
   --one-process          the NCCL paths as one process, one thread driving every GPU
                          (nccl-tests -g N); default: one process per rank
+  --graph                the sweep's checked op and timed iterations are replays of a CUDA
+                         graph that captured the op once per size and placement (global
+                         capture mode); the first-op column stays eager
   --contention           (allgather only) after the sweep, a cuBLAS bf16 GEMM loop overlapped
                          with all-gathers on another stream, against both alone (default paths:
                          nccl-kernel, nccl-ce, zerocta, bare-ce)

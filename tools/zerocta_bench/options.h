@@ -102,6 +102,9 @@ struct Options {
   // --one-process: the NCCL-program paths run as one process whose one thread drives every
   // GPU (nccl-tests -g N); default: one process per rank.
   bool one_process = false;
+  // --graph: the sweep's checked op and timed loop replay a CUDA graph that captured the op
+  // (global capture mode, as PyTorch captures): what graph users get, host work gone.
+  bool graph = false;
   std::string zerocta_lib;  // resolved by the parent; "" = not given
   bool allow_fallback = false;
   uint64_t seed = 0x5a3c7e11ull;

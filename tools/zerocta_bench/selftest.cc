@@ -508,6 +508,9 @@ void test_new_options() {
                 "--contention-ops", "12", "--repeats", "7", "--contention-placement", "in"},
                &o));
   EXPECT(o.alloc == BufferAlloc::kCuMem && o.one_process && o.contention);
+  EXPECT(!o.graph);
+  Options g;
+  EXPECT(parse({"--graph"}, &g) && g.graph && !g.one_process);
   EXPECT(o.contention_mode == ContentionMode::kSaturate && o.contention_ops == 12);
   EXPECT(o.repeats == 7 && o.contention_placement == "in");
   EXPECT(std::string(alloc_name(o.alloc)) == "cumem");

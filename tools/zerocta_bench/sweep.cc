@@ -4,6 +4,8 @@
 // placement a checked operation on fresh data (poisoned output; all-gather and broadcast
 // compared bitwise, reductions against the exact sum), warm-ups, the timed loop, and the
 // shim's route counters before/after so every row says which route its calls really took.
+// With --graph the checked op and the loop replay a graph that captured the op (its capture is
+// the one call the route counters see).
 #include "sweep.h"
 
 #include <cuda_runtime_api.h>
@@ -168,6 +170,49 @@ void send_init_times(SweepRanks& w, const CollShape& s, zerocta_op_t counter, Ch
   }
 }
 
+// --graph: the op on every local rank captured once (every local stream in capture at once, so
+// that a group call over several GPUs is captured whole), then replayed.
+class CapturedOp {
+ public:
+  CapturedOp(SweepRanks& w, const CollShape& s, const std::vector<Placement>& p) : w_(w) {
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      w.nr.set_device(static_cast<int>(i));
+      ZCB_CUDA(cudaStreamBeginCapture(w.streams[i], cudaStreamCaptureModeGlobal));
+    }
+    w.op(s, p);
+    for (size_t i = 0; i < w.local.size(); ++i) {
+      w.nr.set_device(static_cast<int>(i));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      ZCB_CUDA(cudaStreamEndCapture(w.streams[i], &graph));
+      ZCB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      graphs_.push_back(graph);
+      execs_.push_back(exec);
+    }
+  }
+  ~CapturedOp() {
+    w_.synchronize();
+    for (size_t i = 0; i < execs_.size(); ++i) {
+      w_.nr.set_device(static_cast<int>(i));
+      cudaGraphExecDestroy(execs_[i]);
+      cudaGraphDestroy(graphs_[i]);
+    }
+  }
+  CapturedOp(const CapturedOp&) = delete;
+  CapturedOp& operator=(const CapturedOp&) = delete;
+  void replay() {
+    for (size_t i = 0; i < execs_.size(); ++i) {
+      w_.nr.set_device(static_cast<int>(i));
+      ZCB_CUDA(cudaGraphLaunch(execs_[i], w_.streams[i]));
+    }
+  }
+
+ private:
+  SweepRanks& w_;
+  std::vector<cudaGraph_t> graphs_;
+  std::vector<cudaGraphExec_t> execs_;
+};
+
 // One placement of one size on every local rank: check, warm-ups, timed loop. The shim's
 // counters are the process's, so the route calls go to the first local rank's result (the
 // parent sums them over ranks).
@@ -177,6 +222,12 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
   const std::vector<Placement> p = w.place(s, in_place);
   const RouteCounts before = shim_routes(counter);
   for (PlaceResult* r : out) r->wrong = -1;
+  std::unique_ptr<CapturedOp> graph;
+  if (o.graph) {
+    ch->agree_max(0);  // a peer may still read these buffers in its previous loop
+    graph = std::make_unique<CapturedOp>(w, s, p);
+  }
+  auto op = [&] { graph ? graph->replay() : w.op(s, p); };
   if (o.check) {
     // Every rank has finished the previous loop before anyone overwrites a buffer: a rank's
     // own op can complete while a peer still reads its buffers, depending on the protocol.
@@ -185,14 +236,14 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
       w.nr.set_device(static_cast<int>(i));
       fill_inputs(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed, w.streams[i]);
     }
-    w.op(s, p);
+    op();
     for (size_t i = 0; i < w.local.size(); ++i) {
       w.nr.set_device(static_cast<int>(i));
       out[i]->wrong = count_wrong(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed,
                                   w.local[i].wrong.get(), w.streams[i]);
     }
   }
-  for (int i = 0; i < o.warmups; ++i) w.op(s, p);
+  for (int i = 0; i < o.warmups; ++i) op();
   auto record = [&](int event) {
     for (size_t i = 0; i < w.local.size(); ++i) {
       w.nr.set_device(static_cast<int>(i));
@@ -201,7 +252,7 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
   };
   record(0);
   for (int it = 0; it < o.iters; ++it) {
-    w.op(s, p);
+    op();
     record(it + 1);
   }
   w.synchronize();
