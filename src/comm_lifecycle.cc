@@ -139,6 +139,24 @@ ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return e.real->ncclCommRevoke(comm, revokeFlags);
 }
 
+// NCCL 2.29.7's flag of ncclCommSuspend (not in the 2.28 header this library builds with).
+constexpr int kSuspendMem = 0x01;
+
+// Releases the route's memory with NCCL's: the peers' allocations this rank imported (which
+// keep that memory alive) and its stage come back on demand at the next routed op.
+ZC_EXPORT ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  ZC_PROLOGUE(e, ncclCommSuspend, (comm, flags));
+  const ncclResult_t r = e.real->ncclCommSuspend(comm, flags);
+  auto st = comm_lookup(comm);
+  if (r != ncclSuccess || !(flags & kSuspendMem) || !st) return r;
+  GroupState& g = group_state();
+  if (g.depth > 0)  // inside an application group: once the group has run
+    g.after_end.push_back([st] { route_suspend_memory(*st); });
+  else
+    route_suspend_memory(*st);
+  return r;
+}
+
 namespace {
 void remember_window(CommState& st, uintptr_t base, size_t size, ncclWindow_t win) {
   std::lock_guard<std::mutex> lock(st.windows_mu);

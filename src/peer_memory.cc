@@ -390,6 +390,16 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
   }
 }
 
+void PeerImports::release_idle(const CudaDriver& cu) {
+  for (size_t i = views_.size(); i-- > 0;)
+    if (views_[i].idle()) release_view(cu, i);
+  for (auto it = imports_.begin(); it != imports_.end();)
+    if (it->second.views == 0)
+      release_import(cu, it++);
+    else
+      ++it;
+}
+
 PeerImports::~PeerImports() {
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;

@@ -103,6 +103,9 @@ class PeerImports {
   // Releases what may go (see the class comment). `ask_owners`: first ask each owner's fd
   // service which allocations it still exports (a socket round trip per owner process).
   void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
+  // Releases every view no live graph pins and whose ops have finished, and the imports no
+  // view maps any more (a suspended communicator).
+  void release_idle(const CudaDriver& cu);
   uint64_t held_bytes() const { return held_; }
 
  private:

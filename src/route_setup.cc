@@ -358,6 +358,26 @@ void route_release_waits(CommState& st) {
   if (st.ce) release_flags(*st.ce);
 }
 
+void route_suspend_memory(CommState& st) {
+  std::lock_guard<std::mutex> issuing(st.issue_mu);
+  std::lock_guard<std::mutex> lock(st.route_mu);
+  CeComm* ce = st.ce.get();
+  const CudaDriver* cu = cuda_driver();
+  if (!ce || !ce->prepared || !cu) return;
+  ScopedDevice dev(st.device);
+  for (int k = 1; k < kDirectStreams; ++k)
+    if (ce->streams[k]) cu->cuStreamSynchronize(ce->streams[k]);
+  const uint64_t held = ce->imports ? ce->imports->held_bytes() : 0;
+  if (ce->imports) ce->imports->release_idle(*cu);
+  ce->stage.reset();
+  withdraw_all_exports();
+  ZC_INFO("route: rank %d/%d dev %d: suspended: released %llu of %llu B of peers' memory mapped "
+          "here (the rest is in live CUDA graphs) and the stage",
+          st.rank, st.nranks, st.device,
+          static_cast<unsigned long long>(held - (ce->imports ? ce->imports->held_bytes() : 0)),
+          static_cast<unsigned long long>(held));
+}
+
 void route_teardown(CommState& st, bool aborting) {
   std::lock_guard<std::mutex> lock(st.route_mu);
   // The default mode holds nothing here: no driver call is made for it.

@@ -72,6 +72,11 @@ int route_peer_poison(const CommState& st);
 // Releases every device-side wait of ours on this comm (abort, revoke, shrink-abort).
 void route_release_waits(CommState& st);
 
+// ncclCommSuspend(NCCL_SUSPEND_MEM) succeeded: drains the route's streams and releases the
+// peers' allocations this rank maps (but those a live graph of captured ops uses), its stage
+// and the process's exports; later ops make them again.
+void route_suspend_memory(CommState& st);
+
 // Frees everything of the route: drains first unless `aborting`.
 void route_teardown(CommState& st, bool aborting);
 

@@ -118,7 +118,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 }
 FAKE_PNCCL_ALIAS(ncclCommSplit)
 
-#ifndef FAKE_NCCL_OMIT_SHRINK
+#ifndef FAKE_NCCL_OLD_API
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   std::string line = "ncclCommShrink comm=" + name_of(comm) +
@@ -184,6 +184,21 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return comm_lifecycle("ncclCommRevoke", comm, strf(" flags=%d", revokeFlags), false, false);
 }
 FAKE_PNCCL_ALIAS(ncclCommRevoke)
+
+// NCCL 2.29.7's memory suspend and resume (the 2.28 header lacks them): a ready communicator's
+// memory "released" and "restored", logged. The old fake lacks them, as NCCL before 2.29.7 does.
+#ifndef FAKE_NCCL_OLD_API
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclCommSuspend(ncclComm_t comm,
+                                                                          int flags) {
+  return comm_lifecycle("ncclCommSuspend", comm, strf(" flags=%d", flags), false, true);
+}
+FAKE_PNCCL_ALIAS(ncclCommSuspend)
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclCommResume(ncclComm_t comm) {
+  return comm_lifecycle("ncclCommResume", comm, "", false, true);
+}
+FAKE_PNCCL_ALIAS(ncclCommResume)
+#endif
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   std::string line = "ncclCommGetAsyncError comm=" + name_of(comm);

@@ -1585,6 +1585,60 @@ TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
   expect_error_on_both(r, "captured an all-gather");
 }
 
+// ---- NCCL 2.29.7's memory suspend ----
+
+// ncclCommSuspend(NCCL_SUSPEND_MEM) releases the route's hold on the peer's memory with NCCL's
+// own: every import of the peer's buffers is unmapped and released (the shim's pool falls to
+// its registered flags), the stage and exports go; after ncclCommResume the next all-gather
+// takes the route again and imports anew, bitwise right.
+TEST(RouteSetup, SuspendMemReleasesThePeersMemoryAndTheRouteResumes) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_SUSPEND", "1"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(rnum(r, k, "suspend.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "resume.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1);
+    EXPECT_EQ(rnum(r, k, "after.rc"), 0);
+    EXPECT_EQ(rnum(r, k, "after.data_ok"), 1) << "the all-gather after the resume";
+    EXPECT_EQ(rnum(r, k, "after.ag_ce"), 2) << "both all-gathers on the route";
+    // Before the suspend the pool held the registration and this rank's imports (none for an
+    // earlier rank whose peer did both copies); suspended, the registration alone (host
+    // memory, a few pages per rank).
+    EXPECT_LE(rnum(r, k, "suspended.pool_bytes"), rnum(r, k, "ag.pool_bytes"));
+    EXPECT_LT(rnum(r, k, "suspended.pool_bytes"), 1 << 20) << r.describe();
+    // The driver freed its own buffers after the all-gather: a mapping left is an import.
+    EXPECT_EQ(rnum(r, k, "suspended.live_map"), 0) << "an import of the peer's memory is left";
+    EXPECT_TRUE(any_contains(shim_lines(r, pid, "INFO"), "suspended: released")) << r.describe();
+  }
+  EXPECT_GT(rnum(r, 0, "ag.pool_bytes") + rnum(r, 1, "ag.pool_bytes"),
+            rnum(r, 0, "suspended.pool_bytes") + rnum(r, 1, "suspended.pool_bytes"))
+      << "no rank held an import before the suspend: nothing was tested";
+  EXPECT_EQ(static_cast<int>(log_calls(r, "ncclCommSuspend").size()), 2) << r.describe();
+}
+
+// A NCCL without ncclCommSuspend (before 2.29.7): the call fails as for any function the
+// loaded library lacks, and nothing of the route changes.
+TEST(RouteSetup, SuspendOnANcclWithoutItFailsAndTheRouteGoesOn) {
+  Scratch s, chan, rdv;
+  RunSpec spec;
+  spec.argv = {driver("drv_route"), "ranks", "2", "basic"};
+  spec.env = with(route_env(chan, rdv, unique_id_text()), {{"DRV_SUSPEND", "1"}});
+  spec.library_path = fake_old_dir() + ":" + fake_dir();  // the old NCCL, the fake driver
+  spec.timeout_s = 40;
+  RunResult r = run(spec, s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "suspend.rc"), 3) << "ncclInternalError\n" << r.describe();
+    EXPECT_EQ(rnum(r, k, "after.data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "after.ag_ce"), 2);
+  }
+}
+
 // ---- Captured all-gathers ----
 
 // The settings of the capture tests: the route, each rank capturing one all-gather and

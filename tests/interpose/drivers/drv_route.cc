@@ -33,7 +33,9 @@
 //             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals;
 //             DRV_AG_BARRIER=1: every rank first meets the others, its buffers ready, so that
 //             the sleeps alone order them),
-//             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them).
+//             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them),
+//             DRV_SUSPEND=1 (then ncclCommSuspend(NCCL_SUSPEND_MEM), ncclCommResume and an
+//             all-gather "after": suspend_and_resume()).
 
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
 //             DRV_KEY) and an all-gather on the child.
@@ -572,6 +574,23 @@ void end_comm(ncclComm_t c, const std::string& tag) {
   release_kept_graphs();
 }
 
+// NCCL 2.29.7's ncclCommSuspend/ncclCommResume (declared here: the 2.28 header lacks them).
+extern "C" ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+extern "C" ncclResult_t ncclCommResume(ncclComm_t comm);
+
+// DRV_SUSPEND=1: after the all-gather, ncclCommSuspend(NCCL_SUSPEND_MEM) (suspend.rc, then the
+// shim's pool and the fake driver's live objects as suspended.*), ncclCommResume (resume.rc),
+// and one more all-gather (after.*).
+void suspend_and_resume(ncclComm_t c, int rank, int nranks) {
+  constexpr int kSuspendMem = 0x01;
+  out("suspend.rc", ncclCommSuspend(c, kSuspendMem));
+  stats("suspended");
+  cuda_live("suspended");
+  out("resume.rc", ncclCommResume(c));
+  all_gather("after", c, rank, nranks);
+  stats("after");
+}
+
 void rank_basic(int rank, int nranks) {
   ncclComm_t c = init_world(rank, nranks);
   if (c == nullptr) return;
@@ -583,6 +602,7 @@ void rank_basic(int rank, int nranks) {
     all_gather("ag", c, rank, nranks, env_long("DRV_AG_GROUP", 0) == 1);
     stats("ag");
   }
+  if (env_long("DRV_SUSPEND", 0) == 1) suspend_and_resume(c, rank, nranks);
   end_comm(c, "world");
   report("end");
   cuda_live("end");
