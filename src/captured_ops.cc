@@ -109,21 +109,19 @@ void graph_gone(GraphHold* h) {
   g_graveyard->push_back(h);
 }
 
-bool attach_to_capture(std::unique_ptr<GraphHold> hold, CUstream stream, const char** why) {
-  const CudaDriver& cu = *cuda_driver();
+CUgraph capturing_graph(CUstream stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUgraph graph = nullptr;
-  if (cu.cuStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr) !=
-      CUDA_SUCCESS) {
-    *why = "cannot ask CUDA about the capture";
-    return false;
-  }
+  if (cuda_driver()->cuStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr) !=
+      CUDA_SUCCESS)
+    return nullptr;
+  return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : nullptr;
+}
+
+bool attach_to_graph(std::unique_ptr<GraphHold> hold, CUgraph graph, const char** why) {
+  const CudaDriver& cu = *cuda_driver();
   GraphHold* h = hold.release();
   h->life->add(h);
-  if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || !graph) {
-    graph_gone(h);  // the capture is invalidated: its graph will never run
-    return true;
-  }
   CUuserObject object = nullptr;
   if (cu.cuUserObjectCreate(&object, h, user_object_gone, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) !=
       CUDA_SUCCESS) {

@@ -105,10 +105,13 @@ struct GraphHold {
   ~GraphHold();          // frees the stage: on an application thread (the graveyard)
 };
 
-// Hands `hold` to the graph being captured on `stream` (a CUDA user object moved into it), or,
-// when that capture is already invalidated, lets it go as a graph that never ran. False with
-// *why when CUDA refuses.
-bool attach_to_capture(std::unique_ptr<GraphHold> hold, CUstream stream, const char** why);
+// The graph being captured on `stream`: null when the capture is no longer active (an earlier
+// operation of the application invalidated it) or cannot be asked about.
+CUgraph capturing_graph(CUstream stream);
+
+// Hands `hold` to `graph` (a CUDA user object moved into it). False with *why when CUDA refuses
+// (the hold then goes as a graph that never ran).
+bool attach_to_graph(std::unique_ptr<GraphHold> hold, CUgraph graph, const char** why);
 
 // The graph of `hold` is gone without CUDA: what attach_to_capture's user object runs.
 void graph_gone(GraphHold* hold);

@@ -450,7 +450,12 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   build_direct_plan(ce->view, &ce->plan);
   const CUstream* streams = ce->streams;
   const CUevent* events = ce->events;
+  CUgraph graph = nullptr;
   if (hold) {
+    // An application's capture its own earlier operation invalidated: the op fails here as
+    // NCCL's would, and goes as a graph never replayed (its blocks orphaned for a peer that
+    // captured it) — no poison: a framework falls back to eager after a failed capture.
+    if (!(graph = capturing_graph(stream))) return ncclUnhandledCudaError;
     if (!capture_streams(*cu, ce))
       return fail(st, ncclUnhandledCudaError, "capturing", "cannot create the capture streams");
     streams = ce->capture_streams;
@@ -458,7 +463,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   }
   if (CUresult r = issue_plan(*cu, streams, events, stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
-  if (hold && !attach_to_capture(std::move(hold), stream, &why))
+  if (hold && !attach_to_graph(std::move(hold), graph, &why))
     return fail(st, ncclUnhandledCudaError, "capturing", why);
   if (!capturing) tidy(st);
   lap(&host.issue);

@@ -1744,6 +1744,27 @@ TEST(RouteSetup, CaptureDiscardedOnEveryRankIsNoError) {
   EXPECT_EQ(stream_waits_not_satisfied(r), 0) << r.describe();
 }
 
+// A capture the application itself invalidated before the all-gather, on every rank (a
+// framework then falls back to eager): the captured call fails as NCCL's would, nothing is
+// poisoned, and the next all-gather, eager, takes the route and is right.
+TEST(RouteSetup, ACaptureInvalidatedOnEveryRankFailsTheOpAndTheRouteGoesOn) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          capture_env(chan, rdv, {{"DRV_AG_INVALIDATE_CAPTURE", "1"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "ag.capture_rc"), 1) << "ncclUnhandledCudaError\n" << r.describe();
+    EXPECT_NE(rnum(r, k, "ag.end_capture"), 0) << "the capture was not invalidated";
+    EXPECT_EQ(rnum(r, k, "ag.async"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.next_rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.next_data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 1) << "the eager all-gather after it";
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+  }
+  EXPECT_EQ(stream_waits_not_satisfied(r), 0) << r.describe();
+}
+
 // A graph kept after its communicator is destroyed still holds what its nodes address: the
 // channel's registration is not undone before the graph goes.
 TEST(RouteSetup, AGraphOutlivingItsCommunicatorKeepsItsFlagsRegistered) {

@@ -66,6 +66,8 @@
 // all-gather eagerly, as for eager ones. Then the exec and the graph are destroyed
 // (<tag>.exec_destroy, <tag>.graph_destroy); with DRV_AG_KEEP_GRAPH=1 they and their buffers
 // are kept until the communicator has been destroyed, finalized or aborted.
+// DRV_AG_INVALIDATE_CAPTURE=1 invalidates that capture before the all-gather (a cuStreamQuery
+// on the capturing stream, which CUDA refuses): no graph, no replay.
 // DRV_AG_CAPTURE_DISCARD=1 first captures one all-gather whose graph is destroyed, never
 // instantiated nor launched (<tag>.discard_begin, <tag>.discard_rc, <tag>.discard_end,
 // <tag>.discard_destroy). The replays of two ranks wait for each other's flags in shared
@@ -362,10 +364,13 @@ struct Captured {
   ncclResult_t rc = ncclInvalidUsage;  // the captured call's (this, if the capture never began)
   CUgraph graph = nullptr;
 };
-Captured capture_one(ncclComm_t c, Gather& g, bool grouped) {
+// `invalidate`: a cuStreamQuery on the capturing stream first, which CUDA refuses and which
+// invalidates the capture (the application's own mistake, before the all-gather).
+Captured capture_one(ncclComm_t c, Gather& g, bool grouped, bool invalidate = false) {
   Captured cap;
   cap.begin = cap.end = cuStreamBeginCapture(g.stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
   if (cap.begin != CUDA_SUCCESS) return cap;
+  if (invalidate) cuStreamQuery(g.stream);
   if (grouped) ncclGroupStart();
   cap.rc = g.issue(c);
   if (grouped) {
@@ -391,7 +396,7 @@ void captured_all_gather(const std::string& tag, ncclComm_t c, int r, int n, boo
     out(tag + ".discard_end", discarded.end);
     if (discarded.graph) out(tag + ".discard_destroy", cuGraphDestroy(discarded.graph));
   }
-  const Captured cap = capture_one(c, g, grouped);
+  const Captured cap = capture_one(c, g, grouped, env_long("DRV_AG_INVALIDATE_CAPTURE", 0) == 1);
   const ncclResult_t rc = cap.rc;
   cg.graph = cap.graph;
   out(tag + ".begin_capture", cap.begin);
