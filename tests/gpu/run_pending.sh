@@ -8,9 +8,10 @@
 #   cuMem buffers and with one rank on cudaMalloc, captures and aborts, cycles, isolation:
 #   zero-copy      run_zero_copy.sh torch-expandable (freed outputs' memory comes back within
 #                  160 ops), torch-isolated (one GPU visible per rank), torch-default, shm-clean
-#   soak-cumem     zerocta_gpu_ag_soak, ZEROCTA_ALLGATHER=zerocta, cuMem buffers, 2000 ops,
-#                  bitwise against NCCL, some ops on the copy engines
-#   soak-mixed     the same, 1000 ops, rank 0 on cudaMalloc (staged where it is not first)
+#   soak-cumem     zerocta_gpu_ag_soak, ZEROCTA_ALLGATHER=zerocta, cuMem buffers, 7000
+#                  iterations (over 10 000 ops), bitwise against NCCL, captured ops included
+#   soak-mixed     the same, 1000 iterations, rank 0 on cudaMalloc (staged where it is not
+#                  first; its captured ops that go to NCCL hang NCCL 2.28.3, see part d)
 #   reliability    run_reliability.sh capture-shim, abort-shim, cycles-shim
 #   isolated       probes/isolated_import_probe: can a process that sees one GPU import and
 #                  copy a peer process's cuMem memory (CUDA_VISIBLE_DEVICES isolation)?
@@ -34,6 +35,11 @@
 #   soak-mixed-nccl-noreg  the same with NCCL_GRAPH_REGISTER=0 (no capture-time registration)
 #   soak-mixed-noreg       the library's soak-mixed with NCCL_GRAPH_REGISTER=0
 #   flag-probe             as in part c
+# Part e (2 GPUs): 1000 create/all-gather/destroy cycles with auto, each communicator destroyed
+#   before the next is created (about 550 s on 2xH100: NCCL's destroy takes ~0.5 s), RSS, GPU
+#   memory, descriptors, threads and /dev/shm entries (with destroys on a second thread RSS
+#   grows, with or without the library: docs/RELIABILITY.md):
+#   cycles-1000-serial
 # Part x4 (4 GPUs): the soak with a staged rank, and the sweep beside NCCL CE:
 #   soak-mixed-4   the soak on 4 ranks, rank 0 on cudaMalloc
 #   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
@@ -44,8 +50,8 @@ set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|x4)$ ]]; then
-  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|x4 OUTDIR" >&2
+if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|x4)$ ]]; then
+  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|x4 OUTDIR" >&2
   exit 2
 fi
 PART=$1
@@ -101,7 +107,7 @@ case "$PART" in
   a)
     step zero-copy 200 env ZEROCTA_SUITE_ONLY='torch-expandable|torch-isolated|torch-default|shm-clean' \
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy"
-    soak soak-cumem 60 2 cumem 2000
+    soak soak-cumem 60 2 cumem 7000
     soak soak-mixed 90 2 mixed 1000
     step reliability 180 env ZEROCTA_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
       ZEROCTA_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"
@@ -131,6 +137,12 @@ case "$PART" in
     NCCL_GRAPH_REGISTER=0 soak soak-mixed-noreg 60 2 mixed 1000
     step flag-probe 30 "$BIN/zerocta_gpu_probe_flag_latency"
     grep -h ' us$' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
+    ;;
+  e)
+    step cycles-1000-serial 590 env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
+      ZEROCTA_CYCLES_ALLGATHER=auto ZEROCTA_CYCLES=1000 ZEROCTA_CYCLES_DESTROY_LAG=0 \
+      ZEROCTA_CYCLES_BUDGET_S=575 "$BIN/zerocta_gpu_cycles_test"
+    grep -h '^RELIABILITY cycles' "$OUT/cycles-1000-serial.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
     soak soak-mixed-4 250 4 mixed 1500
