@@ -49,6 +49,7 @@
 //             NCCL_COMM_ID gives), one all-gather, destroy. Prints the process's resources
 //             (open fds, threads, resident KiB, the fake driver's live objects, pool_bytes)
 //             after cycle DRV_CYCLES_WARM (default 5) as warm.* and after the last as last.*.
+//             DRV_CYCLES_DESTROY_LAG=N: a second thread destroys them, up to N behind.
 //
 // Captured all-gathers, in the all-gather step of every rank scenario (instead of the eager
 // ones; DRV_AG_REPEAT and its companions do not apply): DRV_AG_CAPTURE=1 captures ONE
@@ -88,6 +89,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -738,15 +742,65 @@ void resources(const std::string& tag) {
   out(tag + ".channel_files", channel_count());
 }
 
+// Destroys communicators on a thread of its own, up to `lag` behind their creation (as
+// process groups torn down in the background are): DRV_CYCLES_DESTROY_LAG.
+class LaggingDestroyer {
+ public:
+  explicit LaggingDestroyer(long lag) : lag_(lag), thread_([this] { run(); }) {}
+  ~LaggingDestroyer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void hand_over(ncclComm_t c) {
+    std::unique_lock<std::mutex> lock(mu_);
+    queue_.push_back(c);
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return static_cast<long>(queue_.size()) <= lag_; });
+  }
+
+ private:
+  void run() {
+    make_current(g_device);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      ncclComm_t c = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      ncclCommDestroy(c);
+      lock.lock();
+      cv_.notify_all();
+    }
+  }
+  long lag_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<ncclComm_t> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 void rank_cycles(int rank, int nranks) {
   const long cycles = env_long("DRV_CYCLES", 100), warm = env_long("DRV_CYCLES_WARM", 5);
+  const long lag = env_long("DRV_CYCLES_DESTROY_LAG", 0);
+  std::unique_ptr<LaggingDestroyer> destroyer;
+  if (lag > 0) destroyer = std::make_unique<LaggingDestroyer>(lag);
   for (long i = 1; i <= cycles; ++i) {
     ncclComm_t c = init_world(rank, nranks);
     if (c == nullptr) return;
     all_gather("ag", c, rank, nranks);
-    end_comm(c, "world");
+    if (destroyer)
+      destroyer->hand_over(c);
+    else
+      end_comm(c, "world");
     if (i == warm) resources("warm");
   }
+  destroyer.reset();
   resources("last");
 }
 
