@@ -55,7 +55,7 @@ struct GraphHold;
 class CaptureLife {
  public:
   // Over the communicator's channel (`channel`: its poison word and op region, where `blocks`
-  // lie) on `device`.
+  // lie) on `device`; both null for a communicator that never prepared (no graph can hold it).
   CaptureLife(Channel* channel, CaptureBlocks* blocks, int device)
       : channel_(channel), blocks_(blocks), device_(device) {}
   ~CaptureLife();  // frees what the teardown handed over: call on an application thread

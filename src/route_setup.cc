@@ -152,17 +152,12 @@ void release_route(CommState& st) {
   for (CUevent* set : {ce.events, ce.capture_events})
     for (int e = 0; e < kDirectEvents; ++e)
       if (set[e]) cu->cuEventDestroy(set[e]), set[e] = nullptr;
-  if (ce.life) {
-    ce.life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
-                       std::move(ce.imports));
-    ce.life.reset();
-  } else {
-    ce.imports.reset();
-    if (ce.registered) {
-      cu->cuMemHostUnregister(ce.registered);
-      stats_pool_bytes_add(-static_cast<int64_t>(ce.registered_bytes));
-    }
-  }
+  // One release path: a communicator never prepared has no graphs, so its life ends here.
+  std::shared_ptr<CaptureLife> life =
+      ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
+  life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
+                  std::move(ce.imports));
+  life.reset();
   st.ce.reset();
   if (g_route_comms.fetch_sub(1) == 1)
     withdraw_all_exports();
