@@ -65,18 +65,21 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
       signal(S::kPush, v.ready_push_out[p]);
       if (!v.peers[p].push) signal(S::kPush, v.ready_pull_out[p]);
     }
-  for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].push)
-      await(S::kPush, v.captured ? v.ready_push_in[p] : v.ready[p]);
-  for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].push) w.copy(S::kPush, v.peers[p].to.addr, v.send, v.chunk);
+  // A GPU's copies to its peers run one after the other. In the same peer order on every rank,
+  // all would write into rank 0 first, then all into rank 1: one GPU's links take every write
+  // while the others idle. Rank r copies with r-1 first, then r-2, ... (mod n): when each
+  // pushes, step i is a permutation (r writes to r-1-i); when later ranks do both, each rank's
+  // first peer is the one that arrived just before it.
+  auto peer_at = [&](int i) { return (v.rank + v.nranks - 1 - i) % v.nranks; };
+  for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
+    if (v.peers[p].push) await(S::kPush, v.captured ? v.ready_push_in[p] : v.ready[p]);
+  for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
+    if (v.peers[p].push) w.copy(S::kPush, v.peers[p].to.addr, v.send, v.chunk);
   w.wait_event(S::kPull, kEvStart);
-  for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].pull)
-      await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
-  for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].pull)
-      w.copy(S::kPull, slot(v.recv, p), v.peers[p].from.addr, v.chunk);
+  for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
+    if (v.peers[p].pull) await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
+  for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
+    if (v.peers[p].pull) w.copy(S::kPull, slot(v.recv, p), v.peers[p].from.addr, v.chunk);
   w.record(S::kPull, kEvPulled);
   w.wait_event(S::kLocal, kEvStart);
   if (!in_place) w.copy(S::kLocal, own, v.send, v.chunk);

@@ -18,6 +18,9 @@
 #include "direct_plan.h"
 
 #include <gtest/gtest.h>
+
+#include <map>
+#include <set>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -90,6 +93,12 @@ class Sim {
   }
   uint64_t recv_of(int r) { return addr(recv_[r].data()); }
   uint64_t stage_of(int r) { return addr(stage_[r].data()); }
+  // The rank whose receive buffer holds `a`, -1 for none.
+  int owner_of(uint64_t a) {
+    for (int r = 0; r < s_.nranks; ++r)
+      if (a >= recv_of(r) && a < recv_of(r) + recv_[r].size()) return r;
+    return -1;
+  }
 
   // The views of every rank for op k, as ce_allgather builds them; captured ops' plans are kept
   // for replay() rather than enqueued.
@@ -504,6 +513,44 @@ TEST(DirectPlan, DroppingAnyCapturedWaitResetOrSignalIsCaught) {
       };
       for (int victim = 0; victim < 2; ++victim)
         EXPECT_GT(expect_every_guard_matters(s, victim, label, guards), 0u) << label;
+    }
+}
+
+// Each rank's first copy goes to (comes from) a different peer: in the same peer order on every
+// rank, every rank would write into one GPU at once while the others' links idle (measured on
+// 4 H200s behind NVSwitch: the route's copies moved about 780 GB/s in all, whatever the GPU
+// count, where a copy per GPU to distinct peers moves about 390 GB/s each).
+TEST(DirectPlan, RanksStartTheirCopiesWithDifferentPeers) {
+  for (int n : {3, 4, 8})
+    for (const char* modes : {"each", "later"}) {
+      Scenario s = scenario(n, true, modes);
+      s.order = [n](int, std::mt19937&) {
+        std::vector<int> o(static_cast<size_t>(n));
+        for (int r = 0; r < n; ++r) o[static_cast<size_t>(r)] = r;
+        return o;
+      };
+      // Per stream: the peer whose buffer each rank's first copy writes (push) or reads (pull).
+      std::map<DirectStream, std::vector<int>> first_peer;
+      Sim sim(s, 3);
+      sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
+        std::set<DirectStream> seen;
+        for (const DirectOp& o : *plan) {
+          if (o.kind != DirectOpKind::kCopy || o.stream == DirectStream::kLocal ||
+              !seen.insert(o.stream).second)
+            continue;
+          // Every rank's buffers lie apart (Sim): the peer is the one whose range holds the
+          // address written (push) or read (pull).
+          const uint64_t addr = o.stream == DirectStream::kPush ? o.dst : o.src;
+          const int peer = sim.owner_of(addr);
+          EXPECT_NE(peer, rank);
+          first_peer[o.stream].push_back(peer);
+        }
+      });
+      for (const auto& [stream, peers] : first_peer) {
+        const std::set<int> distinct(peers.begin(), peers.end());
+        EXPECT_EQ(distinct.size(), peers.size())
+            << n << " ranks, " << modes << ", stream " << static_cast<int>(stream);
+      }
     }
 }
 
