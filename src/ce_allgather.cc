@@ -32,9 +32,11 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   p->pid = static_cast<int32_t>(getpid());
   const CudaDriver& cu = *cuda_driver();
   const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
+  // The receive buffer first: an in-place op's send chunk lies in it (FSDP2's all-gathers),
+  // and is described from its extents without querying each allocation again.
   const bool ok =
-      describe_buffer(cu, reinterpret_cast<uint64_t>(send), chunk, ce.needs, &p->send) &&
-      describe_buffer(cu, reinterpret_cast<uint64_t>(recv), total, ce.needs, &p->recv);
+      describe_buffer(cu, reinterpret_cast<uint64_t>(recv), total, ce.needs, &p->recv) &&
+      describe_inside(cu, reinterpret_cast<uint64_t>(send), chunk, ce.needs, p->recv, &p->send);
   if (ok) p->reach = (ce.needs.by_pointer ? uint32_t{kReachPointer} : 0u) | kReachExtents;
   // A captured op needs a flag block; without one (the driver cannot capture, or every block is
   // held) this rank's post sends the op to NCCL if it is the first to arrive.

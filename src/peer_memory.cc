@@ -149,6 +149,26 @@ bool describe_buffer(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const 
   return true;
 }
 
+bool describe_inside(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const ReachNeeds& needs,
+                     const OpBuffer& outer, OpBuffer* out) {
+  const uint64_t end = addr + bytes;
+  if (!needs.by_extents || addr < outer.addr || end > outer.addr + outer.bytes || bytes == 0)
+    return describe_buffer(cu, addr, bytes, needs, out);
+  out->addr = addr;
+  out->bytes = bytes;
+  out->nextents = 0;
+  if (needs.by_pointer && !pointer_reachable(cu, addr, needs)) return false;
+  // outer's extents are its allocations back to back from the one holding outer.addr, each
+  // queried in this op: the ones [addr, end) touches are the inner buffer's.
+  for (uint32_t i = 0; i < outer.nextents; ++i) {
+    const OpExtent& e = outer.extents[i];
+    if (e.base + e.bytes <= addr || e.base >= end) continue;
+    out->extents[out->nextents++] = e;
+  }
+  return out->nextents > 0 && out->extents[0].base <= addr &&
+         out->extents[out->nextents - 1].base + out->extents[out->nextents - 1].bytes >= end;
+}
+
 void sweep_exports(const CudaDriver& cu) {
   std::lock_guard<std::mutex> lock(g_exports_mu);
   FdService* service = fd_service();

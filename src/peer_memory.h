@@ -52,6 +52,12 @@ struct ReachNeeds {
 // it. Call on the application's thread with the buffer's device current.
 bool describe_buffer(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const ReachNeeds& needs,
                      OpBuffer* out);
+// The same for [addr, addr + bytes) lying inside `outer`, described by describe_buffer in this
+// op (an in-place all-gather's send chunk inside its receive buffer): its extents are those of
+// `outer` that it touches, with no driver query of their own. A buffer outside `outer` is
+// described afresh.
+bool describe_inside(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const ReachNeeds& needs,
+                     const OpBuffer& outer, OpBuffer* out);
 
 // Exported allocations: withdraws the fd-service entries of allocations no longer mapped where
 // they were (freed by the application). Cheap enough to call every few ops. An export keeps its
