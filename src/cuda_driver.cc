@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "driver_call_times.h"
 #include "log.h"
 
 namespace zc {
@@ -89,6 +90,7 @@ CudaDriver* load() {
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;
   if (!d.context_ok) return nullptr;
+  time_driver_calls(&d);
   return &d;
 }
 
