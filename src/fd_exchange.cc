@@ -31,7 +31,8 @@ namespace {
 using fd_wire::Header;
 
 constexpr size_t kMaxRequestBytes = sizeof(Header) + kFdMaxPerMessage * sizeof(uint64_t);
-constexpr size_t kMaxReplyBytes = sizeof(Header) + kFdMaxPerMessage * sizeof(uint32_t);
+constexpr size_t kMaxReplyBytes =
+    sizeof(Header) + kFdMaxPerMessage * (sizeof(uint32_t) + kFdBlobBytes);
 // Room for one full SCM_RIGHTS message; the service's receive buffer takes a few, only to
 // close what a misbehaving client sends.
 constexpr size_t kFdControlBytes = CMSG_SPACE(kFdMaxPerMessage * sizeof(int));
@@ -183,6 +184,7 @@ struct FdServiceState {
   // holding it, finds a consistent list). The service thread reads conns without it.
   std::mutex mu;
   std::unordered_map<uint64_t, int> table;  // token -> the kept duplicate
+  std::unordered_map<uint64_t, FdBlob> blobs;  // token (kFdBlobToken set) -> the blob
   uint64_t next_token = 0;
   std::vector<Conn> conns;
 };
@@ -217,6 +219,7 @@ void fork_child() {
     s->conns.clear();
     for (const auto& entry : s->table) close(entry.second);
     s->table.clear();
+    s->blobs.clear();
     s->mu.unlock();
   }
   pthread_mutex_unlock(&g_start_mu);
@@ -231,29 +234,44 @@ void close_conn(FdServiceState* s, size_t i) {
   s->conns.erase(s->conns.begin() + ptrdiff_t(i));
 }
 
-// Answers one request (`count` tokens at `body`): the statuses and, unless only the statuses
-// were asked for, the found descriptors in one message, sent without waiting. The table lock
-// is held until the kernel has taken its references, so a concurrent withdraw cannot close
-// (and reuse) a descriptor being sent.
-bool serve_request(FdServiceState* s, int fd, const uint8_t* body, uint32_t count, bool with_fds) {
+// Answers one request (`count` tokens at `body`, of `kind`): the statuses and, for a request,
+// the found descriptors, for a blob request the blobs, in one message sent without waiting; a
+// status request is found by either table. The table lock is held until the kernel has taken
+// its references, so a concurrent withdraw cannot close (and reuse) a descriptor being sent.
+bool serve_request(FdServiceState* s, int fd, const uint8_t* body, uint32_t count, uint16_t kind) {
   uint8_t reply[kMaxReplyBytes];
   int fds[kFdMaxPerMessage];
   size_t nfds = 0;
-  put_header(reply, with_fds ? fd_wire::kReply : fd_wire::kStatusReply, count);
+  const bool with_fds = kind == fd_wire::kRequest, with_blobs = kind == fd_wire::kBlobRequest;
+  put_header(reply,
+             with_fds ? fd_wire::kReply : with_blobs ? fd_wire::kBlobReply : fd_wire::kStatusReply,
+             count);
+  uint8_t* blob_at = reply + sizeof(Header) + count * sizeof(uint32_t);
   const char* why = nullptr;
   std::lock_guard<std::mutex> lock(s->mu);
   for (uint32_t i = 0; i < count; ++i) {
     uint64_t token;
     memcpy(&token, body + i * sizeof(uint64_t), sizeof(token));
     const auto it = s->table.find(token);
+    const auto blob = s->blobs.find(token);
     uint32_t status = fd_wire::kUnknown;
-    if (it != s->table.end()) {
+    if (with_blobs) {
+      memset(blob_at + i * kFdBlobBytes, 0, kFdBlobBytes);
+      if (blob != s->blobs.end()) {
+        status = fd_wire::kFound;
+        memcpy(blob_at + i * kFdBlobBytes, blob->second.bytes, kFdBlobBytes);
+      }
+    } else if (it != s->table.end()) {
       status = fd_wire::kFound;
       if (with_fds) fds[nfds++] = it->second;
+    } else if (!with_fds && blob != s->blobs.end()) {
+      status = fd_wire::kFound;
     }
     memcpy(reply + sizeof(Header) + i * sizeof(uint32_t), &status, sizeof(status));
   }
-  return send_all(fd, reply, sizeof(Header) + count * sizeof(uint32_t), fds, nfds, -1, &why);
+  const size_t bytes =
+      sizeof(Header) + count * (sizeof(uint32_t) + (with_blobs ? kFdBlobBytes : 0));
+  return send_all(fd, reply, bytes, fds, nfds, -1, &why);
 }
 
 // Reads what the connection has and answers every complete message. Returns false when the
@@ -283,7 +301,8 @@ bool serve_readable(FdServiceState* s, Conn* c) {
     size_t need = sizeof(Header);
     if (h.kind == fd_wire::kHello) {
       if (h.count != 0) return false;
-    } else if (h.kind == fd_wire::kRequest || h.kind == fd_wire::kStatusRequest) {
+    } else if (h.kind == fd_wire::kRequest || h.kind == fd_wire::kStatusRequest ||
+               h.kind == fd_wire::kBlobRequest) {
       if (h.count > kFdMaxPerMessage) return false;
       need += h.count * sizeof(uint64_t);
     } else {
@@ -297,7 +316,7 @@ bool serve_readable(FdServiceState* s, Conn* c) {
       put_header(hello, fd_wire::kHelloReply, 0);
       ok = send_all(c->fd, hello, sizeof(hello), nullptr, 0, -1, &why);
     } else {
-      ok = serve_request(s, c->fd, c->buf + sizeof(Header), h.count, h.kind == fd_wire::kRequest);
+      ok = serve_request(s, c->fd, c->buf + sizeof(Header), h.count, h.kind);
     }
     if (!ok) return false;
     memmove(c->buf, c->buf + need, c->have - need);
@@ -530,11 +549,13 @@ int connect_service(const char* address, int expected_pid, int64_t deadline, con
 }
 
 // One request/reply round trip for `count` tokens: statuses[i] for each, and with `fds` the
-// found descriptors, fds[i] (-1 for the others).
+// found descriptors, fds[i] (-1 for the others), or with `blobs` the blobs (blobs[i]).
 bool exchange_batch(int fd, const uint64_t* tokens, uint32_t count, uint32_t* statuses, int* fds,
-                    int64_t deadline, const char** why) {
+                    FdBlob* blobs, int64_t deadline, const char** why) {
   uint8_t request[kMaxRequestBytes];
-  put_header(request, fds ? fd_wire::kRequest : fd_wire::kStatusRequest, count);
+  put_header(request,
+             fds ? fd_wire::kRequest : blobs ? fd_wire::kBlobRequest : fd_wire::kStatusRequest,
+             count);
   memcpy(request + sizeof(Header), tokens, count * sizeof(uint64_t));
   if (!send_all(fd, request, sizeof(Header) + count * sizeof(uint64_t), nullptr, 0, deadline, why))
     return false;
@@ -542,14 +563,16 @@ bool exchange_batch(int fd, const uint64_t* tokens, uint32_t count, uint32_t* st
   std::vector<int> got;
   got.reserve(count);
   Header h;
-  const uint16_t want = fds ? fd_wire::kReply : fd_wire::kStatusReply;
+  const uint16_t want =
+      fds ? fd_wire::kReply : blobs ? fd_wire::kBlobReply : fd_wire::kStatusReply;
   bool ok = recv_exact(fd, reply, sizeof(Header), deadline, &got, why);
   if (ok && (!read_header(reply, &h) || h.kind != want || h.count != count)) {
     *why = "malformed reply";
     ok = false;
   }
   if (ok)
-    ok = recv_exact(fd, reply + sizeof(Header), count * sizeof(uint32_t), deadline, &got, why);
+    ok = recv_exact(fd, reply + sizeof(Header),
+                    count * (sizeof(uint32_t) + (blobs ? kFdBlobBytes : 0)), deadline, &got, why);
   size_t next = 0;
   for (uint32_t i = 0; ok && i < count; ++i) {
     memcpy(&statuses[i], reply + sizeof(Header) + i * sizeof(uint32_t), sizeof(uint32_t));
@@ -559,6 +582,9 @@ bool exchange_batch(int fd, const uint64_t* tokens, uint32_t count, uint32_t* st
       ok = false;
     } else if (found && fds) {
       fds[i] = got[next++];
+    } else if (blobs) {
+      memcpy(blobs[i].bytes, reply + sizeof(Header) + count * sizeof(uint32_t) + i * kFdBlobBytes,
+             kFdBlobBytes);
     }
   }
   if (ok && next != got.size()) {
@@ -570,16 +596,16 @@ bool exchange_batch(int fd, const uint64_t* tokens, uint32_t count, uint32_t* st
 }
 
 // Asks the service at `address` about `n` tokens, in messages of at most kFdMaxPerMessage on
-// one connection: statuses, and with `fds` the descriptors (fd_fetch).
+// one connection: statuses, and with `fds` the descriptors (fd_fetch), with `blobs` the blobs.
 bool ask_service(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
-                 uint32_t* statuses, int* fds, int timeout_ms, const char** why) {
+                 uint32_t* statuses, int* fds, FdBlob* blobs, int timeout_ms, const char** why) {
   const int64_t deadline = now_ms() + timeout_ms;
   const int fd = connect_service(address, expected_pid, deadline, why);
   bool ok = fd >= 0;
   for (size_t start = 0; ok && start < n; start += kFdMaxPerMessage) {
     const uint32_t count = uint32_t(std::min(n - start, kFdMaxPerMessage));
     ok = exchange_batch(fd, tokens + start, count, statuses + start, fds ? fds + start : nullptr,
-                        deadline, why);
+                        blobs ? blobs + start : nullptr, deadline, why);
   }
   if (fd >= 0) close(fd);
   return ok;
@@ -596,14 +622,26 @@ uint64_t FdService::publish(int fd) {
   if (kept < 0) return 0;
   uint64_t token;
   do {
-    token = state_->next_token++;
+    token = state_->next_token++ & ~kFdBlobToken;
   } while (token == 0 || state_->table.count(token) != 0);
   state_->table.emplace(token, kept);
   return token;
 }
 
+uint64_t FdService::publish_blob(const FdBlob& blob) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->disabled.load(std::memory_order_relaxed)) return 0;
+  uint64_t token;
+  do {
+    token = state_->next_token++ | kFdBlobToken;
+  } while (state_->blobs.count(token) != 0);
+  state_->blobs.emplace(token, blob);
+  return token;
+}
+
 void FdService::withdraw(uint64_t token) {
   std::lock_guard<std::mutex> lock(state_->mu);
+  state_->blobs.erase(token);
   const auto it = state_->table.find(token);
   if (it == state_->table.end()) return;
   close(it->second);
@@ -631,8 +669,8 @@ bool fd_fetch(const char* address, int expected_pid, const uint64_t* tokens, siz
   bool ok = fds != nullptr && (tokens != nullptr || n == 0) && timeout_ms > 0;
   if (ok && n > 0) {
     std::vector<uint32_t> statuses(n);
-    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), fds->data(), timeout_ms,
-                     &reason);
+    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), fds->data(), nullptr,
+                     timeout_ms, &reason);
     if (!ok) {
       close_descriptors(fds->data(), fds->size());
       fds->assign(n, -1);
@@ -649,9 +687,27 @@ bool fd_published(const char* address, int expected_pid, const uint64_t* tokens,
   bool ok = published != nullptr && (tokens != nullptr || n == 0) && timeout_ms > 0;
   if (ok && n > 0) {
     std::vector<uint32_t> statuses(n);
-    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), nullptr, timeout_ms,
-                     &reason);
+    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), nullptr, nullptr,
+                     timeout_ms, &reason);
     for (size_t i = 0; ok && i < n; ++i) (*published)[i] = statuses[i] == fd_wire::kFound;
+  }
+  if (!ok && why != nullptr) *why = reason;
+  return ok;
+}
+
+bool fd_fetch_blobs(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                    std::vector<FdBlob>* blobs, std::vector<bool>* found, int timeout_ms,
+                    const char** why) {
+  const char* reason = "invalid argument";
+  if (found != nullptr) found->assign(n, false);
+  if (blobs != nullptr) blobs->assign(n, FdBlob{});
+  bool ok = blobs != nullptr && found != nullptr && (tokens != nullptr || n == 0) &&
+            timeout_ms > 0;
+  if (ok && n > 0) {
+    std::vector<uint32_t> statuses(n);
+    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), nullptr, blobs->data(),
+                     timeout_ms, &reason);
+    for (size_t i = 0; ok && i < n; ++i) (*found)[i] = statuses[i] == fd_wire::kFound;
   }
   if (!ok && why != nullptr) *why = reason;
   return ok;

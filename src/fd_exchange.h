@@ -9,7 +9,9 @@
 //   address  the socket's abstract name, "zerocta-<uid>-<pid>-<16 hex>", without the
 //            leading NUL; always shorter than kFdAddressMax, so it fits a char[48].
 //   token    a 64-bit number (never 0) that names one published descriptor; the service
-//            keeps its own close-on-exec duplicate of it until it is withdrawn.
+//            keeps its own close-on-exec duplicate of it until it is withdrawn. A token with
+//            kFdBlobToken set names a published blob instead: the 64 bytes of a FABRIC handle
+//            (cuMem memory of an IMEX node exports no descriptor), handed over inline.
 //
 // Trust: both ends check SO_PEERCRED. The service serves only connections of its own
 // effective uid; the client accepts only a service of its own effective uid and, when asked,
@@ -20,8 +22,9 @@
 // carries up to kFdMaxPerMessage 64-bit tokens; its reply carries one 32-bit status per
 // token and, through SCM_RIGHTS, one descriptor per "found" status, in token order. A status
 // request is the same without descriptors: which tokens are still published. A hello (count
-// 0) is answered by a hello (count 0). Anything else, including descriptors sent to the
-// service, closes the connection.
+// 0) is answered by a hello (count 0). A blob request carries tokens too; its reply carries one
+// status per token, then kFdBlobBytes per token (zeros for an unknown one), no descriptor.
+// Anything else, including descriptors sent to the service, closes the connection.
 //
 // fork(): in a child forked after the service started, fd_service() returns nullptr (the
 // thread does not exist there) and the child's copies of the service's descriptors are
@@ -40,6 +43,12 @@ constexpr size_t kFdAddressMax = 48;
 constexpr size_t kFdMaxPerMessage = 253;
 // The service closes a connection that has not completed a request for this long.
 constexpr int kFdServiceIdleMs = 2000;
+// A published blob's size (a CUmemFabricHandle), and the bit its tokens carry.
+constexpr size_t kFdBlobBytes = 64;
+constexpr uint64_t kFdBlobToken = uint64_t{1} << 63;
+struct FdBlob {
+  uint8_t bytes[kFdBlobBytes];
+};
 
 // The wire format, shared by both ends (and by tests that speak it by hand).
 namespace fd_wire {
@@ -52,6 +61,8 @@ enum Kind : uint16_t {
   kReply = 4,
   kStatusRequest = 5,
   kStatusReply = 6,
+  kBlobRequest = 7,
+  kBlobReply = 8,
 };
 enum Status : uint32_t { kFound = 1, kUnknown = 2 };
 struct Header {
@@ -76,8 +87,10 @@ class FdService {
   // Keeps a close-on-exec duplicate of `fd` and returns its token (never 0); 0 when `fd`
   // cannot be duplicated or in a forked child.
   uint64_t publish(int fd);
-  // Closes the kept duplicate; later requests for `token` answer "unknown". Unknown tokens
-  // are ignored.
+  // Keeps a copy of `blob` and returns its token (kFdBlobToken set); 0 in a forked child.
+  uint64_t publish_blob(const FdBlob& blob);
+  // Closes the kept duplicate (forgets the blob); later requests for `token` answer
+  // "unknown". Unknown tokens are ignored.
   void withdraw(uint64_t token);
 
  private:
@@ -99,6 +112,13 @@ FdService* fd_service();
 // close). Returns within timeout_ms (> 0) in total.
 bool fd_fetch(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
               std::vector<int>* fds, int timeout_ms, const char** why);
+
+// The blobs of `tokens` (each with kFdBlobToken) from the service at `address`: (*found)[i]
+// says whether token i is published, (*blobs)[i] holds its bytes then. Credentials, splitting
+// and failure as in fd_fetch.
+bool fd_fetch_blobs(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                    std::vector<FdBlob>* blobs, std::vector<bool>* found, int timeout_ms,
+                    const char** why);
 
 // Which of `tokens` the service at `address` still publishes: (*published)[i] says token i's
 // descriptor is there. Credentials and failure as in fd_fetch (*published is then all false).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 
 #include "fd_exchange.h"
@@ -31,6 +32,7 @@ bool attribute(const CudaDriver& cu, CUpointer_attribute a, uint64_t p, T* out) 
 struct Block {
   uint64_t base = 0, bytes = 0, id = 0;
   bool posix_fd = false;
+  bool fabric = false;  // exportable as a FABRIC handle (IMEX nodes; PyTorch may pick only it)
 };
 
 bool block_at(const CudaDriver& cu, uint64_t p, Block* b) {
@@ -48,6 +50,7 @@ bool block_at(const CudaDriver& cu, uint64_t p, Block* b) {
   b->bytes = bytes;
   b->id = id;
   b->posix_fd = handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  b->fabric = handle_types & CU_MEM_HANDLE_TYPE_FABRIC;
   return true;
 }
 
@@ -70,13 +73,27 @@ uint64_t export_block(const CudaDriver& cu, const Block& b) {
   if (!service) return 0;
   CUmemGenericAllocationHandle h = 0;
   if (cu.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(b.base)) != CUDA_SUCCESS) return 0;
-  int fd = -1;
-  const bool ok = cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                                  0) == CUDA_SUCCESS;
+  // A descriptor where the allocation has one, else its FABRIC handle's bytes (a blob the
+  // importer fetches inline: fd_exchange.h).
+  uint64_t token = 0;
+  if (b.posix_fd) {
+    int fd = -1;
+    if (cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+        CUDA_SUCCESS) {
+      token = service->publish(fd);
+      close(fd);
+    }
+  } else {
+    CUmemFabricHandle fabric{};
+    FdBlob blob{};
+    static_assert(sizeof fabric == sizeof blob.bytes, "a FABRIC handle is one blob");
+    if (cu.cuMemExportToShareableHandle(&fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0) ==
+        CUDA_SUCCESS) {
+      memcpy(blob.bytes, &fabric, sizeof fabric);
+      token = service->publish_blob(blob);
+    }
+  }
   cu.cuMemRelease(h);  // the retain's reference; the application's own stays
-  if (!ok) return 0;
-  const uint64_t token = service->publish(fd);
-  close(fd);
   if (token) exports()[b.id] = Exported{b.base, b.bytes, token};
   return token;
 }
@@ -97,7 +114,7 @@ bool exported_extent(const CudaDriver& cu, uint64_t p, OpExtent* out) {
     }
   }
   Block b;
-  if (!block_at(cu, p, &b) || !b.posix_fd) return false;
+  if (!block_at(cu, p, &b) || !(b.posix_fd || b.fabric)) return false;
   const uint64_t token = export_block(cu, b);
   *out = OpExtent{b.base, b.bytes, b.id, token};
   return token != 0;
@@ -207,13 +224,41 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, uint
   owners_[pid] = fd_address;
   const auto started = std::chrono::steady_clock::now();
   uint64_t imported = 0, imported_bytes = 0;
-  std::vector<int> fds;
-  if (!fd_fetch(fd_address, pid, tokens.data(), tokens.size(), &fds, kFdTimeoutMs, why))
+  // Descriptors and FABRIC blobs (tokens with kFdBlobToken) come in one request each.
+  std::vector<uint64_t> fd_tokens, blob_tokens;
+  for (uint64_t t : tokens) (t & kFdBlobToken ? blob_tokens : fd_tokens).push_back(t);
+  std::vector<int> got_fds;
+  std::vector<FdBlob> blobs;
+  std::vector<bool> found;
+  if ((!fd_tokens.empty() && !fd_fetch(fd_address, pid, fd_tokens.data(), fd_tokens.size(),
+                                       &got_fds, kFdTimeoutMs, why)) ||
+      (!blob_tokens.empty() && !fd_fetch_blobs(fd_address, pid, blob_tokens.data(),
+                                               blob_tokens.size(), &blobs, &found, kFdTimeoutMs,
+                                               why))) {
+    for (int fd : got_fds)
+      if (fd >= 0) close(fd);
     return false;
+  }
+  // Back in the order of `wanted`: fds[i] >= 0, or blob_of[i] >= 0 for a found blob.
+  std::vector<int> fds(tokens.size(), -1), blob_of(tokens.size(), -1);
+  for (size_t i = 0, nf = 0, nb = 0; i < tokens.size(); ++i) {
+    if (tokens[i] & kFdBlobToken) {
+      if (found[nb]) blob_of[i] = static_cast<int>(nb);
+      ++nb;
+    } else {
+      fds[i] = got_fds[nf++];
+    }
+  }
   bool ok = true;
   for (size_t i = 0; i < fds.size(); ++i) {
     CUmemGenericAllocationHandle h = 0;
-    if (ok && fds[i] >= 0 && import_allocation(cu, fds[i], &h)) {
+    const bool present = fds[i] >= 0 || blob_of[i] >= 0;
+    const bool imported_it =
+        ok && present &&
+        (fds[i] >= 0 ? import_allocation(cu, fds[i], &h)
+                     : import_fabric_allocation(cu, blobs[static_cast<size_t>(blob_of[i])].bytes,
+                                                &h));
+    if (imported_it) {
       Import& kept = imports_[{pid, wanted[i]->block_id}];
       kept.handle = h;
       kept.bytes = wanted[i]->bytes;
@@ -224,8 +269,8 @@ bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, uint
       imported_bytes += kept.bytes;
     } else if (ok) {
       ok = false;
-      *why = fds[i] < 0 ? "a peer no longer exports a buffer it posted"
-                        : "could not import a peer's buffer";
+      *why = !present ? "a peer no longer exports a buffer it posted"
+                      : "could not import a peer's buffer";
     }
     if (fds[i] >= 0) close(fds[i]);  // the handle holds the memory now
   }

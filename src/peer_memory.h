@@ -2,8 +2,8 @@
 //
 //   describe   what a rank posts about one of its buffers (op_exchange.h): its address, for
 //              the GPUs of its own process, and the physical allocations it lies in, exported
-//              as POSIX file descriptors kept in this process's fd service (fd_exchange.h), for
-//              the other processes.
+//              as POSIX file descriptors (or FABRIC handles' bytes) kept in this process's fd
+//              service (fd_exchange.h), for the other processes.
 //   resolve    the other side: a peer's buffer range as a span of this process's address space.
 //              In the peer's process, its address (peer access enabled once per pair of
 //              devices); elsewhere, its allocations imported, cached by (process, block id) — a
@@ -16,7 +16,8 @@
 //                       a release protocol: the exporter may free while a peer still maps it).
 //   cuMem memory        by address in its process when cuMemGetAccess grants the peer's device;
 //                       across processes when its allocation allows POSIX fds (PyTorch's
-//                       expandable segments do). An import keeps the exporter's memory alive
+//                       expandable segments do) or FABRIC handles (what they may allow alone on
+//                       an IMEX node; fd preferred where both are). An import keeps the exporter's memory alive
 //                       until it is unmapped, even after the exporter freed it: the caches are
 //                       bounded, and `held_bytes` (and the stats' pool_bytes gauge) report what
 //                       this rank holds of its peers.

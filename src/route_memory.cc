@@ -1,5 +1,7 @@
 #include "route_memory.h"
 
+#include <cstring>
+
 #include <cstdint>
 
 namespace zc {
@@ -21,6 +23,15 @@ bool import_allocation(const CudaDriver& cu, int fd, CUmemGenericAllocationHandl
   void* os_handle = reinterpret_cast<void*>(static_cast<uintptr_t>(fd));
   return cu.cuMemImportFromShareableHandle(handle, os_handle,
                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+         CUDA_SUCCESS;
+}
+
+bool import_fabric_allocation(const CudaDriver& cu, const void* fabric_handle,
+                              CUmemGenericAllocationHandle* handle) {
+  *handle = 0;
+  CUmemFabricHandle copy;
+  memcpy(&copy, fabric_handle, sizeof copy);
+  return cu.cuMemImportFromShareableHandle(handle, &copy, CU_MEM_HANDLE_TYPE_FABRIC) ==
          CUDA_SUCCESS;
 }
 

@@ -22,6 +22,9 @@ struct MappedAllocation {
 // Imports the allocation behind `fd` (a peer's export) into *handle, unmapped. The descriptor
 // stays the caller's to close. False (nothing held) on failure.
 bool import_allocation(const CudaDriver& cu, int fd, CUmemGenericAllocationHandle* handle);
+// The same from the 64 bytes of a FABRIC handle (cuMem memory of an IMEX node).
+bool import_fabric_allocation(const CudaDriver& cu, const void* fabric_handle,
+                              CUmemGenericAllocationHandle* handle);
 
 // Maps `n` allocations back to back at one new address, each whole (cuMemMap needs offset 0
 // and the imported granularity: `bytes[i]` is allocation i's whole size), accessible from the

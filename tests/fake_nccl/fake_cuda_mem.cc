@@ -9,9 +9,13 @@
 // Memory ("a device pointer is a host pointer"):
 //   cuMemCreate                      a memfd of that size (sparse: costs nothing untouched);
 //                                    the size must be a multiple of the granularity
-//   cuMemExportToShareableHandle     POSIX_FD only (and only if cuMemCreate asked for it): a
-//                                    close-on-exec dup of the memfd
-//   cuMemImportFromShareableHandle   a new allocation handle around a dup of the received fd
+//   cuMemExportToShareableHandle     POSIX_FD: a close-on-exec dup of the memfd; FABRIC: 64
+//                                    bytes naming the exporter's pid and a descriptor of the
+//                                    memfd it keeps while the allocation is mapped (or its
+//                                    handle lives); each only if cuMemCreate asked for it (as on
+//                                    an IMEX node, where PyTorch's segments may be FABRIC-only)
+//   cuMemImportFromShareableHandle   a new allocation handle around a dup of the received fd,
+//                                    or of /proc/PID/fd/N opened from a FABRIC handle
 //   cuMemAddressReserve              PROT_NONE address space, aligned to the granularity
 //   cuMemMap                         the memfd mapped MAP_SHARED|MAP_FIXED there, still
 //                                    PROT_NONE (as in CUDA: no access before cuMemSetAccess)
@@ -99,10 +103,23 @@ constexpr size_t kDefaultGranularity = size_t{2} << 20;
 
 std::mutex g_mu;  // guards everything below
 
+// The handle types the fake exports (CUmemCreate's requestedHandleTypes, masked).
+constexpr uint64_t kExportTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
+
+// A FABRIC handle of this fake: magic, the exporter's pid and a descriptor there of the memfd.
+struct FakeFabric {
+  char magic[8];
+  int32_t pid;
+  int32_t fd;
+  uint64_t size;
+};
+static_assert(sizeof(FakeFabric) <= sizeof(CUmemFabricHandle), "fits a fabric handle");
+constexpr char kFabricMagic[8] = {'F', 'A', 'K', 'E', 'F', 'A', 'B', '1'};
+
 struct Alloc {
   int fd = -1;
   size_t size = 0;
-  bool exportable = false;
+  uint64_t handle_types = 0;  // of kExportTypes
   uint64_t block_id = 0;  // what cuPointerGetAttribute(MEMORY_BLOCK_ID) says of its mappings
 };
 uint64_t g_next_block_id = 1;
@@ -121,7 +138,7 @@ struct Mapping {
   size_t size = 0;
   int prot = PROT_NONE;
   int fd = -1;  // a dup of the allocation's memfd, for cuMemRetainAllocationHandle
-  bool exportable = false;
+  uint64_t handle_types = 0;
   uint64_t block_id = 0;
 };
 std::map<uintptr_t, Mapping>& mappings() {  // base -> mapping
@@ -825,15 +842,16 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   Alloc a;
   a.fd = fd;
   a.size = size;
-  a.exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  a.handle_types = prop->requestedHandleTypes & kExportTypes;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     a.block_id = g_next_block_id++;
     *handle = g_next_handle++;
     allocs()[*handle] = a;
   }
-  return done(what + fake::strf(" dev=%d handle=%llu exportable=%d", prop->location.id,
-                                static_cast<unsigned long long>(*handle), a.exportable ? 1 : 0),
+  return done(what + fake::strf(" dev=%d handle=%llu handle_types=%llu", prop->location.id,
+                                static_cast<unsigned long long>(*handle),
+                                static_cast<unsigned long long>(a.handle_types)),
               CUDA_SUCCESS);
 }
 
@@ -861,34 +879,68 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
       fake::strf("cuMemExportToShareableHandle handle=%llu type=%d flags=%llu",
                  static_cast<unsigned long long>(handle), static_cast<int>(type), flags);
   FAKE_CUDA_ENTRY("cuMemExportToShareableHandle", what, CUDA_ERROR_UNKNOWN);
-  if (shareable == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+  if (shareable == nullptr ||
+      (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC))
     return done(what, CUDA_ERROR_INVALID_VALUE);
   int fd = -1;
   const char* problem = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = allocs().find(handle);
-    if (it == allocs().end())
+    if (it == allocs().end()) {
       problem = " unknown_handle";
-    else if (!it->second.exportable)
+    } else if (!(it->second.handle_types & type)) {
       problem = " not_exportable";
-    else
+    } else if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+      // A descriptor that lives as long as the allocation here: a mapping's, else the handle's.
+      FakeFabric f{};
+      memcpy(f.magic, kFabricMagic, sizeof f.magic);
+      f.pid = static_cast<int32_t>(getpid());
+      f.fd = it->second.fd;
+      f.size = it->second.size;
+      for (const auto& [base, m] : mappings())
+        if (m.block_id == it->second.block_id && m.fd >= 0) f.fd = m.fd;
+      CUmemFabricHandle out{};
+      memcpy(out.data, &f, sizeof f);
+      memcpy(shareable, &out, sizeof out);
+    } else {
       fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+    }
   }
   if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
+  if (type == CU_MEM_HANDLE_TYPE_FABRIC) return done(what + " fabric", CUDA_SUCCESS);
   if (fd < 0) return done(what + " dup_failed", CUDA_ERROR_OUT_OF_MEMORY);
   *static_cast<int*>(shareable) = fd;
   return done(what + fake::strf(" fd=%d", fd), CUDA_SUCCESS);
 }
 
+// The descriptor a FABRIC handle names, opened here (-1 for none: not this fake's handle, or
+// its exporter no longer has it).
+int open_fabric(const void* handle) {
+  FakeFabric f;
+  memcpy(&f, handle, sizeof f);
+  if (memcmp(f.magic, kFabricMagic, sizeof f.magic) != 0 || f.pid <= 0 || f.fd < 0) return -1;
+  const std::string path = fake::strf("/proc/%d/fd/%d", f.pid, f.fd);
+  return open(path.c_str(), O_RDWR | O_CLOEXEC);
+}
+
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
                                         CUmemAllocationHandleType type) {
-  const int in = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  const bool fabric = type == CU_MEM_HANDLE_TYPE_FABRIC;
+  // The fd (POSIX_FD: the handle is the descriptor itself), closed at the end for FABRIC.
+  const int in = fabric ? (os_handle ? open_fabric(os_handle) : -1)
+                        : static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  struct Opened {
+    int fd;
+    ~Opened() {
+      if (fd >= 0) close(fd);
+    }
+  } opened{fabric ? in : -1};
   std::string what =
       fake::strf("cuMemImportFromShareableHandle fd=%d type=%d", in, static_cast<int>(type));
   FAKE_CUDA_ENTRY("cuMemImportFromShareableHandle", what, CUDA_ERROR_UNKNOWN);
   if (!fake_cuda_initialized()) return done(what, CUDA_ERROR_NOT_INITIALIZED);
-  if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+  if (handle == nullptr || (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && !fabric))
     return done(what, CUDA_ERROR_INVALID_VALUE);
   struct stat st;
   if (in < 0 || fstat(in, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
@@ -911,7 +963,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
   Alloc a;
   a.fd = fd;
   a.size = static_cast<size_t>(st.st_size);
-  a.exportable = true;
+  a.handle_types = static_cast<uint64_t>(type);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     a.block_id = g_next_block_id++;
@@ -1001,7 +1053,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
       problem = " mmap_failed";
     else
       mappings()[ptr] = Mapping{size, PROT_NONE, fcntl(a->second.fd, F_DUPFD_CLOEXEC, 0),
-                                a->second.exportable, a->second.block_id};
+                                a->second.handle_types, a->second.block_id};
   }
   if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
   return done(what, CUDA_SUCCESS);
@@ -1092,7 +1144,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
       break;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       *static_cast<unsigned long long*>(data) =
-          cumem && m->second.exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+          cumem ? m->second.handle_types : 0;
       break;
     default:
       return done(what + " unsupported", CUDA_ERROR_NOT_SUPPORTED);
@@ -1111,7 +1163,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
   Alloc a;
   a.fd = fcntl(m->second.fd, F_DUPFD_CLOEXEC, 0);
   a.size = m->second.size;
-  a.exportable = m->second.exportable;
+  a.handle_types = m->second.handle_types;
   a.block_id = m->second.block_id;
   if (a.fd < 0) return done(what + " dup_failed", CUDA_ERROR_OUT_OF_MEMORY);
   *handle = g_next_handle++;

@@ -76,14 +76,36 @@ void check(CUresult r, const char* what) {
 
 }  // namespace
 
-void* cumem_alloc(size_t bytes, size_t piece) {
+CUmemAllocationProp props_here(bool fabric) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) fail("cudaGetDevice failed");
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.requestedHandleTypes =
+      fabric ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+std::string fabric_unavailable() {
+  const CUmemAllocationProp prop = props_here(true);
+  size_t g = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = cu().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r == CUDA_SUCCESS) r = cu().create(&h, g, &prop, 0);
+  if (r == CUDA_SUCCESS) {
+    cu().release(h);
+    return "";
+  }
+  const char* s = nullptr;
+  cu().error_string(r, &s);
+  return std::string("cuMemCreate of FABRIC-exportable memory: ") + (s ? s : "?") +
+         " (no IMEX channel on this machine?)";
+}
+
+void* cumem_alloc(size_t bytes, size_t piece, bool fabric) {
+  const CUmemAllocationProp prop = props_here(fabric);
   size_t g = 0;
   check(cu().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
         "cuMemGetAllocationGranularity");

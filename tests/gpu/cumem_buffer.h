@@ -4,12 +4,17 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace zgpu {
 
 // `bytes` on the current device in pieces of at most `piece` bytes (rounded to the allocation
 // granularity; 0 = one allocation). Fails the rank on error.
-void* cumem_alloc(size_t bytes, size_t piece = 0);
+// `fabric`: exportable as FABRIC handles only (as PyTorch's segments on an IMEX node).
+void* cumem_alloc(size_t bytes, size_t piece = 0, bool fabric = false);
 void cumem_free(void* p);
+// Whether the current device can make FABRIC-exportable memory here (an IMEX channel is open
+// to this process): tries one allocation. "" when it can, else why not.
+std::string fabric_unavailable();
 
 }  // namespace zgpu

@@ -21,11 +21,13 @@
 //     one-thread kernel on the op's stream), so its peers wait on its flags and reuse slots
 //     while it lags
 //   ZEROCTA_SOAK_VERBOSE=1: print every iteration's plan
-//   ZEROCTA_SOAK_ALLOC=cumem|cudamalloc|mixed (cumem): the all-gather buffers as PyTorch's
+//   ZEROCTA_SOAK_ALLOC=cumem|cudamalloc|mixed|fabric (cumem): the all-gather buffers as PyTorch's
 //     expandable segments hand them out (exportable cuMem in 20 MiB pieces, so a large op spans
 //     several allocations; what zerocta's route reaches across processes), plain cudaMalloc
 //     (unreachable from another process: every op goes to NCCL), or cudaMalloc on rank 0 only
-//     (one rank without expandable segments: the op's route then depends on who arrives first)
+//     (one rank without expandable segments: the op's route then depends on who arrives first),
+//     or cumem exportable as FABRIC handles only (PyTorch's segments on an IMEX node; skipped
+//     where this machine cannot make such memory)
 //   ZEROCTA_SOAK_REALLOC_EVERY=N (50): every N iterations the buffers are freed and allocated
 //     anew, so they move and the peers' imports of the old ones must go (0: never)
 #include <cuda_runtime.h>
@@ -116,9 +118,10 @@ struct SoakResult {
   uint64_t mismatches;
   uint64_t route_calls[zerocta_route_count];
   int shim_loaded;
+  char skipped[256];  // why this rank did not run (FABRIC memory unavailable), "" when it ran
 };
 
-enum class SoakAlloc { kCumem, kCudaMalloc, kMixed };
+enum class SoakAlloc { kCumem, kCudaMalloc, kMixed, kFabric };
 
 struct Config {
   long iters;
@@ -134,6 +137,7 @@ SoakAlloc read_alloc() {
   const std::string s = v ? v : "cumem";
   if (s == "cudamalloc") return SoakAlloc::kCudaMalloc;
   if (s == "mixed") return SoakAlloc::kMixed;
+  if (s == "fabric") return SoakAlloc::kFabric;
   if (s != "cumem")
     fprintf(stderr, "soak: ZEROCTA_SOAK_ALLOC=%s unknown, using cumem\n", s.c_str());
   return SoakAlloc::kCumem;
@@ -239,13 +243,15 @@ class Soak {
  private:
   // The buffers the all-gathers read and write (ref_, NCCL's reference output, stays put).
   bool cumem_buffers() const {
-    return cfg_.alloc == SoakAlloc::kCumem || (cfg_.alloc == SoakAlloc::kMixed && ctx_.rank != 0);
+    return cfg_.alloc == SoakAlloc::kCumem || cfg_.alloc == SoakAlloc::kFabric ||
+           (cfg_.alloc == SoakAlloc::kMixed && ctx_.rank != 0);
   }
   void allocate_user_buffers() {
     constexpr size_t kPiece = size_t{20} << 20;  // PyTorch's expandable-segment chunk
     if (cumem_buffers()) {
-      recv_ = cumem_alloc(out_capacity_, kPiece);
-      send_ = cumem_alloc(send_capacity_, kPiece);
+      const bool fabric = cfg_.alloc == SoakAlloc::kFabric;
+      recv_ = cumem_alloc(out_capacity_, kPiece, fabric);
+      send_ = cumem_alloc(send_capacity_, kPiece, fabric);
     } else {
       ZG_CUDA(cudaMalloc(&recv_, out_capacity_));
       ZG_CUDA(cudaMalloc(&send_, send_capacity_));
@@ -586,10 +592,19 @@ TEST(AllGatherSoak, Randomized) {
   RunResult result = run_ranks(
       cfg.nranks,
       [&cfg](const RankContext& ctx) {
+        // Checked in the ranks: the parent must not start CUDA before it forks them.
+        if (cfg.alloc == SoakAlloc::kFabric) {
+          const std::string why = fabric_unavailable();
+          auto* mine = static_cast<SoakResult*>(rank_shared_block(ctx.rank));
+          snprintf(mine->skipped, sizeof mine->skipped, "%s", why.c_str());
+          if (!why.empty()) return 0;
+        }
         Soak soak(ctx, cfg);
         return soak.run();
       },
       options);
+  if (const char* why = static_cast<const SoakResult*>(rank_shared_block(0))->skipped; why[0])
+    GTEST_SKIP() << why;
   uint64_t mismatches = 0;
   const auto* r0 = static_cast<const SoakResult*>(rank_shared_block(0));
   for (int r = 0; r < cfg.nranks; ++r) {

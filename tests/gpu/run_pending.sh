@@ -12,6 +12,8 @@
 #                  iterations (over 10 000 ops), bitwise against NCCL, captured ops included
 #   soak-mixed     the same, 1000 iterations, rank 0 on cudaMalloc (staged where it is not
 #                  first; its captured ops that go to NCCL hang NCCL 2.28.3, see part d)
+#   soak-fabric    the same on cuMem exportable as FABRIC handles only (IMEX nodes);
+#                  skips where this machine cannot make such memory
 #   reliability    run_reliability.sh capture-shim, abort-shim, cycles-shim
 #   isolated       probes/isolated_import_probe: can a process that sees one GPU import and
 #                  copy a peer process's cuMem memory (CUDA_VISIBLE_DEVICES isolation)?
@@ -109,6 +111,7 @@ case "$PART" in
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy"
     soak soak-cumem 60 2 cumem 7000
     soak soak-mixed 90 2 mixed 1000
+    soak soak-fabric 60 2 fabric 1000  # skips where no IMEX channel lets a process make FABRIC memory
     step reliability 180 env ZEROCTA_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
       ZEROCTA_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"
     step isolated 40 "$BIN/zerocta_gpu_probe_isolated_import"

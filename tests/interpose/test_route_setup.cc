@@ -1500,6 +1500,57 @@ TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
+// Integer count of the fake CUDA's lines for `fn` of process `pid` that succeeded and hold
+// `needle` (an argument's value).
+int cuda_calls_with(const RunResult& r, const std::string& fn, const std::string& pid,
+                    const std::string& needle) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("cuda " + fn + " ", 0) == 0 && contains(line, " pid=" + pid + " -> 0") &&
+        contains(line, needle))
+      ++n;
+  return n;
+}
+
+TEST(RouteSetup, FabricOnlyBuffersAreReachedThroughTheirFabricHandles) {
+  // On an IMEX node PyTorch's expandable segments may export FABRIC handles only: no POSIX fd.
+  // Their 64 bytes go through the owner's fd service as blobs, the peer imports them as FABRIC
+  // handles, and the op takes the route as with descriptors; in place and out of place, over
+  // allocations mapped back to back, with buffers freed and made anew between ops.
+  constexpr int kOps = 6;
+  for (const char* in_place : {"0", "1"}) {
+    SCOPED_TRACE(std::string("in place ") + in_place);
+    Scratch s, chan, rdv;
+    RunResult r = run_route({"ranks", "2", "basic"},
+                            with(route_env(chan, rdv, unique_id_text()),
+                                 {{"DRV_AG_MEM", "fabric"},
+                                  {"DRV_AG_IN_PLACE", in_place},
+                                  {"DRV_AG_BYTES", std::to_string(5 << 20)},
+                                  {"DRV_AG_CHUNK", std::to_string(2 << 20)},
+                                  {"DRV_AG_FRESH_EVERY", "3"},
+                                  {"DRV_AG_REPEAT", std::to_string(kOps)}}),
+                            s);
+    expect_clean_pair(r, chan);
+    int all_imports = 0;
+    for (int k = 0; k < 2; ++k) {
+      SCOPED_TRACE("rank " + std::to_string(k));
+      const std::string pid = pid_of(r, k);
+      EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+      EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps) << r.describe();
+      EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+      const int imports = cuda_calls(r, "cuMemImportFromShareableHandle", pid);
+      all_imports += imports;
+      EXPECT_EQ(cuda_calls_with(r, "cuMemImportFromShareableHandle", pid, "type=8"), imports)
+          << "every import a FABRIC handle";
+      EXPECT_EQ(cuda_calls_with(r, "cuMemExportToShareableHandle", pid, "type=1"), 0);
+      EXPECT_GT(cuda_calls_with(r, "cuMemExportToShareableHandle", pid, "type=8"), 0);
+      expect_nothing_left(r, k);
+    }
+    // A rank that arrived first each time and left both copies to its peer imports nothing.
+    EXPECT_GT(all_imports, 0) << r.describe();
+  }
+}
+
 TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
   // New buffers every 10 ops, the old ones freed first (a caching allocator's empty_cache()):
   // 30 generations of allocations. A peer's import of a freed allocation would keep its memory

@@ -332,6 +332,66 @@ TEST(FdExchange, PublishedAnswersWithoutDescriptors) {
   EXPECT_EQ(published, std::vector<bool>(3, false));
 }
 
+// FABRIC handles (cuMem memory of an IMEX node) are bytes, not descriptors: published as blobs,
+// fetched inline from another process, known to the status query, gone once withdrawn; a
+// descriptor's token is no blob and a blob's token no descriptor.
+TEST(FdExchange, BlobsArriveInlineInAnotherProcessAndNeverAsDescriptors) {
+  FdService* s = service();
+  ASSERT_NE(s, nullptr);
+  zc::FdBlob blob{};
+  for (size_t i = 0; i < zc::kFdBlobBytes; ++i) blob.bytes[i] = static_cast<uint8_t>(i * 7 + 1);
+  const uint64_t b = s->publish_blob(blob);
+  ASSERT_NE(b & zc::kFdBlobToken, 0u);
+  ino_t ino = 0;
+  const uint64_t f = publish_content("a descriptor", &ino);
+  ASSERT_EQ(f & zc::kFdBlobToken, 0u);
+  const std::string address = s->address();
+  const int parent = getpid();
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // 600 tokens: three messages, the blob among unknown and descriptor tokens.
+    std::vector<uint64_t> tokens;
+    for (size_t i = 0; i < 600; ++i) tokens.push_back(i % 3 == 0 ? b : i % 3 == 1 ? f : 12345);
+    std::vector<zc::FdBlob> blobs;
+    std::vector<bool> found;
+    const char* why = nullptr;
+    if (!zc::fd_fetch_blobs(address.c_str(), parent, tokens.data(), tokens.size(), &blobs,
+                            &found, kTimeoutMs, &why))
+      _exit(10);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (found[i] != (i % 3 == 0)) _exit(11);
+      const zc::FdBlob& want = found[i] ? blob : zc::FdBlob{};
+      if (memcmp(blobs[i].bytes, want.bytes, zc::kFdBlobBytes) != 0) _exit(12);
+    }
+    std::vector<int> fds;  // a blob's token fetched as a descriptor: unknown
+    if (!fd_fetch(address.c_str(), parent, &b, 1, &fds, kTimeoutMs, &why) || fds[0] != -1)
+      _exit(13);
+    std::vector<bool> published;
+    if (!zc::fd_published(address.c_str(), parent, &b, 1, &published, kTimeoutMs, &why) ||
+        !published[0])
+      _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child failed at step " << WEXITSTATUS(status);
+  EXPECT_EQ(count_open(ino), 1) << "only the service's own duplicate";
+
+  s->withdraw(b);
+  std::vector<zc::FdBlob> blobs;
+  std::vector<bool> found, published;
+  const char* why = nullptr;
+  ASSERT_TRUE(zc::fd_fetch_blobs(s->address(), getpid(), &b, 1, &blobs, &found, kTimeoutMs, &why))
+      << why;
+  EXPECT_FALSE(found[0]);
+  ASSERT_TRUE(zc::fd_published(s->address(), getpid(), &b, 1, &published, kTimeoutMs, &why));
+  EXPECT_FALSE(published[0]);
+  s->withdraw(f);
+}
+
 TEST(FdExchange, SixHundredTokensInOneFetch) {
   constexpr size_t kCount = 600;
   static_assert(kCount > 2 * zc::kFdMaxPerMessage, "spans three messages");

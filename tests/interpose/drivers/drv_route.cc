@@ -30,6 +30,7 @@
 //             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers;
 //             DRV_AG_FRESH_EVERY=K: new buffers every K of them, the old ones freed first;
 //             DRV_AG_GROW=1: new buffers for every op, op i of (i + 1) x DRV_AG_BYTES per rank;
+//             DRV_AG_IN_PLACE=1: each rank sends its slot of the receive buffer;
 //             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals;
 //             DRV_AG_BARRIER=1: every rank first meets the others, its buffers ready, so that
 //             the sleeps alone order them),
@@ -229,7 +230,8 @@ uint8_t pattern(int rank, size_t i, int replay = -1) {
 // address: its own, and in one-process scenarios its peers'), rounded up to the granularity —
 // one allocation, or with DRV_AG_CHUNK=BYTES allocations of that size mapped back to back in one
 // reserved range, as PyTorch's expandable segments lay out a tensor (20 MiB each there).
-// DRV_AG_MEM=host: host memory, which no peer's copy engine reaches (a device pointer is a host
+// DRV_AG_MEM=fabric: the same exportable as FABRIC handles only (as PyTorch's segments on an
+// IMEX node). DRV_AG_MEM=host: host memory, which no peer's copy engine reaches (a device pointer is a host
 // pointer in the fake, so NCCL's fake and this driver still read it alike).
 class Buffer {
  public:
@@ -243,7 +245,9 @@ class Buffer {
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.requestedHandleTypes = env_str("DRV_AG_MEM", "cumem") == "fabric"
+                                    ? CU_MEM_HANDLE_TYPE_FABRIC
+                                    : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
     if (cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
             CUDA_SUCCESS ||
@@ -307,13 +311,18 @@ struct Gather {
     fill();
     if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) stream = nullptr;
   }
-  // This rank's pattern (of a replay) into the send buffer, poison into the receive buffer.
+  // DRV_AG_IN_PLACE=1: the op sends this rank's slot of the receive buffer (FSDP2's way).
+  static bool in_place() { return env_long("DRV_AG_IN_PLACE", 0) == 1; }
+  uint8_t* sent() const { return in_place() ? &recv[static_cast<size_t>(rank) * send.size()] : send.data(); }
+  // This rank's pattern (of a replay) into what it sends, poison into the rest of the receive
+  // buffer.
   void fill(int replay = -1) {
-    for (size_t i = 0; i < send.size(); ++i) send[i] = pattern(rank, i, replay);
     memset(recv.data(), 0xee, recv.size());
+    uint8_t* out = sent();
+    for (size_t i = 0; i < send.size(); ++i) out[i] = pattern(rank, i, replay);
   }
   ncclResult_t issue(ncclComm_t c) {
-    return ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, c,
+    return ncclAllGather(sent(), recv.data(), send.size(), ncclUint8, c,
                          reinterpret_cast<cudaStream_t>(stream));
   }
   int data_ok(int replay = -1) const {
@@ -460,7 +469,7 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
                                        g_device);
     }
     Gather& g = *fresh;
-    memset(g.recv.data(), 0xee, g.recv.size());
+    g.fill();  // poison in the receive buffer, this rank's pattern where it sends from
     if (barrier) barrier_of_ranks();
     if (sleep_each_ms > 0) usleep(static_cast<useconds_t>(sleep_each_ms) * 1000);
     if (grouped) ncclGroupStart();
