@@ -86,6 +86,7 @@ CudaDriver* load() {
   capture &= get(gpa, "cuUserObjectCreate", &d.cuUserObjectCreate);
   capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
+  get(gpa, "cuMemcpyBatchAsync", &d.cuMemcpyBatchAsync, 12080);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;

@@ -75,6 +75,10 @@ struct CudaDriver {
   CUresult (*cuUserObjectCreate)(CUuserObject*, void*, CUhostFn, unsigned, unsigned);
   CUresult (*cuGraphRetainUserObject)(CUgraph, CUuserObject, unsigned, unsigned);
 
+  // Optional (12.8+ drivers, the 12.8 ABI): several copies of one stream in one call; used only
+  // by a build with -DZC_BATCH_PEER_COPIES (ce_exec.cc).
+  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*,
+                                 size_t*, size_t, size_t*, CUstream);
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
   bool capture_ok = false;  // ... and the capture group
