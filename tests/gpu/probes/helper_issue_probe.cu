@@ -28,22 +28,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
-#define CU(x)                                                                  \
-  do {                                                                         \
-    CUresult r_ = (x);                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s:%d %s: CUresult %d\n", __FILE__, __LINE__, #x, r_); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "probe_check.h"
 
 __global__ void never_launched_before(int* out) { out[threadIdx.x] = threadIdx.x; }
 
