@@ -19,18 +19,9 @@
 #include <cstring>
 #include <vector>
 
+#include "probe_check.h"
 #include "probe_fds.h"
 
-#define CK(x)                                                           \
-  do {                                                                  \
-    CUresult r_ = (x);                                                  \
-    if (r_ != CUDA_SUCCESS) {                                           \
-      const char* s_ = nullptr;                                         \
-      cuGetErrorString(r_, &s_);                                        \
-      printf("%s failed: %s (line %d)\n", #x, s_ ? s_ : "?", __LINE__); \
-      exit(1);                                                          \
-    }                                                                   \
-  } while (0)
 
 constexpr size_t kBytes = 256ull << 20;
 constexpr size_t kPiece = 20ull << 20;
@@ -42,35 +33,35 @@ std::vector<CUdeviceptr> map_each(const std::vector<CUmemGenericAllocationHandle
   std::vector<CUdeviceptr> out;
   for (auto h : handles) {
     CUdeviceptr va;
-    CK(cuMemAddressReserve(&va, piece, 0, 0, 0));
-    CK(cuMemMap(va, piece, 0, h, 0));
+    CU(cuMemAddressReserve(&va, piece, 0, 0, 0));
+    CU(cuMemMap(va, piece, 0, h, 0));
     CUmemAccessDesc a{};
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = dev;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CK(cuMemSetAccess(va, piece, &a, 1));
+    CU(cuMemSetAccess(va, piece, &a, 1));
     out.push_back(va);
   }
   return out;
 }
 
 void exporter(int sock, size_t piece) {
-  CK(cuInit(0));
+  CU(cuInit(0));
   CUcontext ctx;
   CUdevice d;
-  CK(cuDeviceGet(&d, 0));
-  CK(cuDevicePrimaryCtxRetain(&ctx, d));
-  CK(cuCtxSetCurrent(ctx));
+  CU(cuDeviceGet(&d, 0));
+  CU(cuDevicePrimaryCtxRetain(&ctx, d));
+  CU(cuCtxSetCurrent(ctx));
   const CUmemAllocationProp p = prop(0);
   std::vector<CUmemGenericAllocationHandle> h(2 * kBytes / piece);  // send half, recv half
   std::vector<int> fds;
   for (auto& x : h) {
-    CK(cuMemCreate(&x, piece, &p, 0));
+    CU(cuMemCreate(&x, piece, &p, 0));
     int fd;
-    CK(cuMemExportToShareableHandle(&fd, x, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    CU(cuMemExportToShareableHandle(&fd, x, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     fds.push_back(fd);
   }
-  for (CUdeviceptr va : map_each(h, piece, 0)) CK(cuMemsetD8(va, 1, piece));
+  for (CUdeviceptr va : map_each(h, piece, 0)) CU(cuMemsetD8(va, 1, piece));
   for (size_t at = 0; at < fds.size(); at += 200)
     send_fds(sock,
              std::vector<int>(fds.begin() + at, fds.begin() + std::min(fds.size(), at + 200)));
@@ -79,18 +70,18 @@ void exporter(int sock, size_t piece) {
 }
 
 void importer(int sock, size_t piece, bool peer_access) {
-  CK(cuInit(0));
+  CU(cuInit(0));
   CUcontext ctx;
   CUdevice d;
-  CK(cuDeviceGet(&d, 1));
-  CK(cuDevicePrimaryCtxRetain(&ctx, d));
-  CK(cuCtxSetCurrent(ctx));
+  CU(cuDeviceGet(&d, 1));
+  CU(cuDevicePrimaryCtxRetain(&ctx, d));
+  CU(cuCtxSetCurrent(ctx));
   if (peer_access) {  // a context on the exporter's GPU in this process, and peer access to it
     CUcontext other;
     CUdevice d0;
-    CK(cuDeviceGet(&d0, 0));
-    CK(cuDevicePrimaryCtxRetain(&other, d0));
-    CK(cuCtxEnablePeerAccess(other, 0));
+    CU(cuDeviceGet(&d0, 0));
+    CU(cuDevicePrimaryCtxRetain(&other, d0));
+    CU(cuCtxEnablePeerAccess(other, 0));
   }
   const size_t n = 2 * kBytes / piece;
   std::vector<int> fds;
@@ -100,32 +91,32 @@ void importer(int sock, size_t piece, bool peer_access) {
   }
   std::vector<CUmemGenericAllocationHandle> h(n);
   for (size_t i = 0; i < n; ++i)
-    CK(cuMemImportFromShareableHandle(&h[i],
+    CU(cuMemImportFromShareableHandle(&h[i],
                                       reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i])),
                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   const std::vector<CUdeviceptr> peer = map_each(h, piece, 1);  // [send | recv] of GPU 0
   const size_t half = kBytes / piece;
   CUdeviceptr mine;
-  CK(cuMemAlloc(&mine, 2 * kBytes));
+  CU(cuMemAlloc(&mine, 2 * kBytes));
   CUstream s[2];
-  CK(cuStreamCreate(&s[0], CU_STREAM_NON_BLOCKING));
-  CK(cuStreamCreate(&s[1], CU_STREAM_NON_BLOCKING));
+  CU(cuStreamCreate(&s[0], CU_STREAM_NON_BLOCKING));
+  CU(cuStreamCreate(&s[1], CU_STREAM_NON_BLOCKING));
   CUevent e0, e1;
-  CK(cuEventCreate(&e0, 0));
-  CK(cuEventCreate(&e1, 0));
+  CU(cuEventCreate(&e0, 0));
+  CU(cuEventCreate(&e1, 0));
   const char* names[] = {"pull", "push", "push+pull", "push+pull, push batched"};
   for (int mode = 0; mode < 4; ++mode) {
     float best = 1e9;
     for (int rep = 0; rep < 6; ++rep) {
-      CK(cuCtxSynchronize());
-      CK(cuEventRecord(e0, s[0]));
-      CK(cuStreamWaitEvent(s[1], e0, 0));
+      CU(cuCtxSynchronize());
+      CU(cuEventRecord(e0, s[0]));
+      CU(cuStreamWaitEvent(s[1], e0, 0));
       std::vector<CUdeviceptr> bd, bs;
       std::vector<size_t> bn;
       for (size_t i = 0; i < half; ++i) {
-        if (mode != 1) CK(cuMemcpyAsync(mine + kBytes + i * piece, peer[i], piece, s[1]));  // pull
+        if (mode != 1) CU(cuMemcpyAsync(mine + kBytes + i * piece, peer[i], piece, s[1]));  // pull
         if (mode == 1 || mode == 2)
-          CK(cuMemcpyAsync(peer[half + i], mine + i * piece, piece, s[0]));
+          CU(cuMemcpyAsync(peer[half + i], mine + i * piece, piece, s[0]));
         if (mode == 3)
           bd.push_back(peer[half + i]), bs.push_back(mine + i * piece), bn.push_back(piece);
       }
@@ -134,14 +125,14 @@ void importer(int sock, size_t piece, bool peer_access) {
         attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
         attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
         size_t idx = 0;
-        CK(cuMemcpyBatchAsync(bd.data(), bs.data(), bn.data(), bd.size(), &attr, &idx, 1, s[0]));
+        CU(cuMemcpyBatchAsync(bd.data(), bs.data(), bn.data(), bd.size(), &attr, &idx, 1, s[0]));
       }
-      CK(cuEventRecord(e1, s[1]));
-      CK(cuStreamWaitEvent(s[0], e1, 0));
-      CK(cuEventRecord(e1, s[0]));
-      CK(cuEventSynchronize(e1));
+      CU(cuEventRecord(e1, s[1]));
+      CU(cuStreamWaitEvent(s[0], e1, 0));
+      CU(cuEventRecord(e1, s[0]));
+      CU(cuEventSynchronize(e1));
       float ms;
-      CK(cuEventElapsedTime(&ms, e0, e1));
+      CU(cuEventElapsedTime(&ms, e0, e1));
       if (rep > 0 && ms < best) best = ms;
     }
     printf("RESULT piece=%zuMiB peer_access=%d %-24s %.3f ms  %.1f GB/s per direction\n",
