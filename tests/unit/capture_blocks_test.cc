@@ -2,6 +2,7 @@
 // peers that read the owner's post, claimed again only when every holder dropped them, and
 // released for good (the high half) by an orphaning or an abort.
 #include "capture_blocks.h"
+#include "anon_region.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -12,14 +13,7 @@
 namespace zc {
 namespace {
 
-struct Region {
-  explicit Region(uint32_t n) : bytes(CaptureBlocks::region_bytes(n)) {
-    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  }
-  ~Region() { munmap(base, bytes); }
-  size_t bytes;
-  void* base;
-};
+using Region = AnonRegion<CaptureBlocks>;
 
 // A stream's wait on a word (kWaitSignal): satisfied by the signal or the release.
 // (memcpy: the halves are written as 32-bit words, read here as one 64-bit word.)

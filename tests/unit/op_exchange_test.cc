@@ -2,6 +2,7 @@
 // the first rank takes for all, the mode tag and signature checks, the ring, and the pairs'
 // compare-and-swap, from several threads at once.
 #include "op_exchange.h"
+#include "anon_region.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -16,15 +17,7 @@
 namespace zc {
 namespace {
 
-// A zero-filled, page-aligned region, as the channel gives it.
-struct Region {
-  explicit Region(uint32_t n) : bytes(OpExchange::region_bytes(n)) {
-    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  }
-  ~Region() { munmap(base, bytes); }
-  size_t bytes;
-  void* base;
-};
+using Region = AnonRegion<OpExchange>;
 
 OpPost post(uint64_t seq, bool reachable = true, uint64_t count = 100,
             OpMode mode = OpMode::kEager) {
