@@ -463,7 +463,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     streams = ce->capture_streams;
     events = ce->capture_events;
   }
-  if (CUresult r = issue_plan(*cu, streams, events, stream, ce->plan, hold != nullptr);
+  if (CUresult r = issue_plan(*cu, streams, events, stream, ce->plan);
       r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   if (hold && !attach_to_graph(std::move(hold), graph, &why))

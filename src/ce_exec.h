@@ -13,9 +13,8 @@ namespace zc {
 
 // Issues `plan` with kUser mapped to `user_stream`. Returns CUDA_SUCCESS or the first error
 // (the caller then poisons the communicator: peers may already depend on what was issued).
-// `capturing`: the plan goes into a CUDA graph (a copy batch cannot be captured).
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
                     const CUevent events[kDirectEvents], CUstream user_stream,
-                    const std::vector<DirectOp>& plan, bool capturing);
+                    const std::vector<DirectOp>& plan);
 
 }  // namespace zc

@@ -13,15 +13,15 @@ namespace {
 using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
                                       CUdriverProcAddressQueryResult*);
 
-// Asks for the 12.0 ABI of each entry point (e.g. cuStreamWaitValue32_v2, cuMemAlloc_v2)
+// Asks for the 12.0 ABI of each entry point (e.g. cuStreamBatchMemOp_v2, cuMemAlloc_v2)
 // with legacy default-stream semantics for stream 0, which is how NCCL treats stream 0.
 constexpr int kAbiVersion = 12000;
 
 template <typename Fn>
-bool get(GetProcAddressFn gpa, const char* name, Fn* out, int abi = kAbiVersion) {
+bool get(GetProcAddressFn gpa, const char* name, Fn* out) {
   void* p = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (gpa(name, &p, abi, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
+  if (gpa(name, &p, kAbiVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
       p == nullptr) {
     *out = nullptr;
     return false;
@@ -60,8 +60,7 @@ CudaDriver* load() {
   ce &= get(gpa, "cuEventDestroy", &d.cuEventDestroy);
   ce &= get(gpa, "cuEventRecord", &d.cuEventRecord);
   ce &= get(gpa, "cuMemcpyAsync", &d.cuMemcpyAsync);
-  ce &= get(gpa, "cuStreamWaitValue32", &d.cuStreamWaitValue32);
-  ce &= get(gpa, "cuStreamWriteValue32", &d.cuStreamWriteValue32);
+  ce &= get(gpa, "cuStreamBatchMemOp", &d.cuStreamBatchMemOp);
   ce &= get(gpa, "cuMemRelease", &d.cuMemRelease);
   ce &= get(gpa, "cuMemAddressReserve", &d.cuMemAddressReserve);
   ce &= get(gpa, "cuMemAddressFree", &d.cuMemAddressFree);
@@ -82,11 +81,9 @@ CudaDriver* load() {
   ce &= get(gpa, "cuMemGetAllocationGranularity", &d.cuMemGetAllocationGranularity);
   bool capture = ce;
   capture &= get(gpa, "cuStreamGetCaptureInfo", &d.cuStreamGetCaptureInfo);
-  capture &= get(gpa, "cuStreamWaitValue64", &d.cuStreamWaitValue64);
   capture &= get(gpa, "cuUserObjectCreate", &d.cuUserObjectCreate);
   capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
-  get(gpa, "cuMemcpyBatchAsync", &d.cuMemcpyBatchAsync, 12080);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;

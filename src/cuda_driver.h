@@ -34,8 +34,8 @@ struct CudaDriver {
   CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuEventRecord)(CUevent, CUstream);
   CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
-  CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+  // The route's flag waits and writes, a stream's consecutive ones in one call (ce_exec.cc).
+  CUresult (*cuStreamBatchMemOp)(CUstream, unsigned, CUstreamBatchMemOpParams*, unsigned);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   // Mapping the peers' exported allocations (route_memory.cc, peer_memory.cc); also part of
   // `ce_ok`.
@@ -71,14 +71,9 @@ struct CudaDriver {
   // cuStreamGetCaptureInfo with the 12.0 ABI (its _v2).
   CUresult (*cuStreamGetCaptureInfo)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
                                      const CUgraphNode**, size_t*);
-  CUresult (*cuStreamWaitValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
   CUresult (*cuUserObjectCreate)(CUuserObject*, void*, CUhostFn, unsigned, unsigned);
   CUresult (*cuGraphRetainUserObject)(CUgraph, CUuserObject, unsigned, unsigned);
 
-  // Optional (12.8+ drivers, the 12.8 ABI): several copies of one stream in one call; used only
-  // by a build with -DZC_BATCH_PEER_COPIES (ce_exec.cc).
-  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*,
-                                 size_t*, size_t, size_t*, CUstream);
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
   bool capture_ok = false;  // ... and the capture group

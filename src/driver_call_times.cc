@@ -87,8 +87,7 @@ void time_driver_calls(CudaDriver* d) {
   ZC_TIME(cuStreamWaitEvent);
   ZC_TIME(cuEventRecord);
   ZC_TIME(cuMemcpyAsync);
-  ZC_TIME(cuStreamWaitValue32);
-  ZC_TIME(cuStreamWriteValue32);
+  ZC_TIME(cuStreamBatchMemOp);
   ZC_TIME(cuMemMap);
   ZC_TIME(cuMemUnmap);
   ZC_TIME(cuMemSetAccess);

@@ -40,9 +40,10 @@
 // Work on streams runs at once, in the calling thread, on those host addresses:
 // cuMemsetD32Async, cuMemcpyAsync, cuMemcpyHtoD/DtoH, cuMemcpyBatchAsync (refused on the legacy
 // NULL stream, as the real driver does), cuStreamWriteValue32/64 (which store exactly 4 or 8
-// bytes: a 32-bit write to the low half of a 64-bit word leaves the high half). An address
-// inside a reservation of this fake must be mapped with the needed access, by one mapping or
-// several back to back (else CUDA_ERROR_ILLEGAL_ADDRESS instead of a crash); any other address
+// bytes: a 32-bit write to the low half of a 64-bit word leaves the high half), and
+// cuStreamBatchMemOp (its waits and writes, each logged as the single call it stands for). An
+// address inside a reservation of this fake must be mapped with the needed access, by one mapping
+// or several back to back (else CUDA_ERROR_ILLEGAL_ADDRESS instead of a crash); any other address
 // is taken for host memory of the caller. Flags of 32/64-bit operations must be 4/8-byte aligned.
 // cuStreamWaitValue32/64 (GEQ as a wrapping signed difference, EQ, AND: (*addr & value) != 0,
 // NOR: ~(*addr | value) != 0) cannot block a fake stream: a satisfied wait logs "satisfied"; an
@@ -93,6 +94,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "fake_cuda_internal.h"
 #include "fake_log.h"
@@ -731,20 +733,25 @@ CUresult cuCtxSynchronize() {
 namespace {
 
 // cuStreamWriteValue32/64 and cuStreamWaitValue32/64: the flag must be aligned to its width.
-template <typename T>
-CUresult value_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdeviceptr flag, T value,
-                  unsigned flags) {
-  std::string what =
-      std::string(name) + " stream=" + stream_name(stream) + " addr=" + addr(flag) +
-      fake::strf(" value=%llu flags=%u", static_cast<unsigned long long>(value), flags);
-  FAKE_CUDA_ENTRY(name, what, CUDA_ERROR_UNKNOWN);
-  CUresult r;
-  if (!need_context(what, &r)) return r;
-  if (flag % sizeof(T) != 0) return done(what + " misaligned", CUDA_ERROR_INVALID_VALUE);
-  FakeOp op = op_of(kind, what);
+FakeOp value_fake_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdeviceptr flag,
+                     uint64_t value, unsigned flags) {
+  FakeOp op = op_of(
+      kind, std::string(name) + " stream=" + stream_name(stream) + " addr=" + addr(flag) +
+                fake::strf(" value=%llu flags=%u", static_cast<unsigned long long>(value), flags));
   op.dst = flag;
   op.value = value;
   op.flags = flags;
+  return op;
+}
+
+template <typename T>
+CUresult value_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdeviceptr flag, T value,
+                  unsigned flags) {
+  const FakeOp op = value_fake_op(name, kind, stream, flag, value, flags);
+  FAKE_CUDA_ENTRY(name, op.what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(op.what, &r)) return r;
+  if (flag % sizeof(T) != 0) return done(op.what + " misaligned", CUDA_ERROR_INVALID_VALUE);
   return issue(stream, op);
 }
 
@@ -775,6 +782,59 @@ CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr flag, cuuint64_t value
                              unsigned int flags) {
   return value_op<uint64_t>("cuStreamWaitValue64", FakeOp::Kind::kWait64, stream, flag, value,
                             flags);
+}
+
+// A batch is checked whole before any of it is issued; then each operation is issued as the
+// single call it stands for and logged under that call's name with " batch=k/n", so that a test
+// reads the waits and writes the same way however they were issued.
+CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* ops,
+                            unsigned int flags) {
+  const std::string what = fake::strf("cuStreamBatchMemOp count=%u flags=%u", count, flags) +
+                           " stream=" + stream_name(stream);
+  FAKE_CUDA_ENTRY("cuStreamBatchMemOp", what, CUDA_ERROR_UNKNOWN);
+  CUresult r;
+  if (!need_context(what, &r)) return r;
+  if (ops == nullptr || count == 0 || count >= 256 || flags != 0)
+    return done(what + " bad_arguments", CUDA_ERROR_INVALID_VALUE);
+  std::vector<FakeOp> issued;
+  for (unsigned k = 0; k < count; ++k) {
+    const CUstreamBatchMemOpParams& p = ops[k];
+    const std::string tail = fake::strf(" batch=%u/%u", k + 1, count);
+    FakeOp op;
+    size_t width = 4;
+    switch (p.operation) {
+      case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        op = value_fake_op("cuStreamWaitValue32", FakeOp::Kind::kWait32, stream,
+                           p.waitValue.address, p.waitValue.value, p.waitValue.flags);
+        break;
+      case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+        op = value_fake_op("cuStreamWaitValue64", FakeOp::Kind::kWait64, stream,
+                           p.waitValue.address, p.waitValue.value64, p.waitValue.flags);
+        width = 8;
+        break;
+      case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        op = value_fake_op("cuStreamWriteValue32", FakeOp::Kind::kWrite32, stream,
+                           p.writeValue.address, p.writeValue.value, p.writeValue.flags);
+        break;
+      case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+        op = value_fake_op("cuStreamWriteValue64", FakeOp::Kind::kWrite64, stream,
+                           p.writeValue.address, p.writeValue.value64, p.writeValue.flags);
+        width = 8;
+        break;
+      default:
+        return done(
+            what + fake::strf(" unsupported_operation=%d at=%u", static_cast<int>(p.operation), k),
+            CUDA_ERROR_INVALID_VALUE);
+    }
+    if (op.dst % width != 0)
+      return done(what + op.what + tail + " misaligned", CUDA_ERROR_INVALID_VALUE);
+    op.what += tail;
+    issued.push_back(op);
+  }
+  done(what, CUDA_SUCCESS);
+  for (const FakeOp& op : issued)
+    if ((r = issue(stream, op)) != CUDA_SUCCESS) return r;
+  return CUDA_SUCCESS;
 }
 
 // ---- Memory ----
@@ -1279,6 +1339,7 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuStreamWriteValue32", reinterpret_cast<void*>(&cuStreamWriteValue32)},
       {"cuStreamWaitValue64", reinterpret_cast<void*>(&cuStreamWaitValue64)},
       {"cuStreamWriteValue64", reinterpret_cast<void*>(&cuStreamWriteValue64)},
+      {"cuStreamBatchMemOp", reinterpret_cast<void*>(&cuStreamBatchMemOp)},
       {"cuGetErrorString", reinterpret_cast<void*>(&cuGetErrorString)},
       {"cuMemcpyBatchAsync", reinterpret_cast<void*>(&cuMemcpyBatchAsync)},
       {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},

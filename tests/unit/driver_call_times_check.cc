@@ -28,8 +28,8 @@ TEST(DriverCallTimes, CountedCallsStillReachTheDriver) {
   EXPECT_EQ(g_copies, 2);
   EXPECT_EQ(g_last_dst, 0x3000u);
   EXPECT_EQ(driver_calls("cuMemcpyAsync"), 2u);
-  EXPECT_EQ(cu.cuStreamWaitValue32, nullptr);  // absent functions stay absent
-  EXPECT_EQ(driver_calls("cuStreamWaitValue32"), 0u);
+  EXPECT_EQ(cu.cuStreamBatchMemOp, nullptr);  // absent functions stay absent
+  EXPECT_EQ(driver_calls("cuStreamBatchMemOp"), 0u);
 }
 
 }  // namespace
