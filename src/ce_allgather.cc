@@ -6,6 +6,7 @@
 
 #include "ce_exec.h"
 #include "log.h"
+#include "pair_wait.h"
 #include "route_setup.h"
 #include "stats.h"
 
@@ -43,26 +44,6 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   if (capturing && !(cu.capture_ok && ce.ops->blocks().claim(static_cast<uint32_t>(st.rank),
                                                               &p->block)))
     p->reach = 0;
-}
-
-// How long an earlier rank waits for a later one in another process to claim "each pushes"
-// before it leaves both copies to it (op_exchange.h): a base for ranks that issue in step, plus
-// the op's own transfer time at ~400 GB/s, which is what the fallback would add on the device
-// (one GPU carrying both directions across processes runs them at half speed). A rank whose
-// host runs ahead of its peers' is slowed by this until it is back in step, which lets the
-// pairs push both ways again. Measured with FSDP2 (run_fsdp2.sh comm, 2xH100, 805 MB chunks),
-// step time against the plain run: a flat 50 us wait, 1.018 (nearly every pair fell back);
-// 300 us + half the transfer time, 0.971 (17 % fell back); 1 ms + twice it, 0.966 (2 %).
-// (The two constants can be set at build time, -DZC_PAIR_WAIT_BASE_US=... and
-// -DZC_PAIR_WAIT_BYTES_PER_US=..., to measure others against them; they are no setting.)
-#ifndef ZC_PAIR_WAIT_BASE_US
-#define ZC_PAIR_WAIT_BASE_US 300
-#endif
-#ifndef ZC_PAIR_WAIT_BYTES_PER_US
-#define ZC_PAIR_WAIT_BYTES_PER_US 400000
-#endif
-int64_t pair_wait_us(uint64_t chunk) {
-  return ZC_PAIR_WAIT_BASE_US + static_cast<int64_t>(chunk / ZC_PAIR_WAIT_BYTES_PER_US);
 }
 
 int64_t now_us() {
@@ -171,17 +152,19 @@ bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* po
 
 // This rank's part with every peer for op `a.seq`: as the later rank of a pair it settles the
 // pair at once; as the earlier one it waits for later ranks in other processes to claim "each
-// pushes" (pair_wait_us in all, added to *pair_wait_us_spent), then settles the rest as "later
-// does both". `stage`: this rank's, where the later ranks reach it (0: they reach its buffers).
-// `hold`: a captured op's, which takes a reference to the block of every peer whose post it
-// reads (ce.peer_blocks) and pins the views it uses.
+// pushes" (as PairWait says, the time added to *pair_wait_us_spent), then settles the rest as
+// "later does both". `stage`: this rank's, where the later ranks reach it (0: they reach its
+// buffers). `hold`: a captured op's, which takes a reference to the block of every peer whose post
+// it reads (ce.peer_blocks) and pins the views it uses.
 bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk, uint64_t stage,
-                GraphHold* hold, int64_t* pair_wait_us_spent, const char** why) {
+                CUstream stream, GraphHold* hold, int64_t* pair_wait_us_spent, const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
   const uint32_t me = static_cast<uint32_t>(st.rank);
   const uint64_t my_slot_in_peer = static_cast<uint64_t>(st.rank) * chunk;
-  const int64_t deadline = now_us() + pair_wait_us(chunk);
+  // A captured op's stream is never asked whether it drained (a capturing stream cannot be).
+  PairWait wait(now_us(), chunk, hold != nullptr,
+                [stream] { return cuda_driver()->cuStreamQuery(stream) != CUDA_ERROR_NOT_READY; });
   auto refer_to = [&](int p, CaptureRef block) {
     if (!hold) return;
     const uint32_t owner = static_cast<uint32_t>(p);
@@ -216,7 +199,7 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
     }
     if (!same_process(st, p)) {  // I am the earlier one: give a later rank elsewhere a moment
       const int64_t waited_from = now_us();
-      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && now_us() < deadline; ++spins)
+      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins)
         if (spins > 64) sched_yield();
       *pair_wait_us_spent += now_us() - waited_from;
     }
@@ -441,7 +424,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   if (peers_need_mine && mine.reach == 0 &&
       !stage_mine(st, a.seq, chunk, hold.get(), &stage, &why))
     return fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
-  if (!plan_parts(st, a, mine, chunk, stage, hold.get(), &host.pair_wait, &why))
+  if (!plan_parts(st, a, mine, chunk, stage, stream, hold.get(), &host.pair_wait, &why))
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
   lap(&host.reach);

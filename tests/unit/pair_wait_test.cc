@@ -1,0 +1,69 @@
+// PairWait (pair_wait.h): how long the earlier rank of a pair waits for the later one.
+#include "pair_wait.h"
+
+#include <gtest/gtest.h>
+
+namespace zc {
+namespace {
+
+constexpr uint64_t kChunk = 64ull << 20;  // soft wait 300 + 167 us
+
+TEST(PairWait, SoftWaitGrowsWithTheChunk) {
+  EXPECT_EQ(PairWait::soft_us(0), 300);
+  EXPECT_EQ(PairWait::soft_us(kChunk), 300 + 167);
+  EXPECT_GT(PairWait::soft_us(1ull << 30), PairWait::soft_us(kChunk));
+}
+
+TEST(PairWait, DrainedStreamStopsAtTheSoftWait) {
+  int queries = 0;
+  PairWait w(1000, kChunk, false, [&] {
+    ++queries;
+    return true;
+  });
+  const int64_t soft = PairWait::soft_us(kChunk);
+  EXPECT_TRUE(w.more(1000));
+  EXPECT_TRUE(w.more(1000 + soft - 1));
+  EXPECT_EQ(queries, 0) << "the stream is asked only once the soft wait is over";
+  EXPECT_FALSE(w.more(1000 + soft));
+  EXPECT_FALSE(w.more(1000 + soft + 1));
+  EXPECT_EQ(queries, 1) << "a drained stream is not asked again";
+}
+
+TEST(PairWait, BusyStreamKeepsWaitingUntilTheCap) {
+  int queries = 0;
+  PairWait w(0, kChunk, false, [&] {
+    ++queries;
+    return false;
+  });
+  const int64_t soft = PairWait::soft_us(kChunk);
+  const int64_t cap = PairWait::kCapFactor * soft;
+  for (int64_t t = soft; t < cap; t += 10) ASSERT_TRUE(w.more(t)) << t;
+  EXPECT_FALSE(w.more(cap));
+  // Asked at most once per kQueryEveryUs over (soft, cap).
+  EXPECT_LE(queries, (cap - soft) / PairWait::kQueryEveryUs + 1);
+  EXPECT_GE(queries, (cap - soft) / PairWait::kQueryEveryUs - 1);
+}
+
+TEST(PairWait, StreamThatDrainsMidWaitStopsAtTheNextQuery) {
+  bool busy = true;
+  PairWait w(0, kChunk, false, [&] { return !busy; });
+  const int64_t soft = PairWait::soft_us(kChunk);
+  EXPECT_TRUE(w.more(soft));
+  busy = false;
+  EXPECT_TRUE(w.more(soft + PairWait::kQueryEveryUs - 1)) << "not asked again yet";
+  EXPECT_FALSE(w.more(soft + PairWait::kQueryEveryUs));
+}
+
+TEST(PairWait, CapturedOpWaitsUntilTheCapWithoutAsking) {
+  PairWait w(0, kChunk, true, [] {
+    ADD_FAILURE() << "a capturing stream must not be queried";
+    return true;
+  });
+  const int64_t cap = PairWait::kCapFactor * PairWait::soft_us(kChunk);
+  EXPECT_TRUE(w.more(PairWait::soft_us(kChunk)));
+  EXPECT_TRUE(w.more(cap - 1));
+  EXPECT_FALSE(w.more(cap));
+}
+
+}  // namespace
+}  // namespace zc
