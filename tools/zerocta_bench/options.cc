@@ -458,6 +458,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       o->one_process = true;
     } else if (a == "--graph") {
       o->graph = true;
+    } else if (a == "--iter-times") {
+      o->iter_times = true;
     } else if (a == "--gemm-iters") {
       if (!need(&v)) return false;
       if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
@@ -599,6 +601,8 @@ Other options:
   --graph                the sweep's checked op and timed iterations are replays of a CUDA
                          graph that captured the op once per size and placement (global
                          capture mode); the first-op column stays eager
+  --iter-times           print each timed op's time on each rank (stderr, "# iter-times"
+                         lines): what the mean and median columns summarize
   --contention           (allgather only) after the sweep, a cuBLAS bf16 GEMM loop overlapped
                          with all-gathers on another stream, against both alone (default paths:
                          nccl-kernel, nccl-ce, zerocta, bare-ce)

@@ -105,6 +105,9 @@ struct Options {
   // --graph: the sweep's checked op and timed loop replay a CUDA graph that captured the op
   // (global capture mode, as PyTorch captures): what graph users get, host work gone.
   bool graph = false;
+  // --iter-times: each worker prints every timed op's time per rank (stderr), to see what a
+  // mean and a median hide (bimodal latencies, the first ops of a loop).
+  bool iter_times = false;
   std::string zerocta_lib;  // resolved by the parent; "" = not given
   bool allow_fallback = false;
   uint64_t seed = 0x5a3c7e11ull;

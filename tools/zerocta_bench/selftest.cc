@@ -511,6 +511,8 @@ void test_new_options() {
   EXPECT(!o.graph);
   Options g;
   EXPECT(parse({"--graph"}, &g) && g.graph && !g.one_process);
+  Options it;
+  EXPECT(parse({"--iter-times"}, &it) && it.iter_times && !g.iter_times);
   EXPECT(o.contention_mode == ContentionMode::kSaturate && o.contention_ops == 12);
   EXPECT(o.repeats == 7 && o.contention_placement == "in");
   EXPECT(std::string(alloc_name(o.alloc)) == "cumem");

@@ -29,12 +29,14 @@ double IterTimer::mean_us(int n) const {
   return 1000.0 * elapsed_ms(events_[0], events_[n]) / n;
 }
 
-double IterTimer::median_us(int n) const {
+std::vector<double> IterTimer::times_us(int n) const {
   std::vector<double> d;
-  d.reserve(static_cast<size_t>(n));
+  d.reserve(static_cast<size_t>(std::max(n, 0)));
   for (int i = 0; i < n; ++i) d.push_back(1000.0 * elapsed_ms(events_[i], events_[i + 1]));
-  return median_of(d);
+  return d;
 }
+
+double IterTimer::median_us(int n) const { return median_of(times_us(n)); }
 
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;

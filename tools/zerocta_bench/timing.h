@@ -23,6 +23,7 @@ class IterTimer {
   // After the stream has synchronized: statistics of the first n ops, in microseconds.
   double mean_us(int n) const;
   double median_us(int n) const;
+  std::vector<double> times_us(int n) const;  // each of the first n ops
 
  private:
   std::vector<cudaEvent_t> events_;
