@@ -101,7 +101,7 @@ const std::vector<VarSpec>& specs() {
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
        [](const char* t, Config* c) { return parse_size(t, &c->min_bytes); }},
-      {{"ZEROCTA_AUTO_MAX_RANKS", "count", "0 (any) or a number of ranks", "2",
+      {{"ZEROCTA_AUTO_MAX_RANKS", "count", "0 (any) or a number of ranks", "4",
         "Largest communicator whose all-gathers auto routes to the copy engines (the largest "
         "measured where the route beats NCCL's kernel path)."},
        [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},

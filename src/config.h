@@ -18,9 +18,9 @@ enum class AllGatherMode { kAuto, kZerocta, kNccl, kOff };
 
 // Defaults of the size variables; config_table() shows the same values as text.
 constexpr uint64_t kDefaultMinBytes = 64ull << 20;
-// auto's route is measured to beat NCCL's kernel path on 2 ranks (docs/PERFORMANCE.md); more
-// GPUs were not lent to measure it.
-constexpr uint64_t kDefaultAutoMaxRanks = 2;
+// auto's route is measured to beat NCCL's kernel path on 2, 3 and 4 ranks, alone and beside
+// GEMMs (docs/PERFORMANCE.md); 8 GPUs were not lent to measure it.
+constexpr uint64_t kDefaultAutoMaxRanks = 4;
 
 // A default-constructed Config holds every documented default (no variable set).
 struct Config {

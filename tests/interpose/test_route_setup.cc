@@ -840,7 +840,9 @@ TEST(RouteSetup, NoColorSplitInAThreeProcessWorld) {
   Scratch s, chan, rdv;
   RunResult r =
       run_route({"ranks", "3", "split", "r0:DRV_COLOR=nocolor", "r1:DRV_KEY=1", "r2:DRV_KEY=0"},
-                with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG", "0"}}), s);
+                with(route_env(chan, rdv, unique_id_text()),
+                     {{"DRV_AG", "0"}, {"ZEROCTA_AUTO_MAX_RANKS", "2"}}),
+                s);
   expect_clean_pair(r, chan, 3);
   EXPECT_EQ(rnum(r, 0, "split.child"), 0);
   // The world never joins, and says why (its only decision line).
@@ -864,9 +866,12 @@ TEST(RouteSetup, NoColorSplitInAThreeProcessWorld) {
 }
 
 TEST(RouteSetup, ShrinkWithAnExcludeListCommitsTheChild) {
+  // auto with ZEROCTA_AUTO_MAX_RANKS=2: the world of 3 never joins, the child of 2 commits.
   Scratch s, chan, rdv;
   RunResult r = run_route({"ranks", "3", "shrink"},
-                          with(route_env(chan, rdv, unique_id_text()), {{"DRV_EXCLUDE", "1"}}), s);
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"DRV_EXCLUDE", "1"}, {"ZEROCTA_AUTO_MAX_RANKS", "2"}}),
+                          s);
   expect_clean_pair(r, chan, 3);
   EXPECT_EQ(rnum(r, 0, "child.rank"), 0);
   EXPECT_EQ(rnum(r, 2, "child.rank"), 1);

@@ -121,7 +121,7 @@ TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_FALSE(c.cta_policy_force);
   EXPECT_EQ(c.allgather, AllGatherMode::kNccl);
   EXPECT_EQ(c.min_bytes, 64ull << 20);
-  EXPECT_EQ(c.auto_max_ranks, 2u);
+  EXPECT_EQ(c.auto_max_ranks, 4u);
   EXPECT_EQ(c.stats, "");
   EXPECT_TRUE(c.nvtx);
   EXPECT_EQ(c.nccl_library, "");
@@ -234,7 +234,7 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_CTA_POLICY_FORCE", "0"},
       {"ZEROCTA_ALLGATHER", "nccl"},
       {"ZEROCTA_MIN_BYTES", "64M"},
-      {"ZEROCTA_AUTO_MAX_RANKS", "2"},
+      {"ZEROCTA_AUTO_MAX_RANKS", "4"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
@@ -656,7 +656,7 @@ TEST(Fingerprint, IsStableAcrossBuilds) {
   // protocol, and changing it (a new protocol field, a new version tag) must be deliberate.
   EXPECT_EQ(config_fingerprint(Config{}),
             fnv1a("zerocta-config-v2 enable=1 cta_policy=zero allgather=nccl "
-                  "min_bytes=67108864 auto_max_ranks=2"));
+                  "min_bytes=67108864 auto_max_ranks=4"));
   Config c = parse_env({{"ZEROCTA_ENABLE", "0"},
                         {"ZEROCTA_CTA_POLICY", "keep"},
                         {"ZEROCTA_ALLGATHER", "auto"},
