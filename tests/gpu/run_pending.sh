@@ -42,9 +42,12 @@
 #   memory, descriptors, threads and /dev/shm entries (with destroys on a second thread RSS
 #   grows, with or without the library: docs/RELIABILITY.md):
 #   cycles-1000-serial
-# Part x4 (4 GPUs): the soak with a staged rank, and the sweep beside NCCL CE:
-#   soak-mixed-4   the soak on 4 ranks, rank 0 on cudaMalloc
+# Part x4 (4 GPUs): the sweeps beside NCCL CE, the fixed-work overlap, the 10 000-op soaks:
 #   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
+#   bench-3        the same on 3 of the GPUs
+#   contention-4   fixed-work overlap on 4 GPUs, 5 runs, in and out of place
+#   soak-cumem-4   the soak on 4 ranks, 7000 iterations (over 10 000 ops)
+#   soak-mixed-4   the same with rank 0 on cudaMalloc, NCCL_GRAPH_REGISTER=0
 #
 # Logs go to OUTDIR/PART/; then OUTDIR/PART.tgz holds them all (the device tool brings back few
 # files) and a PASS/FAIL table ends the output. Exit status 1 if a step failed.
@@ -148,8 +151,14 @@ case "$PART" in
     grep -h '^RELIABILITY cycles' "$OUT/cycles-1000-serial.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
-    soak soak-mixed-4 250 4 mixed 1500
-    bench bench-4 280 -g 4 --alloc cumem
+    bench bench-4 120 -g 4 --alloc cumem
+    bench bench-3 120 -g 3 --alloc cumem
+    bench contention-4 200 -g 4 --alloc cumem --paths none --contention \
+      --contention-paths nccl-kernel,nccl-ce,zerocta --repeats 5 --contention-placement both
+    soak soak-cumem-4 120 4 cumem 7000
+    # NCCL_GRAPH_REGISTER=0: NCCL 2.28.3 alone hangs on captured ops over cuMem on some ranks and
+    # cudaMalloc on others (docs/RELIABILITY.md), and those ops are NCCL's
+    NCCL_GRAPH_REGISTER=0 soak soak-mixed-4 120 4 mixed 7000
     ;;
 esac
 
