@@ -163,8 +163,14 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
   const uint32_t me = static_cast<uint32_t>(st.rank);
   const uint64_t my_slot_in_peer = static_cast<uint64_t>(st.rank) * chunk;
   // A captured op's stream is never asked whether it drained (a capturing stream cannot be).
+  // Nor is the legacy stream: querying it while any stream of the context is in a capture is an
+  // error that invalidates that capture. Our push stream, which holds this communicator's
+  // previous routed op, answers for it.
+  const CUstream asked = stream == nullptr || stream == CU_STREAM_LEGACY
+                             ? ce.streams[static_cast<int>(DirectStream::kPush)]
+                             : stream;
   PairWait wait(now_us(), chunk, hold != nullptr,
-                [stream] { return cuda_driver()->cuStreamQuery(stream) != CUDA_ERROR_NOT_READY; });
+                [asked] { return cuda_driver()->cuStreamQuery(asked) != CUDA_ERROR_NOT_READY; });
   auto refer_to = [&](int p, CaptureRef block) {
     if (!hold) return;
     const uint32_t owner = static_cast<uint32_t>(p);
