@@ -148,6 +148,7 @@ std::vector<ContentionMsg> measure_placement(const ContentionGpus& c,
     ZCB_CUDA(cudaSetDevice(gpus[i].device));
     out[i].gemm_alone_ms = tg[i]->mean_us(m_gemm) / 1000.0;
     out[i].ag_alone_ms = ta[i]->mean_us(n_alone) / 1000.0;
+    if (o.iter_times) print_iter_times(out[i].rank, c.ag_bytes, in_place, "alone", *ta[i], n_alone);
     want = std::max(want, overlap_op_count(m_gemm, out[i].gemm_alone_ms, out[i].ag_alone_ms));
   }
 
@@ -192,6 +193,7 @@ std::vector<ContentionMsg> measure_placement(const ContentionGpus& c,
     }
     m.ag_in_window = in_count;
     const double ag_all = oc[g]->mean_us(n_ag) / 1000.0;
+    if (o.iter_times) print_iter_times(m.rank, c.ag_bytes, in_place, "overlapped", *oc[g], n_ag);
     m.ag_overlap_ms = fixed || in_count == 0 ? ag_all : in_sum / in_count;
     const double ag_start = elapsed_ms(g0, oc[g]->event(0));
     const double ag_end = elapsed_ms(g0, oc[g]->event(n_ag));

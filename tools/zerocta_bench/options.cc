@@ -602,7 +602,8 @@ Other options:
                          graph that captured the op once per size and placement (global
                          capture mode); the first-op column stays eager
   --iter-times           print each timed op's time on each rank (stderr, "# iter-times"
-                         lines): what the mean and median columns summarize
+                         lines; the sweep's, and --contention's all-gathers alone and
+                         overlapped): what the mean and median columns summarize
   --contention           (allgather only) after the sweep, a cuBLAS bf16 GEMM loop overlapped
                          with all-gathers on another stream, against both alone (default paths:
                          nccl-kernel, nccl-ce, zerocta, bare-ce)

@@ -12,10 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
 #include <memory>
-#include <string>
 
 #include "check.h"
 #include "cuda_check.h"
@@ -264,13 +261,8 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
     w.nr.set_device(static_cast<int>(i));
     out[i]->mean_us = w.local[i].timer->mean_us(o.iters);
     out[i]->median_us = w.local[i].timer->median_us(o.iters);
-    if (o.iter_times) {
-      std::string line;
-      for (double t : w.local[i].timer->times_us(o.iters)) line += " " + std::to_string(lround(t));
-      fprintf(stderr, "# iter-times rank %d bytes %llu %s (us):%s\n", w.local[i].rank,
-              static_cast<unsigned long long>(s.bytes), in_place ? "in-place" : "out-of-place",
-              line.c_str());
-    }
+    if (o.iter_times)
+      print_iter_times(w.local[i].rank, s.bytes, in_place, "sweep", *w.local[i].timer, o.iters);
   }
   const RouteCounts d = shim_routes(counter) - before;
   for (int r = 0; r < zerocta_route_count; ++r) out[0]->route_calls[r] = d.calls[r];

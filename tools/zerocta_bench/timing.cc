@@ -1,6 +1,9 @@
 #include "timing.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "cuda_check.h"
 
@@ -37,6 +40,15 @@ std::vector<double> IterTimer::times_us(int n) const {
 }
 
 double IterTimer::median_us(int n) const { return median_of(times_us(n)); }
+
+void print_iter_times(int rank, uint64_t bytes, bool in_place, const char* phase,
+                      const IterTimer& t, int n) {
+  std::string line;
+  for (double us : t.times_us(n)) line += " " + std::to_string(std::lround(us));
+  fprintf(stderr, "# iter-times rank %d bytes %llu %s %s (us):%s\n", rank,
+          static_cast<unsigned long long>(bytes), in_place ? "in-place" : "out-of-place", phase,
+          line.c_str());
+}
 
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace zcb {
@@ -28,6 +29,11 @@ class IterTimer {
  private:
   std::vector<cudaEvent_t> events_;
 };
+
+// --iter-times: "# iter-times rank R bytes B in-place|out-of-place PHASE (us): t1 t2 ..." on
+// stderr, the first n ops of `t` (synchronized).
+void print_iter_times(int rank, uint64_t bytes, bool in_place, const char* phase,
+                      const IterTimer& t, int n);
 
 // Elapsed milliseconds from a to b (both completed; negative when b came first).
 float elapsed_ms(cudaEvent_t a, cudaEvent_t b);
