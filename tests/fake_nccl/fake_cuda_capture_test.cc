@@ -342,6 +342,56 @@ TEST_F(FakeCudaCapture, A64BitAndWaitSeesTheHighHalfThat32BitWritesToTheLowHalfK
   cuGraphDestroy(g);
 }
 
+// cuStreamBatchMemOp: its operations run in order as the single calls they stand for, a batch
+// with a bad element runs none of them, and a captured batch replays like the single calls.
+TEST_F(FakeCudaCapture, ABatchOfFlagOperationsRunsInOrderAsTheSingleCallsWould) {
+  alignas(8) uint32_t flags[4] = {};
+  auto write32 = [&](int i, uint32_t v) {
+    CUstreamBatchMemOpParams p{};
+    p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    p.writeValue.address = dptr(&flags[i]);
+    p.writeValue.value = v;
+    return p;
+  };
+  auto wait_geq = [&](int i, uint32_t v) {
+    CUstreamBatchMemOpParams p{};
+    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    p.waitValue.address = dptr(&flags[i]);
+    p.waitValue.value = v;
+    p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    return p;
+  };
+  // The wait after the write sees it: the operations run in array order.
+  CUstreamBatchMemOpParams ok[] = {write32(0, 7), wait_geq(0, 7), write32(1, 9)};
+  ASSERT_EQ(cuStreamBatchMemOp(s_, 3, ok, 0), CUDA_SUCCESS);
+  EXPECT_EQ(flags[0], 7u);
+  EXPECT_EQ(flags[1], 9u);
+  const std::string waited = last_line("cuStreamWaitValue32");
+  EXPECT_NE(waited.find(" batch=2/3"), std::string::npos) << waited;
+  EXPECT_EQ(waited.find("not_satisfied"), std::string::npos) << waited;
+  // A misaligned element, a bad count or flags: nothing of the batch runs.
+  CUstreamBatchMemOpParams bad[] = {write32(2, 5), write32(0, 1)};
+  bad[1].writeValue.address += 2;
+  EXPECT_EQ(cuStreamBatchMemOp(s_, 2, bad, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(flags[2], 0u);
+  EXPECT_EQ(cuStreamBatchMemOp(s_, 256, ok, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuStreamBatchMemOp(s_, 1, ok, 1), CUDA_ERROR_INVALID_VALUE);
+  // Captured: recorded, not run; every launch runs it.
+  CUstreamBatchMemOpParams later[] = {write32(3, 4), wait_geq(3, 4)};
+  ASSERT_EQ(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamBatchMemOp(s_, 2, later, 0), CUDA_SUCCESS);
+  CUgraph g = end(s_);
+  EXPECT_EQ(flags[3], 0u);
+  CUgraphExec e = instantiate(g);
+  ASSERT_EQ(cuGraphLaunch(e, s_), CUDA_SUCCESS);
+  EXPECT_EQ(flags[3], 4u);
+  const std::string replayed = last_line("cuStreamWaitValue32");
+  EXPECT_NE(replayed.find(" replay=exec#"), std::string::npos) << replayed;
+  EXPECT_EQ(replayed.find("not_satisfied"), std::string::npos) << replayed;
+  cuGraphExecDestroy(e);
+  cuGraphDestroy(g);
+}
+
 TEST_F(FakeCudaCapture, AnInvalidatedCaptureReleasesItsGraphsReferences) {
   ScopedEnv once("FAKE_CUDA_INVALIDATE_CAPTURE", "1");
   Watched w;

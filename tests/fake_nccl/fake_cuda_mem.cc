@@ -732,7 +732,8 @@ CUresult cuCtxSynchronize() {
 
 namespace {
 
-// cuStreamWriteValue32/64 and cuStreamWaitValue32/64: the flag must be aligned to its width.
+// The operation cuStreamWriteValue32/64 or cuStreamWaitValue32/64 stands for (alone, or as one
+// element of a cuStreamBatchMemOp).
 FakeOp value_fake_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdeviceptr flag,
                      uint64_t value, unsigned flags) {
   FakeOp op = op_of(
@@ -744,6 +745,7 @@ FakeOp value_fake_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdev
   return op;
 }
 
+// cuStreamWriteValue32/64 and cuStreamWaitValue32/64: the flag must be aligned to its width.
 template <typename T>
 CUresult value_op(const char* name, FakeOp::Kind kind, CUstream stream, CUdeviceptr flag, T value,
                   unsigned flags) {
@@ -827,7 +829,7 @@ CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMe
             CUDA_ERROR_INVALID_VALUE);
     }
     if (op.dst % width != 0)
-      return done(what + op.what + tail + " misaligned", CUDA_ERROR_INVALID_VALUE);
+      return done(what + fake::strf(" misaligned at=%u", k), CUDA_ERROR_INVALID_VALUE);
     op.what += tail;
     issued.push_back(op);
   }
