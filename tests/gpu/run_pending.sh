@@ -48,6 +48,8 @@
 #   contention-4   fixed-work overlap on 4 GPUs, 5 runs, in and out of place
 #   soak-cumem-4   the soak on 4 ranks, 7000 iterations (over 10 000 ops)
 #   soak-mixed-4   the same with rank 0 on cudaMalloc, NCCL_GRAPH_REGISTER=0
+#   torch-4        PyTorch, 4 processes, expandable segments (run_zero_copy.sh torch-expandable)
+#   fsdp2-4        FSDP2 comm and compute on 4 ranks, plain against zerocta-run --allgather auto
 #
 # Logs go to OUTDIR/PART/; then OUTDIR/PART.tgz holds them all (the device tool brings back few
 # files) and a PASS/FAIL table ends the output. Exit status 1 if a step failed.
@@ -159,6 +161,10 @@ case "$PART" in
     # NCCL_GRAPH_REGISTER=0: NCCL 2.28.3 alone hangs on captured ops over cuMem on some ranks and
     # cudaMalloc on others (docs/RELIABILITY.md), and those ops are NCCL's
     NCCL_GRAPH_REGISTER=0 soak soak-mixed-4 120 4 mixed 7000
+    step torch-4 150 env ZEROCTA_SUITE_ONLY='torch-expandable' \
+      "$HERE/run_zero_copy.sh" "$OUT/zero-copy-4"
+    step fsdp2-4 260 env FSDP_ARGS="--steps 40" \
+      "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 4 "$OUT/fsdp2-4" comm compute
     ;;
 esac
 
