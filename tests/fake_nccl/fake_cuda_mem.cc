@@ -798,36 +798,37 @@ CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMe
   if (!need_context(what, &r)) return r;
   if (ops == nullptr || count == 0 || count >= 256 || flags != 0)
     return done(what + " bad_arguments", CUDA_ERROR_INVALID_VALUE);
+  // The operations a batch may hold here, as the single calls they stand for.
+  struct Single {
+    CUstreamBatchMemOpType type;
+    const char* name;
+    FakeOp::Kind kind;
+    bool wide;  // 64-bit
+  };
+  static const Single kSingles[] = {
+      {CU_STREAM_MEM_OP_WAIT_VALUE_32, "cuStreamWaitValue32", FakeOp::Kind::kWait32, false},
+      {CU_STREAM_MEM_OP_WAIT_VALUE_64, "cuStreamWaitValue64", FakeOp::Kind::kWait64, true},
+      {CU_STREAM_MEM_OP_WRITE_VALUE_32, "cuStreamWriteValue32", FakeOp::Kind::kWrite32, false},
+      {CU_STREAM_MEM_OP_WRITE_VALUE_64, "cuStreamWriteValue64", FakeOp::Kind::kWrite64, true}};
   std::vector<FakeOp> issued;
   for (unsigned k = 0; k < count; ++k) {
     const CUstreamBatchMemOpParams& p = ops[k];
+    const Single* single = nullptr;
+    for (const Single& s : kSingles)
+      if (s.type == p.operation) single = &s;
+    if (single == nullptr)
+      return done(
+          what + fake::strf(" unsupported_operation=%d at=%u", static_cast<int>(p.operation), k),
+          CUDA_ERROR_INVALID_VALUE);
+    const bool wait =
+        single->kind == FakeOp::Kind::kWait32 || single->kind == FakeOp::Kind::kWait64;
+    const CUdeviceptr at = wait ? p.waitValue.address : p.writeValue.address;
+    const unsigned op_flags = wait ? p.waitValue.flags : p.writeValue.flags;
+    uint64_t value = wait ? p.waitValue.value : p.writeValue.value;
+    if (single->wide) value = wait ? p.waitValue.value64 : p.writeValue.value64;
+    FakeOp op = value_fake_op(single->name, single->kind, stream, at, value, op_flags);
     const std::string tail = fake::strf(" batch=%u/%u", k + 1, count);
-    FakeOp op;
-    size_t width = 4;
-    switch (p.operation) {
-      case CU_STREAM_MEM_OP_WAIT_VALUE_32:
-        op = value_fake_op("cuStreamWaitValue32", FakeOp::Kind::kWait32, stream,
-                           p.waitValue.address, p.waitValue.value, p.waitValue.flags);
-        break;
-      case CU_STREAM_MEM_OP_WAIT_VALUE_64:
-        op = value_fake_op("cuStreamWaitValue64", FakeOp::Kind::kWait64, stream,
-                           p.waitValue.address, p.waitValue.value64, p.waitValue.flags);
-        width = 8;
-        break;
-      case CU_STREAM_MEM_OP_WRITE_VALUE_32:
-        op = value_fake_op("cuStreamWriteValue32", FakeOp::Kind::kWrite32, stream,
-                           p.writeValue.address, p.writeValue.value, p.writeValue.flags);
-        break;
-      case CU_STREAM_MEM_OP_WRITE_VALUE_64:
-        op = value_fake_op("cuStreamWriteValue64", FakeOp::Kind::kWrite64, stream,
-                           p.writeValue.address, p.writeValue.value64, p.writeValue.flags);
-        width = 8;
-        break;
-      default:
-        return done(
-            what + fake::strf(" unsupported_operation=%d at=%u", static_cast<int>(p.operation), k),
-            CUDA_ERROR_INVALID_VALUE);
-    }
+    const size_t width = single->wide ? 8 : 4;
     if (op.dst % width != 0)
       return done(what + fake::strf(" misaligned at=%u", k), CUDA_ERROR_INVALID_VALUE);
     op.what += tail;

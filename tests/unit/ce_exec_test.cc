@@ -77,15 +77,7 @@ class IssuePlan : public ::testing::Test {
   }
   static DirectOp op(DirectStream s, DirectOpKind k, uint64_t dst, uint32_t value = 0,
                      uint64_t src = 0, uint64_t bytes = 0, uint8_t event = 0) {
-    DirectOp o{};
-    o.stream = s;
-    o.kind = k;
-    o.dst = dst;
-    o.value = value;
-    o.src = src;
-    o.bytes = bytes;
-    o.event = event;
-    return o;
+    return DirectOp{s, k, event, 0, value, dst, src, bytes};
   }
   CUresult issue(const std::vector<DirectOp>& plan) {
     return issue_plan(cu_, streams_, events_, stream_id(9), plan);
