@@ -1,6 +1,7 @@
 #include "ce_exec.h"
 
 #include "capture_blocks.h"
+#include "stream_phase_times.h"
 
 namespace zc {
 namespace {
@@ -45,6 +46,7 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
                     const CUevent events[kDirectEvents], CUstream user_stream,
                     const std::vector<DirectOp>& plan) {
   CUstreamBatchMemOpParams batch[kMaxMemOps];
+  phase_begin(cu, plan);
   for (size_t i = 0; i < plan.size(); ++i) {
     const DirectOp& op = plan[i];
     CUstream s =
@@ -84,7 +86,9 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
         break;
     }
     if (r != CUDA_SUCCESS) return r;
+    phase_after(cu, plan, i, s);
   }
+  phase_end();
   return CUDA_SUCCESS;
 }
 

@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "fd_exchange.h"
+#include "flag_watch.h"
 #include "log.h"
 #include "nvml_links.h"
 #include "process_info.h"
@@ -261,6 +262,7 @@ void route_freeze(CommState& st, bool on_app_thread) {
     st.members = std::move(a.ranks);
     st.route_why = "";
     st.ce->ops.reset(new OpExchange(st.channel->op_region(), static_cast<uint32_t>(st.nranks)));
+    watch_flags(st.ce->ops.get(), st.rank);
     stats_comm_ce_ready();
     st.route.store(RouteState::kCommitted, std::memory_order_release);
     return;
@@ -398,6 +400,7 @@ void route_teardown(CommState& st, bool aborting) {
     ScopedDevice dev(st.device);
     for (int k = 1; k < kDirectStreams; ++k)
       if (ce->streams[k]) cu->cuStreamSynchronize(ce->streams[k]);
+    unwatch_flags(ce->ops.get());
   }
   release_route(st);
   st.channel.reset();
