@@ -16,18 +16,20 @@
 // peer pushed into the stage out into its receive buffer last (same-GPU copies, on the push
 // stream, which orders them with the flags).
 //
-//   user   record kEvStart                                             ... wait kEvEnd
-//   push   wait kEvStart; [staged: copy my chunk into the stage]; write ready[me]=seq; wait
-//          ready[p]>=seq for every peer p I push to; my pushes; wait kEvPulled; write
+//   user   [eager, unstaged: write ready[me]=seq]; record kEvStart         ... wait kEvEnd
+//   push   wait kEvStart; [staged: copy my chunk into the stage; write ready[me]=seq]; wait
+//          ready[p]>=seq for every peer p I push to; my pushes; [wait kEvPulled]; write
 //          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
 //          that copies to or from me; [staged: copy the chunks of the peers that reached me
-//          through the stage out of it]; wait kEvLocal; record kEvEnd
-//   pull   wait kEvStart; wait ready[p]>=seq for every peer p I pull from; my pulls; record
-//          kEvPulled (its own flag waits: the pulls start as soon as their peers are ready,
-//          with no event hop from the push stream on the way)
-//   local  wait kEvStart; copy my chunk (out of place only); record kEvLocal
+//          through the stage out of it]; [wait kEvLocal]; record kEvEnd
+//   pull   (where I pull) wait kEvStart; wait ready[p]>=seq for every peer p I pull from; my
+//          pulls; record kEvPulled (its own flag waits: the pulls start as soon as their peers
+//          are ready, with no event hop from the push stream on the way)
+//   local  (out of place) wait kEvStart; copy my chunk; record kEvLocal
 //
-// The user's stream only records and waits on events: no copy and no flag wait sits on it.
+// No copy and no flag wait sits on the user's stream: besides its events, its only command is
+// the ready write, which waits for nothing (a staged rank says ready from the push stream,
+// after staging its chunk).
 //
 // A captured op (captured_ops.h) has the same plan over its own flag block (capture_blocks.h):
 // a graph replays the values it captured, so its flags are signals, consumed and reset by

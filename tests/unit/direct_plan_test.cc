@@ -404,15 +404,24 @@ TEST_P(DirectPlanSim, CapturedReplaysGatherCorrectly) {
   }
 }
 
-TEST(DirectPlan, TheUsersStreamOnlyRecordsAndWaitsOnEvents) {
-  Scenario s = scenario(3, false, "mixed");
-  Sim sim(s, 7);
-  sim.build(0, [](int, std::vector<DirectOp>* plan) {
-    for (const DirectOp& o : *plan) {
-      if (o.stream != DirectStream::kUser) continue;
-      EXPECT_TRUE(o.kind == DirectOpKind::kRecord || o.kind == DirectOpKind::kWaitEvent);
-    }
-  });
+// No copy and no flag wait sits on the user's stream: besides events, an eager op's only
+// command there is its ready write.
+TEST(DirectPlan, TheUsersStreamOnlyWritesReadyAndRecordsAndWaitsOnEvents) {
+  for (bool captured : {false, true}) {
+    Scenario s = scenario(3, false, "mixed");
+    s.captured = captured;
+    Sim sim(s, 7);
+    sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
+      int writes = 0;
+      for (const DirectOp& o : *plan) {
+        if (o.stream != DirectStream::kUser) continue;
+        writes += o.kind == DirectOpKind::kWrite;
+        EXPECT_TRUE(o.kind == DirectOpKind::kRecord || o.kind == DirectOpKind::kWaitEvent ||
+                    o.kind == DirectOpKind::kWrite);
+      }
+      EXPECT_EQ(writes, captured ? 0 : 1) << "rank " << rank;
+    });
+  }
 }
 
 TEST(DirectPlan, InPlaceCopiesNothingLocally) {
