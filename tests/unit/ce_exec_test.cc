@@ -119,6 +119,20 @@ TEST_F(IssuePlan, AFlagOpOfAnotherStreamStartsANewBatch) {
   EXPECT_EQ(g_calls, want);
 }
 
+// An eager op's ready write sits on the application's stream (direct_plan.h): it goes to the
+// stream the caller passed, in a batch of its own, before the start event.
+TEST_F(IssuePlan, AFlagWriteOfTheUsersStreamGoesToTheCallersStream) {
+  ASSERT_EQ(issue({op(DirectStream::kUser, DirectOpKind::kWrite, 12, 5),
+                   op(DirectStream::kUser, DirectOpKind::kRecord, 0, 0, 0, 0, kEvStart),
+                   op(kPush, DirectOpKind::kWaitEvent, 0, 0, 0, 0, kEvStart),
+                   op(kPush, DirectOpKind::kWaitGeq, 16, 5)}),
+            CUDA_SUCCESS);
+  const std::vector<std::string> want = {"batch s9 n=1 flags=0", " write32 @12 =5",
+                                         "record e0 s9",         "waitevent s1 e0",
+                                         "batch s1 n=1 flags=0", " wait32 @16 >=5"};
+  EXPECT_EQ(g_calls, want);
+}
+
 TEST_F(IssuePlan, MoreThan255FlagOpsAreSplitIntoBatchesTheDriverTakes) {
   std::vector<DirectOp> plan;
   for (int k = 0; k < 300; ++k) plan.push_back(op(kPush, DirectOpKind::kWaitGeq, 8 * k, 1));
