@@ -53,18 +53,22 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
     w.write(s, flag, 0);
   };
 
-  // Eager and unstaged, the user's stream itself says ready: one flag write, no wait (a write
-  // neither holds the stream's hardware queue nor touches the application's memory). Said from
-  // the push stream, it waited for the event hop from the user's stream first: on 4 H200s back
-  // to back, from the last peer's done to a rank's next ready took 18.4 us that way and 15.0 us
-  // this way, and a 64 MiB in-place op 174 us against 171.5 (docs/PERFORMANCE.md).
-  const bool ready_from_user = !v.captured && !v.stage;
-  if (ready_from_user) w.write(S::kUser, v.ready[v.rank], v.seq);
+  // An eager op says ready where a peer copies to or from this rank's buffers (the last rank,
+  // doing both copies of all its pairs, has no one to tell). Unstaged, the user's stream itself
+  // says it: one flag write, no wait (a write neither holds the stream's hardware queue nor
+  // touches the application's memory). Said from the push stream, it waited for the event hop
+  // from the user's stream first: on 4 H200s back to back, from the last peer's done to a rank's
+  // next ready took 18.4 us that way and 15.0 us this way, and a 64 MiB in-place op 174 us
+  // against 171.5 (docs/PERFORMANCE.md). A staged rank says it after staging its chunk.
+  bool peers_copy = false;
+  for (int p = 0; p < v.nranks; ++p) peers_copy |= p != v.rank && v.peers[p].peer_copies;
+  const bool eager_ready = !v.captured && peers_copy;
+  if (eager_ready && !v.stage) w.write(S::kUser, v.ready[v.rank], v.seq);
   w.record(S::kUser, kEvStart);
   w.wait_event(S::kPush, kEvStart);
   if (v.captured) w.write(S::kPush, v.started, 1);
   if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
-  if (!v.captured && !ready_from_user) w.write(S::kPush, v.ready[v.rank], v.seq);
+  if (eager_ready && v.stage) w.write(S::kPush, v.ready[v.rank], v.seq);
   // A peer that touches my buffers pushes into them; it also pulls from them where it does
   // both copies of the pair (then I push nothing to it).
   for (int p = 0; v.captured && p < v.nranks; ++p)

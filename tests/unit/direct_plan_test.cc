@@ -405,23 +405,27 @@ TEST_P(DirectPlanSim, CapturedReplaysGatherCorrectly) {
 }
 
 // No copy and no flag wait sits on the user's stream: besides events, an eager op's only
-// command there is its ready write.
+// command there is its ready write, made where a peer copies this rank's buffers.
 TEST(DirectPlan, TheUsersStreamOnlyWritesReadyAndRecordsAndWaitsOnEvents) {
-  for (bool captured : {false, true}) {
-    Scenario s = scenario(3, false, "mixed");
-    s.captured = captured;
-    Sim sim(s, 7);
-    sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
-      int writes = 0;
-      for (const DirectOp& o : *plan) {
-        if (o.stream != DirectStream::kUser) continue;
-        writes += o.kind == DirectOpKind::kWrite;
-        EXPECT_TRUE(o.kind == DirectOpKind::kRecord || o.kind == DirectOpKind::kWaitEvent ||
-                    o.kind == DirectOpKind::kWrite);
-      }
-      EXPECT_EQ(writes, captured ? 0 : 1) << "rank " << rank;
-    });
-  }
+  for (bool captured : {false, true})
+    for (const char* modes : {"mixed", "later"}) {
+      Scenario s = scenario(3, false, modes);
+      s.captured = captured;
+      s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1, 2}; };
+      Sim sim(s, 7);
+      sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
+        int writes = 0;
+        for (const DirectOp& o : *plan) {
+          if (o.stream != DirectStream::kUser) continue;
+          writes += o.kind == DirectOpKind::kWrite;
+          EXPECT_TRUE(o.kind == DirectOpKind::kRecord || o.kind == DirectOpKind::kWaitEvent ||
+                      o.kind == DirectOpKind::kWrite);
+        }
+        // Arriving last with "later does both" everywhere, rank 2 has no one to tell.
+        const bool told = !captured && !(rank == 2 && std::string(modes) == "later");
+        EXPECT_EQ(writes, told ? 1 : 0) << modes << ", rank " << rank;
+      });
+    }
 }
 
 TEST(DirectPlan, InPlaceCopiesNothingLocally) {
@@ -462,13 +466,11 @@ size_t expect_every_guard_matters(
   return dropped;
 }
 
-// An eager plan's flag waits, and its done signals (the writes after the first, ready, on the
-// push stream).
+// An eager plan's flag waits and flag writes (its ready, on the user's stream or, staged, the
+// push stream, and its done signals).
 void expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
   expect_every_guard_matters(s, victim, label, [](const std::vector<DirectOp>& plan, size_t i) {
-    const DirectOp& o = plan[i];
-    return o.kind == DirectOpKind::kWaitGeq ||
-           (o.kind == DirectOpKind::kWrite && o.stream == DirectStream::kPush && i > 3);
+    return plan[i].kind == DirectOpKind::kWaitGeq || plan[i].kind == DirectOpKind::kWrite;
   });
 }
 
