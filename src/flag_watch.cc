@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "diagnostic_quantiles.h"
 #include "op_exchange.h"
 
 namespace zc {
@@ -65,14 +66,6 @@ void spin(Watch* w) {
   }
 }
 
-void summary(const char* what, std::vector<double> v) {
-  if (v.empty()) return;
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))]; };
-  fprintf(stderr, "zerocta flag-watch pid=%d %-58s n=%zu p10=%.1f median=%.1f p90=%.1f us\n",
-          static_cast<int>(getpid()), what, v.size(), at(0.1), at(0.5), at(0.9));
-}
-
 void report(Watch* w) {
   const uint32_t n = w->n;
   // seq -> time, per flag
@@ -114,10 +107,10 @@ void report(Watch* w) {
         next_ready.push_back((nr->second - d->second) / 1e3);
     }
   }
-  summary("ready: last rank's write minus first rank's", spread);
-  summary("last ready to the last done into a rank", copies);
-  summary("first to last done into a rank", done_spread);
-  summary("last done into a rank to its next op's ready", next_ready);
+  print_quantiles("flag-watch", "ready: last rank's write minus first rank's", spread);
+  print_quantiles("flag-watch", "last ready to the last done into a rank", copies);
+  print_quantiles("flag-watch", "first to last done into a rank", done_spread);
+  print_quantiles("flag-watch", "last done into a rank to its next op's ready", next_ready);
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <mutex>
 #include <string>
 
+#include "diagnostic_quantiles.h"
+
 namespace zc {
 namespace {
 
@@ -36,10 +38,10 @@ struct Phases {
   ElapsedFn elapsed = nullptr;
   std::vector<CUevent> free_events;
   std::deque<MarkedOp> pending;
-  MarkedOp* open = nullptr;                      // the op being issued, or none (captured)
-  std::map<CUcontext, CUevent> last_end;         // per GPU: the previous read op's last mark
-  std::vector<std::string> order;                // labels in first-seen order
-  std::map<std::string, std::vector<float>> us;  // label -> microseconds after the op's first mark
+  MarkedOp* open = nullptr;                       // the op being issued, or none (captured)
+  std::map<CUcontext, CUevent> last_end;          // per GPU: the previous read op's last mark
+  std::vector<std::string> order;                 // labels in first-seen order
+  std::map<std::string, std::vector<double>> us;  // label -> microseconds after the op's first mark
 };
 
 Phases& phases() {
@@ -68,32 +70,19 @@ std::string op_shape(const std::vector<DirectOp>& plan) {
 std::string step_label(const std::vector<DirectOp>& plan, size_t i, int index) {
   const DirectOp& op = plan[i];
   char buf[96];
-  const char* what = "";
-  switch (op.kind) {
-    case DirectOpKind::kWaitGeq:
-    case DirectOpKind::kWaitSignal:
-    case DirectOpKind::kWrite:
-      what = "flags";
-      break;
-    case DirectOpKind::kCopy:
-      what = "copy";
-      break;
-    case DirectOpKind::kRecord:
-      what = "record";
-      break;
-    case DirectOpKind::kWaitEvent:
-      what = "wait-event";
-      break;
-  }
+  // Indexed by DirectOpKind: the flag operations of a step go in one batch (ce_exec.cc).
+  static const char* const kWhat[] = {"flags", "flags", "flags", "copy", "record", "wait-event"};
+  static_assert(sizeof kWhat / sizeof kWhat[0] == static_cast<int>(DirectOpKind::kWaitEvent) + 1);
+  const char* what = kWhat[static_cast<int>(op.kind)];
   snprintf(buf, sizeof buf, "%02d %s %s", index, stream_name(op.stream), what);
   return buf;
 }
 
-void note(Phases& p, const std::string& label, float v) {
+void note(Phases& p, const std::string& label, double v) {
   auto it = p.us.find(label);
   if (it == p.us.end()) {
     p.order.push_back(label);
-    it = p.us.emplace(label, std::vector<float>{}).first;
+    it = p.us.emplace(label, std::vector<double>{}).first;
   }
   it->second.push_back(v);
 }
@@ -127,15 +116,8 @@ void report() {
   Phases& p = phases();
   std::lock_guard<std::mutex> lock(p.mu);
   drain(p);
-  for (const std::string& label : p.order) {
-    std::vector<float>& v = p.us[label];
-    std::sort(v.begin(), v.end());
-    auto at = [&](double q) {
-      return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
-    };
-    fprintf(stderr, "zerocta stream-phase pid=%d %-56s n=%zu p10=%.1f median=%.1f p90=%.1f us\n",
-            static_cast<int>(getpid()), label.c_str(), v.size(), at(0.1), at(0.5), at(0.9));
-  }
+  for (const std::string& label : p.order)
+    print_quantiles("stream-phase", label.c_str(), p.us[label]);
 }
 
 bool resolve(Phases& p) {
