@@ -1,5 +1,7 @@
 #include "ce_exec.h"
 
+#include <optional>
+
 #include "capture_blocks.h"
 #include "stream_phase_times.h"
 
@@ -89,6 +91,40 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
     phase_after(cu, plan, i, s);
   }
   phase_end();
+  return CUDA_SUCCESS;
+}
+
+CUresult issue_local_group_plan(const CudaDriver& cu, const LocalGroupRankIssue* ranks,
+                                const std::vector<LocalGroupStep>& plan) {
+  std::optional<ScopedDevice> dev;
+  int current = -1;
+  for (const LocalGroupStep& step : plan) {
+    const LocalGroupRankIssue& r = ranks[step.rank];
+    if (step.rank != current) {
+      dev.reset();  // back to the caller's context first: each scope restores what it found
+      dev.emplace(r.device);
+      if (!dev->ok()) return CUDA_ERROR_INVALID_CONTEXT;
+      current = step.rank;
+    }
+    const DirectOp& op = step.op;
+    CUstream s = op.stream == DirectStream::kUser ? r.user : r.streams[static_cast<int>(op.stream)];
+    CUresult res;
+    switch (op.kind) {
+      case DirectOpKind::kCopy:
+        res = cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
+        break;
+      case DirectOpKind::kRecord:
+        res = cu.cuEventRecord(ranks[step.event_rank].events[op.event], s);
+        break;
+      case DirectOpKind::kWaitEvent:
+        res = cu.cuStreamWaitEvent(s, ranks[step.event_rank].events[op.event], 0);
+        break;
+      default:  // flags have no place in it
+        res = CUDA_ERROR_INVALID_VALUE;
+        break;
+    }
+    if (res != CUDA_SUCCESS) return res;
+  }
   return CUDA_SUCCESS;
 }
 

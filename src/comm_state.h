@@ -38,6 +38,7 @@ struct CeComm {
   CUdeviceptr registered_dev = 0;   // the same region as the GPU addresses it
   std::unique_ptr<OpExchange> ops;  // at commit, over the registered region
   bool prepared = false;
+  bool told_local_group = false;  // its INFO line about local group plans was logged
   uint64_t seq = 0;  // ops posted on this communicator so far
   ReachNeeds needs;  // who must reach this rank's buffers (at prepare)
   std::unique_ptr<PeerImports> imports;

@@ -3,6 +3,7 @@
 #include "comm_children.h"
 #include "comm_create.h"
 #include "group_state.h"
+#include "local_group_allgather.h"
 
 namespace zc {
 
@@ -40,11 +41,7 @@ ncclResult_t group_end(const RealNccl& real) {
   // The deferred ops in program order, inside one NCCL group of their own: a thread that drives
   // several communicators must group the calls of those that go to NCCL.
   real.ncclGroupStart();
-  ncclResult_t first = ncclSuccess;
-  for (auto& op : ops) {
-    ncclResult_t o = op();
-    if (first == ncclSuccess) first = o;
-  }
+  ncclResult_t first = run_group_ops(ops);
   ncclResult_t end = real.ncclGroupEnd();
   if (first == ncclSuccess) first = end;
   if (r == ncclSuccess || (r == ncclInProgress && first != ncclSuccess && first != ncclInProgress))

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -18,11 +19,30 @@
 
 namespace zc {
 
+// An all-gather on the copy-engine route, as the application called it.
+struct GroupedAllGather {
+  std::shared_ptr<CommState> st;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  ncclDataType_t datatype = ncclInt8;
+  cudaStream_t stream = nullptr;
+  uint64_t total = 0;  // output bytes
+};
+
+// An op deferred to the group's end: `run` issues it alone; a routed all-gather also says what
+// it is, so that the ones of every rank of a communicator this thread holds go as one
+// (local_group_allgather.h).
+struct PendingOp {
+  std::function<ncclResult_t()> run;
+  std::optional<GroupedAllGather> allgather;
+};
+
 struct GroupState {
   int depth = 0;
   std::vector<std::pair<std::shared_ptr<CommState>, JoinPlan>> pending_joins;
   std::vector<std::shared_ptr<CommState>> pending_freezes;
-  std::vector<std::function<ncclResult_t()>> pending_ops;
+  std::vector<PendingOp> pending_ops;
   // What NCCL hands out only at the group's end (a window registered inside the group), read
   // right after it.
   std::vector<std::function<void()>> after_end;

@@ -44,6 +44,7 @@ std::atomic<uint64_t> g_peer_mappings{0}, g_peer_mapped_bytes{0}, g_peer_map_mic
 std::atomic<uint64_t> g_peer_unmapped_bytes{0};
 std::atomic<uint64_t> g_staged_ops{0};
 std::atomic<uint64_t> g_captured_ops{0};
+std::atomic<uint64_t> g_local_group_ops{0};
 std::atomic<uint64_t> g_host_ops{0}, g_host_post{0}, g_host_arrive{0}, g_host_pair_wait{0},
     g_host_reach{0}, g_host_issue{0};
 // The route's counters, each with its RouteStats field and JSON name, in the JSON's order: the
@@ -62,6 +63,7 @@ const RouteCounter kRouteCounters[] = {
     {"peer_unmapped_bytes", &g_peer_unmapped_bytes, &RouteStats::peer_unmapped_bytes},
     {"staged_ops", &g_staged_ops, &RouteStats::staged_ops},
     {"captured_ops", &g_captured_ops, &RouteStats::captured_ops},
+    {"local_group_ops", &g_local_group_ops, &RouteStats::local_group_ops},
     {"host_ops", &g_host_ops, &RouteStats::host_ops},
     {"host_post_micros", &g_host_post, &RouteStats::host_post_micros},
     {"host_arrive_micros", &g_host_arrive, &RouteStats::host_arrive_micros},
@@ -169,7 +171,7 @@ void print_table(const zerocta_stats_t& s) {
 
 void print_route(const RouteStats& r) {
   if (r.pairs_each_pushes + r.pairs_later_does_both + r.peer_mappings + r.staged_ops +
-          r.captured_ops ==
+          r.captured_ops + r.local_group_ops ==
       0)
     return;
   char mapped[32], unmapped[32];
@@ -177,9 +179,10 @@ void print_route(const RouteStats& r) {
   human_bytes(r.peer_unmapped_bytes, unmapped, sizeof(unmapped));
   log_report("stats route pairs each_pushes=%" PRIu64 " later_does_both=%" PRIu64
              " peer_mappings=%" PRIu64 " (%s, %.1f ms) unmapped=%s staged_ops=%" PRIu64
-             " captured_ops=%" PRIu64,
+             " captured_ops=%" PRIu64 " local_group_ops=%" PRIu64,
              r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
-             static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, r.staged_ops, r.captured_ops);
+             static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, r.staged_ops, r.captured_ops,
+             r.local_group_ops);
   if (r.host_ops == 0) return;
   const double n = static_cast<double>(r.host_ops);
   log_report("stats route host us per op: post=%.1f arrive=%.1f pair_wait=%.1f reach=%.1f "
@@ -249,6 +252,7 @@ void stats_peer_unmapped(uint64_t bytes) { g_peer_unmapped_bytes.fetch_add(bytes
 
 void stats_op_staged() { g_staged_ops.fetch_add(1, kRelaxed); }
 void stats_op_captured() { g_captured_ops.fetch_add(1, kRelaxed); }
+void stats_op_local_group() { g_local_group_ops.fetch_add(1, kRelaxed); }
 
 void stats_op_host_times(const HostTimes& t) {
   auto add = [](std::atomic<uint64_t>& c, int64_t us) {

@@ -22,6 +22,9 @@ void stats_peer_unmapped(uint64_t bytes);
 // An op in which this rank's buffers were reached through its stage (stage_buffer.h).
 void stats_op_staged();
 void stats_op_captured();  // an all-gather captured into a CUDA graph on the route
+// An all-gather issued with every other rank of its communicator by one thread, in one group
+// (local_group_allgather.h).
+void stats_op_local_group();
 // Where one routed op's time on the application's thread went, in microseconds: describing and
 // posting its buffers, arriving (waiting for room in the op ring), waiting for a later peer to
 // claim "each pushes", reaching the peers' buffers (imports and mappings; the first op on a

@@ -256,7 +256,7 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   if (g.depth > 0 && st && st->route.load() == RouteState::kJoined) {
     // Created in this same group: its membership freezes at the group's end, and so the route
     // is chosen there, the same way on every rank.
-    g.pending_ops.push_back([=, &real]() {
+    g.pending_ops.push_back({[=, &real]() {
       settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
       uint64_t total = 0;
       if (allgather_route(st, sendcount, datatype, &total).route == AgRoute::kCe)
@@ -264,7 +264,7 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
                                   nccl_ce, total);
       return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                                nccl_ce, total);
-    });
+    }, std::nullopt});
     return ncclSuccess;
   }
   uint64_t total = 0;
@@ -275,10 +275,12 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
     return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                              nccl_ce, total);
   if (g.depth > 0) {  // issued after NCCL's part of the group, in program order
-    g.pending_ops.push_back([=, &real]() {
-      return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                                nccl_ce, total);
-    });
+    g.pending_ops.push_back(
+        {[=, &real]() {
+           return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm,
+                                     stream, nccl_ce, total);
+         },
+         GroupedAllGather{st, sendbuff, recvbuff, sendcount, datatype, stream, total}});
     return ncclSuccess;
   }
   return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,

@@ -29,7 +29,7 @@
 //                                    and for mapped cuMem memory its mapping base and size,
 //                                    block id (one per cuMemCreate/import) and handle types
 //   cuMemRetainAllocationHandle      a new handle (own dup of the memfd) for a mapped address
-//   cuMemGetAccess                   the mapping's protection, alike for every device
+//   cuMemGetAccess                   what cuMemSetAccess granted the device asked about
 //   cuCtxEnablePeerAccess            remembered per (current device, peer context); a second
 //                                    call answers PEER_ACCESS_ALREADY_ENABLED
 //   cuMemHostRegister / Unregister / GetDevicePointer   ranges remembered; the device pointer
@@ -138,7 +138,9 @@ std::map<uintptr_t, size_t>& reservations() {  // base -> size
 
 struct Mapping {
   size_t size = 0;
-  int prot = PROT_NONE;
+  int prot = PROT_NONE;      // the host protection: every device's access together
+  uint64_t read_devices = 0;   // devices cuMemSetAccess granted read access (bit = ordinal)
+  uint64_t write_devices = 0;  // ... and write access
   int fd = -1;  // a dup of the allocation's memfd, for cuMemRetainAllocationHandle
   uint64_t handle_types = 0;
   uint64_t block_id = 0;
@@ -1115,7 +1117,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   a->second.fd, static_cast<off_t>(offset)) == MAP_FAILED)
       problem = " mmap_failed";
     else
-      mappings()[ptr] = Mapping{size, PROT_NONE, fcntl(a->second.fd, F_DUPFD_CLOEXEC, 0),
+      mappings()[ptr] = Mapping{size, PROT_NONE, 0, 0, fcntl(a->second.fd, F_DUPFD_CLOEXEC, 0),
                                 a->second.handle_types, a->second.block_id};
   }
   if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
@@ -1148,11 +1150,20 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   FAKE_CUDA_ENTRY("cuMemSetAccess", what, CUDA_ERROR_UNKNOWN);
   if (desc == nullptr || count == 0) return done(what, CUDA_ERROR_INVALID_VALUE);
   int prot = PROT_NONE;
+  uint64_t readers = 0, writers = 0;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(desc[i].location.id))
       return done(what + " bad_location", CUDA_ERROR_INVALID_DEVICE);
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_READ | PROT_WRITE;
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) prot |= PROT_READ;
+    const uint64_t bit = uint64_t{1} << desc[i].location.id;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      prot |= PROT_READ | PROT_WRITE;
+      readers |= bit;
+      writers |= bit;
+    }
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) {
+      prot |= PROT_READ;
+      readers |= bit;
+    }
     what += fake::strf(" dev=%d flags=%d", desc[i].location.id, static_cast<int>(desc[i].flags));
   }
   const char* problem = nullptr;
@@ -1163,8 +1174,11 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
       problem = " not_mapped";
     else if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0)
       problem = " mprotect_failed";
-    else
+    else {
       m->second.prot = prot;
+      m->second.read_devices = readers;
+      m->second.write_devices = writers;
+    }
   }
   if (problem) return done(what + problem, CUDA_ERROR_INVALID_VALUE);
   return done(what, CUDA_SUCCESS);
@@ -1242,10 +1256,14 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
   std::lock_guard<std::mutex> lock(g_mu);
   auto m = containing(mappings(), ptr);
   if (m == mappings().end()) return done(what + " not_mapped", CUDA_ERROR_INVALID_VALUE);
-  // One protection for every device (a host process cannot tell them apart).
-  *flags = m->second.prot == (PROT_READ | PROT_WRITE) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-           : m->second.prot == PROT_READ              ? CU_MEM_ACCESS_FLAGS_PROT_READ
-                                                      : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  // What cuMemSetAccess granted this device (the host protection serves every device alike).
+  const uint64_t bit = location->type == CU_MEM_LOCATION_TYPE_DEVICE &&
+                               location->id >= 0 && location->id < 64
+                           ? uint64_t{1} << location->id
+                           : 0;
+  *flags = m->second.write_devices & bit  ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+           : m->second.read_devices & bit ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                          : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   return done(what + fake::strf(" flags=%llu", *flags), CUDA_SUCCESS);
 }
 

@@ -587,15 +587,20 @@ TEST(RouteSetup, OneRankInNcclModeBothPassThrough) {
 
 // ---- 4. One thread, one group, two ranks ----
 
+// The grouped-init scenario: one thread, both ranks of one communicator, all-gathers in one
+// group. `extra`: more DRV_* settings. The fake's waits cannot make the first rank wait for the
+// second (FAKE_CUDA_WAIT_MS=0: they are skipped), so where the ops go one by one the earlier
+// rank leaves both copies to the later one, which runs second.
+RunResult run_grouped_init(const Scratch& s, const Scratch& chan, const Scratch& rdv,
+                           const Env& extra = {}) {
+  const Env env = with({{"FAKE_CUDA_WAIT_MS", "0"}, {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}},
+                       extra);
+  return run_route({"grouped-init"}, with(route_env(chan, rdv, unique_id_text()), env), s);
+}
+
 TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
   Scratch s, chan, rdv;
-  // One thread issues both ranks' plans in turn, the first rank's before the second's: the
-  // fake's waits cannot make the first one wait for the second (FAKE_CUDA_WAIT_MS=0: they are
-  // skipped). In one process the earlier rank leaves both copies to the later one, which runs
-  // second, so the data is right on both when the group ends.
-  RunResult r =
-      run_route({"grouped-init"},
-                with(route_env(chan, rdv, unique_id_text()), {{"FAKE_CUDA_WAIT_MS", "0"}}), s);
+  RunResult r = run_grouped_init(s, chan, rdv);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(r.num("in_group.rank1"), 0) << "the fake answers 0 until the group end";
   EXPECT_EQ(r.num("group_end"), 0);
@@ -618,6 +623,67 @@ TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
     EXPECT_EQ(r.num(std::string("end.live_") + kind), 0) << kind;
   EXPECT_EQ(joined(files_in(chan.dir())), "");
   EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
+}
+
+// Both ranks' all-gathers in one thread's group go as one plan synchronized by events: each
+// rank pushes its chunk and copies its own (out of place), no flag is waited on or written.
+TEST(RouteSetup, OneThreadsGroupOverEveryRankIssuesOnePlanWithoutFlags) {
+  for (const char* in_place : {"0", "1"}) {
+    SCOPED_TRACE(std::string("in place ") + in_place);
+    Scratch s, chan, rdv;
+    RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_IN_PLACE", in_place}});
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    const std::string pid = r.kv()["pid"];
+    EXPECT_EQ(r.num("ag0.data_ok"), 1) << r.describe();
+    EXPECT_EQ(r.num("ag1.data_ok"), 1) << r.describe();
+    EXPECT_EQ(r.num("ag.ag_ce"), 2);
+    const std::string json = stats_file(s, pid);
+    EXPECT_EQ(json_number(json, "local_group_ops"), 2) << json;
+    EXPECT_EQ(json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both"),
+              0)
+        << json;
+    for (const char* flag_op : {"cuStreamWaitValue32", "cuStreamWriteValue32"})
+      EXPECT_EQ(cuda_lines(r, flag_op, pid), 0) << flag_op << "\n" << r.describe();
+    // Two pushes, and out of place each rank's own chunk.
+    EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid), std::string(in_place) == "1" ? 2 : 4)
+        << r.describe();
+    // Every push stream waits for both starts, every user stream for both ends.
+    EXPECT_GE(cuda_calls(r, "cuStreamWaitEvent", pid), 8) << r.describe();
+    EXPECT_TRUE(any_contains(r.err_lines(), "issues every rank of the communicator in one group"))
+        << r.describe();
+  }
+}
+
+// Where the group's ops cannot go as one plan they go one by one, through the exchange: buffers
+// the peer's GPU cannot read by address (the first rank's then sends the op to NCCL on both).
+TEST(RouteSetup, OneThreadsGroupThatCannotGoAsOnePlanGoesOpByOp) {
+  Scratch s, chan, rdv;
+  RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_OWN_ACCESS", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  // NCCL's (the fake moves no data): both launched at the group's end.
+  int launched = 0;
+  for (const std::string& line : r.log_lines())
+    launched += line.rfind("ncclGroupEnd:launch ncclAllGather ", 0) == 0;
+  EXPECT_EQ(launched, 2) << r.describe();
+  EXPECT_EQ(r.num("ag.ag_ce"), 0) << r.describe();
+  EXPECT_EQ(r.num("ag.ag_pass"), 2) << r.describe();
+  EXPECT_EQ(json_number(stats_file(s, r.kv()["pid"]), "local_group_ops"), 0);
+}
+
+// Two all-gathers per rank in one group: the first of each rank's go as one plan, then the
+// second of each rank's.
+TEST(RouteSetup, OneThreadsGroupWithTwoAllGathersPerRankIssuesTwoPlans) {
+  Scratch s, chan, rdv;
+  RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_GROUP_OPS", "2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  for (const char* k : {"ag0.data_ok", "ag1.data_ok", "ag0b.data_ok", "ag1b.data_ok"})
+    EXPECT_EQ(r.num(k), 1) << k << "\n" << r.describe();
+  EXPECT_EQ(r.num("ag.ag_ce"), 4) << r.describe();
+  const std::string pid = r.kv()["pid"];
+  const std::string json = stats_file(s, pid);
+  EXPECT_EQ(json_number(json, "local_group_ops"), 4) << json;
+  EXPECT_EQ(json_number(json, "pairs_later_does_both"), 0) << json;
+  EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 0) << r.describe();
 }
 
 // ---- 5. Non-blocking communicators ----

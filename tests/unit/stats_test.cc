@@ -266,7 +266,7 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   EXPECT_NE(json.find("\"route\":{\"pairs_each_pushes\":2,\"pairs_later_does_both\":1,"
                       "\"peer_mappings\":3,\"peer_mapped_bytes\":62914560,"
                       "\"peer_map_micros\":1500,\"peer_unmapped_bytes\":20971520,"
-                      "\"staged_ops\":1,\"captured_ops\":0,\"host_ops\":2,\"host_post_micros\":22,"
+                      "\"staged_ops\":1,\"captured_ops\":0,\"local_group_ops\":0,\"host_ops\":2,\"host_post_micros\":22,"
                       "\"host_arrive_micros\":1,\"host_pair_wait_micros\":300,"
                       "\"host_reach_micros\":42,\"host_issue_micros\":48},"),
             std::string::npos)

@@ -11,6 +11,9 @@
 //   device   each flag in the memory of the GPU that waits on it; the other GPU writes it
 //            over NVLink (what NCCL's copy-engine collectives do)
 //   event    (for scale) two streams of GPU 0 handing over through record/wait of events
+//   event across GPUs   a stream of GPU 0 and one of GPU 1 handing over through events (one
+//            process: what the ranks of one communicator in one thread's group can use instead
+//            of flags)
 // Prints the median of 5 runs of N = 2000 round trips per placement.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -62,18 +65,23 @@ double ping_pong(const Flags& f, cudaStream_t a, cudaStream_t b, cudaEvent_t sta
 
 // The same round trip between two streams of one GPU through events (record on one, wait on the
 // other): the hop the route's plan makes between the user's stream and its own streams.
-double event_ping_pong(cudaStream_t a, cudaStream_t b, cudaEvent_t start, cudaEvent_t end) {
+// `b_device`: the device of stream b (its event is created there).
+double event_ping_pong(cudaStream_t a, cudaStream_t b, int b_device, cudaEvent_t start,
+                       cudaEvent_t end) {
   cudaEvent_t ping, pong;
+  CK(cudaSetDevice(b_device));
+  CK(cudaEventCreateWithFlags(&pong, cudaEventDisableTiming));
   CK(cudaSetDevice(0));
   CK(cudaEventCreateWithFlags(&ping, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&pong, cudaEventDisableTiming));
   std::vector<double> us;
   for (int run = 0; run < kRuns; ++run) {
     CK(cudaEventRecord(start, a));
     for (int i = 0; i < kTrips; ++i) {
       CK(cudaEventRecord(ping, a));
+      CK(cudaSetDevice(b_device));
       CK(cudaStreamWaitEvent(b, ping, 0));
       CK(cudaEventRecord(pong, b));
+      CK(cudaSetDevice(0));
       CK(cudaStreamWaitEvent(a, pong, 0));
     }
     CK(cudaEventRecord(end, a));
@@ -135,10 +143,13 @@ int main() {
   cudaStream_t a2;
   CK(cudaSetDevice(0));
   CK(cudaStreamCreateWithFlags(&a2, cudaStreamNonBlocking));
-  const double e = event_ping_pong(a, a2, start, end);
+  const double e = event_ping_pong(a, a2, 0, start, end);
+  event_ping_pong(a, b, 1, start, end);  // warm-up
+  const double x = event_ping_pong(a, b, 1, start, end);
   printf("flag round trip between GPU 0 and GPU 1 (median of %d runs of %d):\n", kRuns, kTrips);
   printf("  host     pinned host memory, both GPUs poll it      %.2f us\n", h);
   printf("  device   each flag in its waiter's memory, NVLink write  %.2f us\n", d);
   printf("  event    two streams of GPU 0, record/wait events   %.2f us\n", e);
+  printf("  event across GPUs   GPU 0's stream and GPU 1's, events  %.2f us\n", x);
   return 0;
 }

@@ -984,16 +984,30 @@ int grouped_init() {
   out("init.channel_files", channel_count());
   if (!c[0] || !c[1]) return 0;
   {
+    // DRV_AG_OWN_ACCESS=1: each buffer readable by its own device only (cuMem memory whose
+    // access the application did not grant the peer). DRV_AG_GROUP_OPS=2: two all-gathers per
+    // rank in the group, rank 0's both first.
     const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
-    Gather g0(0, 2, bytes, 0, {0, 1}), g1(1, 2, bytes, 1, {0, 1});
+    const bool own = env_long("DRV_AG_OWN_ACCESS", 0) == 1;
+    const std::vector<int> a0 = own ? std::vector<int>{0} : std::vector<int>{0, 1};
+    const std::vector<int> a1 = own ? std::vector<int>{1} : std::vector<int>{0, 1};
+    const bool twice = env_long("DRV_AG_GROUP_OPS", 1) == 2;
+    Gather g0(0, 2, bytes, 0, a0), g1(1, 2, bytes, 1, a1);
+    Gather h0(0, 2, bytes, 0, a0), h1(1, 2, bytes, 1, a1);
     make_current(0);
     ncclGroupStart();
     out("ag0", g0.issue(c[0]));
+    if (twice) out("ag0b", h0.issue(c[0]));
     make_current(1);
     out("ag1", g1.issue(c[1]));
+    if (twice) out("ag1b", h1.issue(c[1]));
     out("ag.end", ncclGroupEnd());
     out("ag0.data_ok", g0.data_ok());
     out("ag1.data_ok", g1.data_ok());
+    if (twice) {
+      out("ag0b.data_ok", h0.data_ok());
+      out("ag1b.data_ok", h1.data_ok());
+    }
     stats("ag");
   }
   for (ncclComm_t x : c) out("destroy", ncclCommDestroy(x));

@@ -1,0 +1,185 @@
+#include "local_group_allgather.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "ce_allgather.h"
+#include "ce_exec.h"
+#include "log.h"
+#include "nvtx_ranges.h"
+#include "peer_memory.h"
+#include "route.h"
+#include "route_setup.h"
+#include "stats.h"
+
+namespace zc {
+namespace {
+
+constexpr size_t kNone = SIZE_MAX;
+
+// One routed all-gather per rank of one communicator, all in this group.
+struct LocalSet {
+  std::vector<size_t> by_rank;  // each rank's op, as an index into the group's ops
+  size_t last = 0;              // where the set is issued: the position of its last op
+  size_t instance = 0;          // sets of one communicator instance share it
+};
+
+const GroupedAllGather& ag(const std::vector<PendingOp>& ops, size_t i) {
+  return *ops[i].allgather;
+}
+
+// The candidate sets. The routed all-gathers of one communicator instance (one key) in the
+// group form sets when every rank has the same number of them: the i-th of each rank's make set
+// i, alike in count and datatype. Else (a rank missing, or with more ops than another) all of
+// the instance's ops go alone.
+std::vector<LocalSet> find_sets(const std::vector<PendingOp>& ops) {
+  std::vector<LocalSet> sets;
+  std::vector<bool> seen(ops.size(), false);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (seen[i] || !ops[i].allgather || !ag(ops, i).st) continue;
+    const CommState& comm = *ag(ops, i).st;
+    const int n = comm.nranks;
+    if (!comm.key.valid() || n < 2 || n > kMaxRanks) continue;
+    std::vector<std::vector<size_t>> of_rank(static_cast<size_t>(n));  // in program order
+    bool whole = true;
+    for (size_t j = i; j < ops.size(); ++j) {
+      if (!ops[j].allgather || !ag(ops, j).st || !(ag(ops, j).st->key == comm.key)) continue;
+      seen[j] = true;
+      const int r = ag(ops, j).st->rank;
+      if (ag(ops, j).st->nranks != n || r < 0 || r >= n)
+        whole = false;
+      else
+        of_rank[static_cast<size_t>(r)].push_back(j);
+    }
+    const size_t per_rank = of_rank[0].size();
+    for (const auto& mine : of_rank) whole = whole && mine.size() == per_rank;
+    std::vector<LocalSet> found(whole ? per_rank : 0);
+    for (size_t k = 0; k < found.size(); ++k) {
+      found[k].instance = i;
+      found[k].by_rank.resize(static_cast<size_t>(n));
+      const GroupedAllGather& first = ag(ops, of_rank[0][k]);
+      for (int r = 0; r < n; ++r) {
+        const size_t at = of_rank[static_cast<size_t>(r)][k];
+        const GroupedAllGather& a = ag(ops, at);
+        whole = whole && a.count == first.count && a.datatype == first.datatype;
+        found[k].by_rank[static_cast<size_t>(r)] = at;
+        if (at > found[k].last) found[k].last = at;
+      }
+    }
+    if (whole) sets.insert(sets.end(), found.begin(), found.end());
+  }
+  return sets;
+}
+
+// Whether the set can go as one plan: every rank prepared and unpoisoned, in this process,
+// not capturing, its buffers reachable by address from the other GPUs.
+bool qualifies(const std::vector<PendingOp>& ops, const LocalSet& set) {
+  const CudaDriver* cu = cuda_driver();
+  if (!cu || !cu->ce_ok) return false;
+  const int32_t me = static_cast<int32_t>(getpid());
+  std::unique_ptr<OpBuffer> described(new OpBuffer);  // ~5 KB: off the stack
+  for (size_t k : set.by_rank) {
+    const GroupedAllGather& a = ag(ops, k);
+    CommState& st = *a.st;
+    if (st.route.load(std::memory_order_acquire) != RouteState::kCommitted ||
+        route_prepare(st) != ncclSuccess || route_peer_poison(st) != ncclSuccess ||
+        st.poisoned.load() != ncclSuccess)
+      return false;  // alone, the op reports what is wrong
+    for (const MemberFacts& m : st.members)
+      if (m.pid != me) return false;
+    const CUstream stream = reinterpret_cast<CUstream>(a.stream);
+    if (stream_is_capturing(stream)) return false;
+    ScopedDevice dev(st.device);
+    const uint64_t chunk = a.count * nccl_type_size(a.datatype);
+    const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
+    if (!dev.ok() ||
+        !describe_buffer(*cu, reinterpret_cast<uint64_t>(a.recv), total, st.ce->needs,
+                         described.get()) ||
+        !describe_buffer(*cu, reinterpret_cast<uint64_t>(a.send), chunk, st.ce->needs,
+                         described.get()))
+      return false;
+  }
+  return true;
+}
+
+// Issues a qualifying set. A failure after the first step poisons every rank's communicator
+// (a peer's stream may already wait on an event of this op).
+ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
+  const int n = static_cast<int>(set.by_rank.size());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(set.by_rank.size());
+  LocalGroupView view;
+  view.nranks = n;
+  LocalGroupRankIssue ranks[kMaxRanks];
+  uint64_t bytes = 0;
+  for (int r = 0; r < n; ++r) {
+    const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
+    CommState& st = *a.st;
+    locks.emplace_back(st.issue_mu);
+    view.chunk = a.count * nccl_type_size(a.datatype);
+    view.ranks[r] = {reinterpret_cast<uint64_t>(a.send), reinterpret_cast<uint64_t>(a.recv)};
+    ranks[r] = {st.device, st.ce->streams, st.ce->events, reinterpret_cast<CUstream>(a.stream)};
+    bytes += a.total;
+  }
+  thread_local std::vector<LocalGroupStep> plan;
+  plan.clear();
+  build_local_group_plan(view, &plan);
+  CUresult res;
+  {
+    NvtxRange range(zerocta_op_allgather, zerocta_route_ce, bytes);
+    res = issue_local_group_plan(*cuda_driver(), ranks, plan);
+  }
+  for (int r = 0; r < n; ++r) {
+    const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
+    CommState& st = *a.st;
+    if (res != CUDA_SUCCESS) {
+      ZC_WARN(
+          "zero-copy all-gather on rank %d, issued with every rank of its communicator: %s; "
+          "the communicator is poisoned",
+          st.rank, cuda_error_string(res));
+      route_poison(st, ncclUnhandledCudaError);
+      continue;
+    }
+    if (!st.ce->told_local_group) {
+      st.ce->told_local_group = true;
+      ZC_INFO(
+          "zero-copy all-gather on rank %d/%d: this thread issues every rank of the "
+          "communicator in one group, so its all-gathers go as one plan over every GPU, "
+          "synchronized by events (each GPU pushes its chunk; no flags)",
+          st.rank, n);
+    }
+    stats_count(zerocta_op_allgather, zerocta_route_ce, a.total);
+    stats_op_local_group();
+  }
+  return res == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+}  // namespace
+
+ncclResult_t run_group_ops(std::vector<PendingOp>& ops) {
+  const std::vector<LocalSet> sets = find_sets(ops);
+  // An instance's ops go as sets only if every one of its sets qualifies: else one rank's ops
+  // could change order on its stream, some going alone and some with their set.
+  std::vector<bool> refused(ops.size(), false);  // by instance (the index of its first op)
+  for (const LocalSet& set : sets)
+    if (!refused[set.instance] && !qualifies(ops, set)) refused[set.instance] = true;
+  std::vector<size_t> set_of(ops.size(), kNone);
+  for (size_t s = 0; s < sets.size(); ++s)
+    if (!refused[sets[s].instance])
+      for (size_t k : sets[s].by_rank) set_of[k] = s;
+  ncclResult_t first = ncclSuccess;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ncclResult_t r = ncclSuccess;
+    if (set_of[i] == kNone)
+      r = ops[i].run();
+    else if (sets[set_of[i]].last == i)
+      r = issue_set(ops, sets[set_of[i]]);
+    if (first == ncclSuccess) first = r;
+  }
+  return first;
+}
+
+}  // namespace zc

@@ -1,0 +1,31 @@
+// The ops deferred to a group's end (group_state.h), and among them the all-gathers one thread
+// issues for every rank of a communicator at once: nccl-tests -g N, or any program that drives
+// all of a communicator's GPUs from one thread, in one group. Such a set goes as one plan over
+// all the ranks' streams, synchronized by events (local_group_plan.h): no exchange, no flags,
+// and every GPU pushes its own chunk.
+//
+// A set is the i-th routed all-gather of every rank of the communicator in the group (every
+// rank has as many), alike in count and datatype; it qualifies when none of its ops is
+// captured, every rank is prepared and unpoisoned, and every buffer is reachable by address
+// from the other GPUs (cudaMalloc memory with peer access; cuMem memory whose access the
+// application granted them); if one set of a communicator does not, none of its sets goes so
+// and each op goes its own way (ce_allgather.h). Sets go in the order of their last ops, so
+// each rank's ops keep their order on its stream. Either way the choice is this thread's alone
+// and covers every rank of the communicator, so no rank takes another path than its peers.
+// The sets' ops leave the op exchange untouched: every rank skips the same ops, so their op
+// numbers stay in step.
+#pragma once
+
+#include <nccl.h>
+
+#include <vector>
+
+#include "group_state.h"
+
+namespace zc {
+
+// Runs `ops` in program order (a qualifying set where the last of its ops stood) and returns
+// the first error, or ncclSuccess.
+ncclResult_t run_group_ops(std::vector<PendingOp>& ops);
+
+}  // namespace zc
