@@ -137,6 +137,9 @@ TEST(LocalGroup, RandomRoundsMatchNccl) {
           in_place ? g.recv.data() + chunk * static_cast<size_t>(d) : g.send.data();
       ZG_CUDA(cudaMemcpy(send[static_cast<size_t>(d)], inputs[static_cast<size_t>(d)].data(), chunk,
                          cudaMemcpyHostToDevice));
+      // The poison and the input went on the legacy stream, which a non-blocking stream does not
+      // wait for (and a copy from pageable memory may return before it lands).
+      ZG_CUDA(cudaDeviceSynchronize());
     }
     if (verbose) printf("%s: issuing\n", what.c_str()), fflush(stdout);
     const uint64_t ce_before = ce_calls();
