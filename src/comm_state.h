@@ -39,6 +39,7 @@ struct CeComm {
   std::unique_ptr<OpExchange> ops;  // at commit, over the registered region
   bool prepared = false;
   bool told_local_group = false;  // its INFO line about local group plans was logged
+  bool told_one_by_one = false;   // ... and the one about ops of all-local ranks going to NCCL
   uint64_t seq = 0;  // ops posted on this communicator so far
   ReachNeeds needs;  // who must reach this rank's buffers (at prepare)
   std::unique_ptr<PeerImports> imports;

@@ -964,49 +964,56 @@ int default_log() {
   return 0;
 }
 
-// One thread creates two ranks of one communicator in one group, then all-gathers on both in
-// another group (the single-process multi-GPU pattern).
+// One thread creates DRV_GROUPED_RANKS (default 2) ranks of one communicator in one group, then
+// all-gathers on all of them in another group (the single-process multi-GPU pattern), or with
+// DRV_AG_UNGROUPED=1 one by one, outside any group. DRV_AG_OWN_ACCESS=1: each buffer readable by
+// its own device only (cuMem memory whose access the application did not grant the peers).
+// DRV_AG_GROUP_OPS=2: two all-gathers per rank in the group, each rank's both in turn.
 int grouped_init() {
   out("pid", getpid());
   make_current(0);
   const ncclUniqueId id = unique_id();
-  ncclComm_t c[2] = {};
+  const int n = static_cast<int>(env_long("DRV_GROUPED_RANKS", 2));
+  std::vector<ncclComm_t> c(static_cast<size_t>(n), nullptr);
   ncclGroupStart();
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < n; ++i) {
     make_current(i);
-    out("init" + std::to_string(i), ncclCommInitRank(&c[i], 2, id, i));
+    out("init" + std::to_string(i), ncclCommInitRank(&c[static_cast<size_t>(i)], n, id, i));
     int r = -77;
-    ncclCommUserRank(c[i], &r);
+    ncclCommUserRank(c[static_cast<size_t>(i)], &r);
     out("in_group.rank" + std::to_string(i), r);
   }
   out("group_end", ncclGroupEnd());
   stats("init");
   out("init.channel_files", channel_count());
-  if (!c[0] || !c[1]) return 0;
+  for (ncclComm_t x : c)
+    if (!x) return 0;
   {
-    // DRV_AG_OWN_ACCESS=1: each buffer readable by its own device only (cuMem memory whose
-    // access the application did not grant the peer). DRV_AG_GROUP_OPS=2: two all-gathers per
-    // rank in the group, rank 0's both first.
     const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
     const bool own = env_long("DRV_AG_OWN_ACCESS", 0) == 1;
-    const std::vector<int> a0 = own ? std::vector<int>{0} : std::vector<int>{0, 1};
-    const std::vector<int> a1 = own ? std::vector<int>{1} : std::vector<int>{0, 1};
     const bool twice = env_long("DRV_AG_GROUP_OPS", 1) == 2;
-    Gather g0(0, 2, bytes, 0, a0), g1(1, 2, bytes, 1, a1);
-    Gather h0(0, 2, bytes, 0, a0), h1(1, 2, bytes, 1, a1);
-    make_current(0);
-    ncclGroupStart();
-    out("ag0", g0.issue(c[0]));
-    if (twice) out("ag0b", h0.issue(c[0]));
-    make_current(1);
-    out("ag1", g1.issue(c[1]));
-    if (twice) out("ag1b", h1.issue(c[1]));
-    out("ag.end", ncclGroupEnd());
-    out("ag0.data_ok", g0.data_ok());
-    out("ag1.data_ok", g1.data_ok());
-    if (twice) {
-      out("ag0b.data_ok", h0.data_ok());
-      out("ag1b.data_ok", h1.data_ok());
+    const bool grouped = env_long("DRV_AG_UNGROUPED", 0) != 1;
+    std::vector<int> every;
+    for (int i = 0; i < n; ++i) every.push_back(i);
+    std::vector<std::unique_ptr<Gather>> g, h;
+    for (int i = 0; i < n; ++i) {
+      const std::vector<int> access = own ? std::vector<int>{i} : every;
+      g.emplace_back(new Gather(i, n, bytes, i, access));
+      h.emplace_back(new Gather(i, n, bytes, i, access));
+    }
+    if (grouped) ncclGroupStart();
+    for (int i = 0; i < n; ++i) {
+      make_current(i);
+      out("ag" + std::to_string(i), g[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
+      if (twice)
+        out("ag" + std::to_string(i) + "b",
+            h[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
+    }
+    if (grouped) out("ag.end", ncclGroupEnd());
+    for (int i = 0; i < n; ++i) {
+      out("ag" + std::to_string(i) + ".data_ok", g[static_cast<size_t>(i)]->data_ok());
+      if (twice)
+        out("ag" + std::to_string(i) + "b.data_ok", h[static_cast<size_t>(i)]->data_ok());
     }
     stats("ag");
   }
