@@ -59,6 +59,7 @@ CudaDriver* load() {
   ce &= get(gpa, "cuEventCreate", &d.cuEventCreate);
   ce &= get(gpa, "cuEventDestroy", &d.cuEventDestroy);
   ce &= get(gpa, "cuEventRecord", &d.cuEventRecord);
+  ce &= get(gpa, "cuEventQuery", &d.cuEventQuery);
   ce &= get(gpa, "cuMemcpyAsync", &d.cuMemcpyAsync);
   ce &= get(gpa, "cuStreamBatchMemOp", &d.cuStreamBatchMemOp);
   ce &= get(gpa, "cuMemRelease", &d.cuMemRelease);

@@ -33,6 +33,7 @@ struct CudaDriver {
   CUresult (*cuEventCreate)(CUevent*, unsigned);
   CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventQuery)(CUevent);
   CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   // The route's flag waits and writes, a stream's consecutive ones in one call (ce_exec.cc).
   CUresult (*cuStreamBatchMemOp)(CUstream, unsigned, CUstreamBatchMemOpParams*, unsigned);

@@ -86,6 +86,7 @@ void time_driver_calls(CudaDriver* d) {
   ZC_TIME(cuStreamIsCapturing);
   ZC_TIME(cuStreamWaitEvent);
   ZC_TIME(cuEventRecord);
+  ZC_TIME(cuEventQuery);
   ZC_TIME(cuMemcpyAsync);
   ZC_TIME(cuStreamBatchMemOp);
   ZC_TIME(cuMemMap);

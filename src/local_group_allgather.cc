@@ -8,6 +8,7 @@
 
 #include "ce_allgather.h"
 #include "ce_exec.h"
+#include "local_aliases.h"
 #include "log.h"
 #include "nvtx_ranges.h"
 #include "peer_memory.h"
@@ -25,6 +26,9 @@ struct LocalSet {
   std::vector<size_t> by_rank;  // each rank's op, as an index into the group's ops
   size_t last = 0;              // where the set is issued: the position of its last op
   size_t instance = 0;          // sets of one communicator instance share it
+  // Per rank, where the other GPUs write into its receive buffer when its owner did not grant
+  // them access (local_aliases.h); 0: the buffer itself.
+  std::vector<uint64_t> recv_for_peers;
 };
 
 const GroupedAllGather& ag(const std::vector<PendingOp>& ops, size_t i) {
@@ -75,13 +79,19 @@ std::vector<LocalSet> find_sets(const std::vector<PendingOp>& ops) {
 }
 
 // Whether the set can go as one plan: every rank prepared and unpoisoned, in this process,
-// not capturing, its buffers reachable by address from the other GPUs.
-bool qualifies(const std::vector<PendingOp>& ops, const LocalSet& set) {
+// not capturing, its receive buffer reachable by address from the other GPUs — directly, or
+// through a second mapping of its cuMem memory open to them (set.recv_for_peers) — and its send
+// buffer memory its own GPU copies from.
+bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
   const CudaDriver* cu = cuda_driver();
   if (!cu || !cu->ce_ok) return false;
   const int32_t me = static_cast<int32_t>(getpid());
   std::unique_ptr<OpBuffer> described(new OpBuffer);  // ~5 KB: off the stack
-  for (size_t k : set.by_rank) {
+  int devices[kMaxRanks];
+  for (size_t r = 0; r < set->by_rank.size(); ++r) devices[r] = ag(ops, set->by_rank[r]).st->device;
+  set->recv_for_peers.assign(set->by_rank.size(), 0);
+  for (size_t r = 0; r < set->by_rank.size(); ++r) {
+    const size_t k = set->by_rank[r];
     const GroupedAllGather& a = ag(ops, k);
     CommState& st = *a.st;
     if (st.route.load(std::memory_order_acquire) != RouteState::kCommitted ||
@@ -95,11 +105,16 @@ bool qualifies(const std::vector<PendingOp>& ops, const LocalSet& set) {
     ScopedDevice dev(st.device);
     const uint64_t chunk = a.count * nccl_type_size(a.datatype);
     const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
-    if (!dev.ok() ||
-        !describe_buffer(*cu, reinterpret_cast<uint64_t>(a.recv), total, st.ce->needs,
-                         described.get()) ||
-        !describe_buffer(*cu, reinterpret_cast<uint64_t>(a.send), chunk, st.ce->needs,
-                         described.get()))
+    if (!dev.ok()) return false;
+    const uint64_t recv = reinterpret_cast<uint64_t>(a.recv),
+                   send = reinterpret_cast<uint64_t>(a.send);
+    MappedBlock own;
+    if (!describe_buffer(*cu, recv, total, st.ce->needs, described.get()) &&
+        !local_alias(*cu, recv, total, devices, static_cast<int>(set->by_rank.size()),
+                     &set->recv_for_peers[r]))
+      return false;
+    if (!describe_buffer(*cu, send, chunk, st.ce->needs, described.get()) &&
+        !mapped_block_at(*cu, send, &own))
       return false;
   }
   return true;
@@ -120,7 +135,8 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
     CommState& st = *a.st;
     locks.emplace_back(st.issue_mu);
     view.chunk = a.count * nccl_type_size(a.datatype);
-    view.ranks[r] = {reinterpret_cast<uint64_t>(a.send), reinterpret_cast<uint64_t>(a.recv)};
+    view.ranks[r] = {reinterpret_cast<uint64_t>(a.send), reinterpret_cast<uint64_t>(a.recv),
+                     set.recv_for_peers[static_cast<size_t>(r)]};
     ranks[r] = {st.device, st.ce->streams, st.ce->events, reinterpret_cast<CUstream>(a.stream)};
     bytes += a.total;
   }
@@ -132,6 +148,13 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
     NvtxRange range(zerocta_op_allgather, zerocta_route_ce, bytes);
     res = issue_local_group_plan(*cuda_driver(), ranks, plan);
   }
+  // The copies into a second mapping have finished once every writer's push stream passed them.
+  for (int q = 0; q < n && res == CUDA_SUCCESS; ++q)
+    for (int r = 0; r < n && set.recv_for_peers[static_cast<size_t>(q)]; ++r)
+      if (r != q && !local_alias_used(*cuda_driver(), set.recv_for_peers[static_cast<size_t>(q)],
+                                      ranks[r].device,
+                                      ranks[r].streams[static_cast<int>(DirectStream::kPush)]))
+        res = CUDA_ERROR_UNKNOWN;
   for (int r = 0; r < n; ++r) {
     const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
     CommState& st = *a.st;
@@ -160,12 +183,13 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
 }  // namespace
 
 ncclResult_t run_group_ops(std::vector<PendingOp>& ops) {
-  const std::vector<LocalSet> sets = find_sets(ops);
+  std::vector<LocalSet> sets = find_sets(ops);
+  if (!sets.empty() && cuda_driver()) tidy_local_aliases(*cuda_driver());
   // An instance's ops go as sets only if every one of its sets qualifies: else one rank's ops
   // could change order on its stream, some going alone and some with their set.
   std::vector<bool> refused(ops.size(), false);  // by instance (the index of its first op)
-  for (const LocalSet& set : sets)
-    if (!refused[set.instance] && !qualifies(ops, set)) refused[set.instance] = true;
+  for (LocalSet& set : sets)
+    if (!refused[set.instance] && !qualifies(ops, &set)) refused[set.instance] = true;
   std::vector<size_t> set_of(ops.size(), kNone);
   for (size_t s = 0; s < sets.size(); ++s)
     if (!refused[sets[s].instance])

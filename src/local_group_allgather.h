@@ -6,9 +6,11 @@
 //
 // A set is the i-th routed all-gather of every rank of the communicator in the group (every
 // rank has as many), alike in count and datatype; it qualifies when none of its ops is
-// captured, every rank is prepared and unpoisoned, and every buffer is reachable by address
-// from the other GPUs (cudaMalloc memory with peer access; cuMem memory whose access the
-// application granted them); if one set of a communicator does not, none of its sets goes so
+// captured, every rank is prepared and unpoisoned, and every receive buffer is reachable by
+// address from the other GPUs (cudaMalloc memory with peer access; cuMem memory whose access
+// the application granted them, or else a second mapping of it, local_aliases.h) and every send
+// buffer is device memory of its own GPU; if one set of a communicator does not, none of its
+// sets goes so
 // and each op goes its own way (ce_allgather.h). Sets go in the order of their last ops, so
 // each rank's ops keep their order on its stream. Either way the choice is this thread's alone
 // and covers every rank of the communicator, so no rank takes another path than its peers.

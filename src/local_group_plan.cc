@@ -19,6 +19,9 @@ void build_local_group_plan(const LocalGroupView& v, std::vector<LocalGroupStep>
   };
   const int n = v.nranks;
   auto own_slot = [&](int r) { return v.ranks[r].recv + static_cast<uint64_t>(r) * v.chunk; };
+  auto peers_recv = [&](int q) {
+    return v.ranks[q].recv_for_peers ? v.ranks[q].recv_for_peers : v.ranks[q].recv;
+  };
   auto in_place = [&](int r) { return v.ranks[r].send == own_slot(r); };
 
   for (int r = 0; r < n; ++r) step(r, S::kUser, DirectOpKind::kRecord, r, kEvStart);
@@ -30,7 +33,7 @@ void build_local_group_plan(const LocalGroupView& v, std::vector<LocalGroupStep>
       const int q = (r + n - i) % n;
       if (v.chunk)
         step(r, S::kPush, DirectOpKind::kCopy, 0, 0,
-             v.ranks[q].recv + static_cast<uint64_t>(r) * v.chunk, v.ranks[r].send, v.chunk);
+             peers_recv(q) + static_cast<uint64_t>(r) * v.chunk, v.ranks[r].send, v.chunk);
     }
     step(r, S::kPush, DirectOpKind::kRecord, r, kEvEnd);
     if (in_place(r)) continue;

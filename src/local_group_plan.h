@@ -33,7 +33,10 @@
 namespace zc {
 
 struct LocalGroupRank {
-  uint64_t send = 0, recv = 0;  // its buffers, as every GPU of the process addresses them
+  uint64_t send = 0, recv = 0;  // its buffers, as its own GPU addresses them
+  // Where the other GPUs write into recv: recv itself, or a second mapping of it open to them
+  // (local_aliases.h) where its owner did not grant them access. 0: recv.
+  uint64_t recv_for_peers = 0;
 };
 
 struct LocalGroupView {

@@ -156,6 +156,13 @@ bool pointer_reachable(const CudaDriver& cu, uint64_t addr, const ReachNeeds& ne
 
 }  // namespace
 
+bool mapped_block_at(const CudaDriver& cu, uint64_t p, MappedBlock* out) {
+  Block b;
+  if (!block_at(cu, p, &b)) return false;
+  *out = MappedBlock{b.base, b.bytes, b.id};
+  return true;
+}
+
 bool describe_buffer(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const ReachNeeds& needs,
                      OpBuffer* out) {
   out->addr = addr;

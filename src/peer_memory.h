@@ -153,6 +153,13 @@ class PeerImports {
   std::map<int, std::string> owners_;  // pid -> its fd service's address
 };
 
+// The cuMem allocation mapped at `p` in this process: its mapping's base and size and its block
+// id (never reused in a process). False for any other memory.
+struct MappedBlock {
+  uint64_t base = 0, bytes = 0, id = 0;
+};
+bool mapped_block_at(const CudaDriver& cu, uint64_t p, MappedBlock* out);
+
 // Lets `device`'s context reach cudaMalloc memory of `peer_device` by address. Tolerates
 // "already enabled" (NCCL enables it too).
 bool enable_peer_access(const CudaDriver& cu, int device, int peer_device);

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "fd_exchange.h"
 #include "flag_watch.h"
+#include "local_aliases.h"
 #include "log.h"
 #include "nvml_links.h"
 #include "process_info.h"
@@ -401,6 +402,9 @@ void route_teardown(CommState& st, bool aborting) {
     for (int k = 1; k < kDirectStreams; ++k)
       if (ce->streams[k]) cu->cuStreamSynchronize(ce->streams[k]);
     unwatch_flags(ce->ops.get());
+    // Second mappings of this process's buffers (local group plans): the idle ones go, so that
+    // none outlives the communicators that wrote through it.
+    release_idle_local_aliases(*cu);
   }
   release_route(st);
   st.channel.reset();

@@ -588,6 +588,18 @@ CUresult cuEventDestroy(CUevent event) {
   return done(what, CUDA_SUCCESS);
 }
 
+// Work on fake streams runs when it is issued: every event a stream recorded has passed.
+CUresult cuEventQuery(CUevent event) {
+  std::string what = "cuEventQuery event=" + event_name(event);
+  FAKE_CUDA_ENTRY("cuEventQuery", what, CUDA_ERROR_UNKNOWN);
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    known = events().count(event) != 0;
+  }
+  return done(what, known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+}
+
 // Recorded on a capturing stream, the event marks a point of that capture: a stream that waits
 // for it joins the capture (fake_cuda_graph.cc).
 CUresult cuEventRecord(CUevent event, CUstream stream) {
@@ -1350,6 +1362,7 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuEventCreate", reinterpret_cast<void*>(&cuEventCreate)},
       {"cuEventDestroy", reinterpret_cast<void*>(&cuEventDestroy)},
       {"cuEventRecord", reinterpret_cast<void*>(&cuEventRecord)},
+      {"cuEventQuery", reinterpret_cast<void*>(&cuEventQuery)},
       {"cuMemAlloc", reinterpret_cast<void*>(&cuMemAlloc)},
       {"cuMemFree", reinterpret_cast<void*>(&cuMemFree)},
       {"cuMemcpyAsync", reinterpret_cast<void*>(&cuMemcpyAsync)},

@@ -10,17 +10,20 @@
 // ZEROCTA_LOCAL_GROUP_ROUNDS (default 200) rounds over min(8, visible) GPUs, every
 // ZEROCTA_LOCAL_GROUP_TWO_EVERY-th (default 7) with two all-gathers per rank. ZEROCTA_EXPECT_CE=1
 // also requires every all-gather to have taken the copy-engine route (the shim's counters);
-// ZEROCTA_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for.
+// ZEROCTA_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for;
+// ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cumem_buffer.h"
 #include "gpu_gtest.h"
 #include "rank_util.h"
 
@@ -49,15 +52,33 @@ size_t type_size(ncclDataType_t t) {
   }
 }
 
+// ZEROCTA_LOCAL_GROUP_ALLOC=cumem: buffers in 20 MiB cuMem allocations open to their own GPU
+// only (the route maps them a second time for the others); default cudaMalloc.
+bool cumem_buffers() {
+  const char* v = getenv("ZEROCTA_LOCAL_GROUP_ALLOC");
+  return v && std::string(v) == "cumem";
+}
+
 // A device allocation with poisoned guards on both sides of its usable bytes.
 struct Guarded {
   char* base = nullptr;
   size_t bytes = 0;  // usable
   char* data() const { return base + kGuard; }
   void make(size_t b) {
-    if (base) ZG_CUDA(cudaFree(base));
+    drop();
     bytes = b;
-    ZG_CUDA(cudaMalloc(&base, bytes + 2 * kGuard));
+    if (cumem_buffers())
+      base = static_cast<char*>(cumem_alloc(bytes + 2 * kGuard, size_t{20} << 20));
+    else
+      ZG_CUDA(cudaMalloc(&base, bytes + 2 * kGuard));
+  }
+  void drop() {
+    if (!base) return;
+    if (cumem_buffers())
+      cumem_free(base);
+    else
+      ZG_CUDA(cudaFree(base));
+    base = nullptr;
   }
   void poison() const { ZG_CUDA(cudaMemset(base, kPoison, bytes + 2 * kGuard)); }
   // The usable bytes, and whether both guards are intact.
@@ -206,8 +227,7 @@ TEST(LocalGroup, RandomRoundsMatchNccl) {
   for (int d = 0; d < n; ++d) {
     Device& g = dev[static_cast<size_t>(d)];
     ZG_CUDA(cudaSetDevice(d));
-    for (Guarded* b : {&g.recv, &g.ref, &g.second, &g.send, &g.reduce})
-      if (b->base) ZG_CUDA(cudaFree(b->base));
+    for (Guarded* b : {&g.recv, &g.ref, &g.second, &g.send, &g.reduce}) b->drop();
     ZG_CUDA(cudaStreamDestroy(g.stream));
     ZG_NCCL(ncclCommDestroy(comms[static_cast<size_t>(d)]));
   }

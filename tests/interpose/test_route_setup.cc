@@ -654,11 +654,46 @@ TEST(RouteSetup, OneThreadsGroupOverEveryRankIssuesOnePlanWithoutFlags) {
   }
 }
 
-// Where the group's ops cannot go as one plan they go one by one, through the exchange: buffers
-// the peer's GPU cannot read by address (the first rank's then sends the op to NCCL on both).
-TEST(RouteSetup, OneThreadsGroupThatCannotGoAsOnePlanGoesOpByOp) {
+// cuMem buffers whose owner granted only its own GPU access: each is mapped a second time, open
+// to the other GPU, and the group still goes as one plan; the second mappings go with the
+// communicators (after the application freed the buffers, none is left).
+TEST(RouteSetup, OneThreadsGroupReachesUngrantedCuMemThroughASecondMapping) {
   Scratch s, chan, rdv;
   RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_OWN_ACCESS", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string pid = r.kv()["pid"];
+  EXPECT_EQ(r.num("ag0.data_ok"), 1) << r.describe();
+  EXPECT_EQ(r.num("ag1.data_ok"), 1) << r.describe();
+  EXPECT_EQ(r.num("ag.ag_ce"), 2) << r.describe();
+  EXPECT_EQ(json_number(stats_file(s, pid), "local_group_ops"), 2);
+  // Each rank's receive buffer (one allocation each), retained and mapped once more.
+  EXPECT_EQ(cuda_calls(r, "cuMemRetainAllocationHandle", pid), 2) << r.describe();
+  for (const char* kind : {"alloc", "reserve", "map", "event"})
+    EXPECT_EQ(r.num(std::string("end.live_") + kind), 0) << kind << "\n" << r.describe();
+}
+
+// Buffers freed after each group and allocated afresh for the next: the second mappings of the
+// freed ones go at the next group's end, never reused for the new buffers at the same addresses
+// (their allocations are new), and the data is right every round.
+TEST(RouteSetup, SecondMappingsOfFreedBuffersGoAtTheNextGroup) {
+  Scratch s, chan, rdv;
+  RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_OWN_ACCESS", "1"}, {"DRV_AG_ROUNDS", "6"}});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  int ok = 0;
+  for (const std::string& line : r.out_lines()) ok += line == "ag0.data_ok=1" || line == "ag1.data_ok=1";
+  EXPECT_EQ(ok, 12) << r.describe();
+  EXPECT_EQ(json_number(stats_file(s, r.kv()["pid"]), "local_group_ops"), 12);
+  EXPECT_EQ(cuda_calls(r, "cuMemRetainAllocationHandle", r.kv()["pid"]), 12) << r.describe();
+  // Only the last round's two, whose buffers were freed after the last group.
+  EXPECT_EQ(r.num("rounds.live_reserve"), 2) << r.describe();
+  EXPECT_EQ(r.num("end.live_reserve"), 0) << r.describe();
+}
+
+// Where the group's ops cannot go as one plan they go one by one, through the exchange: host
+// memory, which no GPU reaches by address (the first rank's then sends the op to NCCL on both).
+TEST(RouteSetup, OneThreadsGroupThatCannotGoAsOnePlanGoesOpByOp) {
+  Scratch s, chan, rdv;
+  RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_MEM", "host"}});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   // NCCL's (the fake moves no data): both launched at the group's end.
   int launched = 0;

@@ -212,6 +212,24 @@ TEST(LocalGroupPlan, EachPushAndNoOtherCopyCrossesGpus) {
   }
 }
 
+// A rank reached through a second mapping (local_aliases.h): the peers push into that, its own
+// copy still goes to its receive buffer as its GPU addresses it.
+TEST(LocalGroupPlan, PeersWriteThroughTheSecondMappingWhereThereIsOne) {
+  LocalGroupView v;
+  v.nranks = 2;
+  v.chunk = 16;
+  v.ranks[0] = {0x1000, 0x2000, 0};
+  v.ranks[1] = {0x3000, 0x4000, 0x9000};
+  std::vector<LocalGroupStep> plan;
+  build_local_group_plan(v, &plan);
+  std::vector<uint64_t> dst_of_rank0, dst_of_rank1;
+  for (const LocalGroupStep& s : plan)
+    if (s.op.kind == DirectOpKind::kCopy)
+      (s.rank == 0 ? dst_of_rank0 : dst_of_rank1).push_back(s.op.dst);
+  EXPECT_EQ(dst_of_rank0, (std::vector<uint64_t>{0x9000, 0x2000}));  // push, own chunk
+  EXPECT_EQ(dst_of_rank1, (std::vector<uint64_t>{0x2000 + 16, 0x4000 + 16}));
+}
+
 // Every wait of the plan is needed: without any one of them some interleaving delivers wrong
 // bytes (so the simulation above can fail).
 TEST(LocalGroupPlan, EveryWaitIsNeeded) {

@@ -969,6 +969,7 @@ int default_log() {
 // DRV_AG_UNGROUPED=1 one by one, outside any group. DRV_AG_OWN_ACCESS=1: each buffer readable by
 // its own device only (cuMem memory whose access the application did not grant the peers).
 // DRV_AG_GROUP_OPS=2: two all-gathers per rank in the group, each rank's both in turn.
+// Each key is printed once per round (the last round's value wins).
 int grouped_init() {
   out("pid", getpid());
   make_current(0);
@@ -988,7 +989,11 @@ int grouped_init() {
   out("init.channel_files", channel_count());
   for (ncclComm_t x : c)
     if (!x) return 0;
-  {
+  // DRV_AG_ROUNDS=N: N groups, each on buffers allocated for it and freed after it; then
+  // rounds.live_reserve counts the driver's address reservations still held (the route's
+  // second mappings of buffers already freed included).
+  const long rounds = env_long("DRV_AG_ROUNDS", 1);
+  for (long round = 0; round < rounds; ++round) {
     const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
     const bool own = env_long("DRV_AG_OWN_ACCESS", 0) == 1;
     const bool twice = env_long("DRV_AG_GROUP_OPS", 1) == 2;
@@ -1017,6 +1022,7 @@ int grouped_init() {
     }
     stats("ag");
   }
+  out("rounds.live_reserve", fake_cuda_live("reserve"));
   for (ncclComm_t x : c) out("destroy", ncclCommDestroy(x));
   report("end");
   cuda_live("end");
