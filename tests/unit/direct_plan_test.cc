@@ -35,15 +35,10 @@
 #include <vector>
 
 #include "op_exchange.h"
+#include "plan_sim_bytes.h"
 
 namespace zc {
 namespace {
-
-uint8_t pattern(int rank, uint64_t seq, uint64_t i) {
-  return static_cast<uint8_t>(rank * 59 + seq * 13 + i * 7 + 1);
-}
-
-uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // One simulated stream operation: a plan op, or the application's work around an op.
 struct SimOp {

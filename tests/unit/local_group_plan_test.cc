@@ -7,6 +7,7 @@
 // the received bytes and scribbling over both buffers, as an application that reuses them
 // would. A missing wait shows as wrong bytes.
 #include "local_group_plan.h"
+#include "plan_sim_bytes.h"
 
 #include <gtest/gtest.h>
 
@@ -20,12 +21,6 @@
 
 namespace zc {
 namespace {
-
-uint8_t pattern(int rank, int op, uint64_t i) {
-  return static_cast<uint8_t>(rank * 59 + op * 13 + i * 7 + 1);
-}
-
-uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 struct SimStep {
   enum Kind { kPlan, kProduce, kConsume } kind = kPlan;
@@ -61,13 +56,7 @@ class Sim {
   // Op `op`: the application's input on every rank, the plan's steps in their order, then the
   // checks; `drop` (if >= 0) leaves that step of the plan out.
   void enqueue(int op, const std::vector<LocalGroupStep>& plan, int drop) {
-    for (int r = 0; r < n_; ++r) {
-      SimStep s;
-      s.kind = SimStep::kProduce;
-      s.op = op;
-      s.step.rank = static_cast<uint8_t>(r);
-      streams_[r][0].push_back(s);
-    }
+    application_step(SimStep::kProduce, op);
     for (size_t i = 0; i < plan.size(); ++i) {
       if (static_cast<int>(i) == drop) continue;
       SimStep s;
@@ -78,9 +67,14 @@ class Sim {
       if (o.kind == DirectOpKind::kWaitEvent) s.target = issued_[plan[i].event_rank][o.event];
       streams_[plan[i].rank][static_cast<int>(o.stream)].push_back(s);
     }
+    application_step(SimStep::kConsume, op);
+  }
+
+  // The application's work of op `op` on every rank's user stream.
+  void application_step(SimStep::Kind kind, int op) {
     for (int r = 0; r < n_; ++r) {
       SimStep s;
-      s.kind = SimStep::kConsume;
+      s.kind = kind;
       s.op = op;
       s.step.rank = static_cast<uint8_t>(r);
       streams_[r][0].push_back(s);

@@ -59,8 +59,7 @@ double ping_pong(const Flags& f, cudaStream_t a, cudaStream_t b, cudaEvent_t sta
     CK(cudaEventElapsedTime(&ms, start, end));
     us.push_back(ms * 1000.0 / kTrips);
   }
-  std::sort(us.begin(), us.end());
-  return us[kRuns / 2];
+  return median_of(us);
 }
 
 // The same round trip between two streams of one GPU through events (record on one, wait on the
@@ -92,19 +91,14 @@ double event_ping_pong(cudaStream_t a, cudaStream_t b, int b_device, cudaEvent_t
   }
   CK(cudaEventDestroy(ping));
   CK(cudaEventDestroy(pong));
-  std::sort(us.begin(), us.end());
-  return us[kRuns / 2];
+  return median_of(us);
 }
 
 }  // namespace
 
 int main() {
-  int n = 0;
-  CK(cudaGetDeviceCount(&n));
-  if (n < 2) {
-    printf("flag_latency_probe: needs 2 GPUs, found %d\n", n);
-    return 0;
-  }
+  int n = gpus_for_probe("flag_latency_probe");
+  if (n == 0) return 0;
   CU(cuInit(0));
   cudaStream_t a, b;
   cudaEvent_t start, end;

@@ -91,19 +91,14 @@ double run(std::vector<Gpu>& g, size_t chunk, bool synced) {
     CK(cudaEventElapsedTime(&ms, t0, t1));
     if (run >= 0) us.push_back(ms * 1000.0 / kOps);
   }
-  std::sort(us.begin(), us.end());
-  return us[kRuns / 2];
+  return median_of(us);
 }
 
 }  // namespace
 
 int main() {
-  int n = 0;
-  CK(cudaGetDeviceCount(&n));
-  if (n < 2) {
-    printf("local_group_probe: needs 2 GPUs, found %d\n", n);
-    return 0;
-  }
+  int n = gpus_for_probe("local_group_probe");
+  if (n == 0) return 0;
   n = std::min(n, kMaxGpus);
   const size_t max_total = size_t{1} << 30;  // each GPU's receive buffer
   for (int gpus = 2; gpus <= n; gpus *= 2) {

@@ -1,12 +1,14 @@
 // The probes' error checks: a failed CUDA runtime (CK) or driver (CU) call prints where and why
-// and ends the probe with status 1. Header-only, for nvcc.
+// and ends the probe with status 1; and what the timing probes share. Header-only, for nvcc.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(x)                                                                            \
   do {                                                                                   \
@@ -26,3 +28,18 @@
       exit(1);                                                                  \
     }                                                                           \
   } while (0)
+
+// The median of `v` (sorted in place; not empty).
+inline double median_of(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The number of visible GPUs; where it is below two, says that `probe` needs two and returns 0.
+inline int gpus_for_probe(const char* probe) {
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n >= 2) return n;
+  printf("%s: needs 2 GPUs, found %d\n", probe, n);
+  return 0;
+}
