@@ -7,7 +7,6 @@
 // the received bytes and scribbling over both buffers, as an application that reuses them
 // would. A missing wait shows as wrong bytes.
 #include "local_group_plan.h"
-#include "plan_sim_bytes.h"
 
 #include <gtest/gtest.h>
 
@@ -18,6 +17,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "plan_sim_bytes.h"
 
 namespace zc {
 namespace {
