@@ -358,18 +358,18 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
     return fail(st, ncclInternalError, "set-up", "not prepared");
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
-  // Three or more ranks, every one in this process, whose ops come one by one (not as one
-  // thread's group over all of them, local_group_allgather.h): NCCL's. On 4 H200s in one process
-  // the exchange's plans hung (two all-gathers per rank in one thread's group, before that group
-  // went as one plan; also with the build before), which is not understood yet; two ranks in one
-  // process run the exchange bitwise (docs/RELIABILITY.md). Every rank of such a communicator
-  // is here and decides alike, without the exchange.
-  if (!ce->needs.by_extents && st.nranks >= 3) {
+  // Every rank in this process, ops coming one by one (not as one thread's group over all of
+  // them, local_group_allgather.h): NCCL's. Measured with this exchange: nccl-tests -t 2 (a
+  // thread per GPU) ran at 172.6 / 191.1 / 196.7 GB/s in place at 64 MiB / 256 MiB / 1 GiB on
+  // 2 H200s, below NCCL's kernel path, the later rank's two copies taking turns; and on 4
+  // H200s in one process its plans stalled (docs/RELIABILITY.md), not understood yet. Every
+  // rank of such a communicator is here and decides alike, without the exchange.
+  if (!ce->needs.by_extents) {
     if (!ce->told_one_by_one) {
       ce->told_one_by_one = true;
       ZC_INFO("zero-copy all-gather on rank %d/%d: every rank is in this process and its "
               "all-gathers come one by one, not in one group of this thread over every rank: "
-              "they go to NCCL (docs/RELIABILITY.md)",
+              "they go to NCCL (docs/PERFORMANCE.md)",
               st.rank, st.nranks);
     }
     *to_nccl = true;

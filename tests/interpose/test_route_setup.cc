@@ -721,28 +721,32 @@ TEST(RouteSetup, OneThreadsGroupWithTwoAllGathersPerRankIssuesTwoPlans) {
   EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 0) << r.describe();
 }
 
-// Three ranks in one process: one thread's group over all of them goes as one plan; the same
-// ops issued one by one go to NCCL on every rank (the exchange is not used there).
-TEST(RouteSetup, ThreeRanksOfOneProcessGoAsOnePlanOrToNccl) {
-  {
-    Scratch s, chan, rdv;
-    RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_GROUPED_RANKS", "3"}});
-    ASSERT_EQ(r.exit_code, 0) << r.describe();
-    for (const char* k : {"ag0.data_ok", "ag1.data_ok", "ag2.data_ok"})
-      EXPECT_EQ(r.num(k), 1) << k << "\n" << r.describe();
-    EXPECT_EQ(r.num("ag.ag_ce"), 3) << r.describe();
-    EXPECT_EQ(json_number(stats_file(s, r.kv()["pid"]), "local_group_ops"), 3);
-  }
-  {
-    Scratch s, chan, rdv;
-    RunResult r = run_grouped_init(s, chan, rdv,
-                                   {{"DRV_GROUPED_RANKS", "3"}, {"DRV_AG_UNGROUPED", "1"}});
-    ASSERT_EQ(r.exit_code, 0) << r.describe();
-    EXPECT_EQ(r.num("ag.ag_ce"), 0) << r.describe();
-    EXPECT_EQ(r.num("ag.ag_pass"), 3) << r.describe();
-    const std::string pid = r.kv()["pid"];
-    EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 0) << r.describe();
-    EXPECT_TRUE(any_contains(r.err_lines(), "all-gathers come one by one")) << r.describe();
+// Every rank in one process: one thread's group over all of them goes as one plan; the same ops
+// issued one by one go to NCCL on every rank (the exchange is not used there).
+TEST(RouteSetup, RanksOfOneProcessGoAsOnePlanOrToNccl) {
+  for (const char* n : {"2", "3"}) {
+    SCOPED_TRACE(std::string(n) + " ranks");
+    const int ranks = std::stoi(n);
+    {
+      Scratch s, chan, rdv;
+      RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_GROUPED_RANKS", n}});
+      ASSERT_EQ(r.exit_code, 0) << r.describe();
+      for (int i = 0; i < ranks; ++i)
+        EXPECT_EQ(r.num("ag" + std::to_string(i) + ".data_ok"), 1) << i << "\n" << r.describe();
+      EXPECT_EQ(r.num("ag.ag_ce"), ranks) << r.describe();
+      EXPECT_EQ(json_number(stats_file(s, r.kv()["pid"]), "local_group_ops"), ranks);
+    }
+    {
+      Scratch s, chan, rdv;
+      RunResult r =
+          run_grouped_init(s, chan, rdv, {{"DRV_GROUPED_RANKS", n}, {"DRV_AG_UNGROUPED", "1"}});
+      ASSERT_EQ(r.exit_code, 0) << r.describe();
+      EXPECT_EQ(r.num("ag.ag_ce"), 0) << r.describe();
+      EXPECT_EQ(r.num("ag.ag_pass"), ranks) << r.describe();
+      const std::string pid = r.kv()["pid"];
+      EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 0) << r.describe();
+      EXPECT_TRUE(any_contains(r.err_lines(), "all-gathers come one by one")) << r.describe();
+    }
   }
 }
 
