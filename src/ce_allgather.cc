@@ -364,7 +364,7 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   // 2 H200s, below NCCL's kernel path, the later rank's two copies taking turns; and on 4
   // H200s in one process its plans stalled (docs/RELIABILITY.md), not understood yet. Every
   // rank of such a communicator is here and decides alike, without the exchange.
-  if (!ce->needs.by_extents) {
+  if (ce->all_local()) {
     if (!ce->told_one_by_one) {
       ce->told_one_by_one = true;
       ZC_INFO("zero-copy all-gather on rank %d/%d: every rank is in this process and its "

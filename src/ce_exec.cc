@@ -42,6 +42,26 @@ CUstreamBatchMemOpParams mem_op(const DirectOp& op) {
   return p;
 }
 
+// A copy, an event record or an event wait on `s`; `event` is the one the op names.
+// One cuMemcpyAsync per copy, not a cuMemcpyBatchAsync: measured on H200 (driver 580), a
+// batch's copies and those of a batch on another stream of the same GPU run one after the
+// other, so the push and the pull of a pair took twice as long (190 GB/s busbw at 256 MiB in
+// place, against 380 for two plain copies on two streams); and a stream's pushes to its 3
+// peers as one batch ran no faster than 3 copies (4 H200s, 380 GB/s busbw at 1 GiB either
+// way). A batch cannot be captured either.
+CUresult stream_op(const CudaDriver& cu, const DirectOp& op, CUstream s, CUevent event) {
+  switch (op.kind) {
+    case DirectOpKind::kCopy:
+      return cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
+    case DirectOpKind::kRecord:
+      return cu.cuEventRecord(event, s);
+    case DirectOpKind::kWaitEvent:
+      return cu.cuStreamWaitEvent(s, event, 0);
+    default:  // flag operations go in batches (issue_plan)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
 }  // namespace
 
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
@@ -71,20 +91,8 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
         i += n - 1;
         break;
       }
-      // One cuMemcpyAsync per copy, not a cuMemcpyBatchAsync: measured on H200 (driver 580),
-      // a batch's copies and those of a batch on another stream of the same GPU run one after
-      // the other, so the push and the pull of a pair took twice as long (190 GB/s busbw at
-      // 256 MiB in place, against 380 for two plain copies on two streams); and a stream's
-      // pushes to its 3 peers as one batch ran no faster than 3 copies (4 H200s, 380 GB/s
-      // busbw at 1 GiB either way). A batch cannot be captured either.
-      case DirectOpKind::kCopy:
-        r = cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
-        break;
-      case DirectOpKind::kRecord:
-        r = cu.cuEventRecord(events[op.event], s);
-        break;
-      case DirectOpKind::kWaitEvent:
-        r = cu.cuStreamWaitEvent(s, events[op.event], 0);
+      default:
+        r = stream_op(cu, op, s, events[op.event]);
         break;
     }
     if (r != CUDA_SUCCESS) return r;
@@ -108,22 +116,10 @@ CUresult issue_local_group_plan(const CudaDriver& cu, const LocalGroupRankIssue*
     }
     const DirectOp& op = step.op;
     CUstream s = op.stream == DirectStream::kUser ? r.user : r.streams[static_cast<int>(op.stream)];
-    CUresult res;
-    switch (op.kind) {
-      case DirectOpKind::kCopy:
-        res = cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
-        break;
-      case DirectOpKind::kRecord:
-        res = cu.cuEventRecord(ranks[step.event_rank].events[op.event], s);
-        break;
-      case DirectOpKind::kWaitEvent:
-        res = cu.cuStreamWaitEvent(s, ranks[step.event_rank].events[op.event], 0);
-        break;
-      default:  // flags have no place in it
-        res = CUDA_ERROR_INVALID_VALUE;
-        break;
-    }
-    if (res != CUDA_SUCCESS) return res;
+    // No flags in it: stream_op refuses them.
+    if (CUresult res = stream_op(cu, op, s, ranks[step.event_rank].events[op.event]);
+        res != CUDA_SUCCESS)
+      return res;
   }
   return CUDA_SUCCESS;
 }

@@ -42,6 +42,8 @@ struct CeComm {
   bool told_one_by_one = false;   // ... and the one about ops of all-local ranks going to NCCL
   uint64_t seq = 0;  // ops posted on this communicator so far
   ReachNeeds needs;  // who must reach this rank's buffers (at prepare)
+  // Every rank of the communicator is in this process (an agreed fact: the membership).
+  bool all_local() const { return !needs.by_extents; }
   std::unique_ptr<PeerImports> imports;
   std::unique_ptr<StageBuffer> stage;     // only once an op needed one
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)

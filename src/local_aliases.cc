@@ -164,9 +164,4 @@ void release_idle_local_aliases(const CudaDriver& cu) {
   release_where(cu, [](const Alias&) { return true; });
 }
 
-int local_alias_count() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return static_cast<int>(aliases().size());
-}
-
 }  // namespace zc

@@ -40,7 +40,4 @@ void tidy_local_aliases(const CudaDriver& cu);
 // Releases every alias whose copies have finished (after a communicator's streams drained).
 void release_idle_local_aliases(const CudaDriver& cu);
 
-// The aliases held now (tests, stats).
-int local_alias_count();
-
 }  // namespace zc

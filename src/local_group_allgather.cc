@@ -1,7 +1,5 @@
 #include "local_group_allgather.h"
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -85,7 +83,6 @@ std::vector<LocalSet> find_sets(const std::vector<PendingOp>& ops) {
 bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
   const CudaDriver* cu = cuda_driver();
   if (!cu || !cu->ce_ok) return false;
-  const int32_t me = static_cast<int32_t>(getpid());
   std::unique_ptr<OpBuffer> described(new OpBuffer);  // ~5 KB: off the stack
   int devices[kMaxRanks];
   for (size_t r = 0; r < set->by_rank.size(); ++r) devices[r] = ag(ops, set->by_rank[r]).st->device;
@@ -98,8 +95,7 @@ bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
         route_prepare(st) != ncclSuccess || route_peer_poison(st) != ncclSuccess ||
         st.poisoned.load() != ncclSuccess)
       return false;  // alone, the op reports what is wrong
-    for (const MemberFacts& m : st.members)
-      if (m.pid != me) return false;
+    if (!st.ce->all_local()) return false;
     const CUstream stream = reinterpret_cast<CUstream>(a.stream);
     if (stream_is_capturing(stream)) return false;
     ScopedDevice dev(st.device);
