@@ -22,6 +22,7 @@
 #include <string>
 
 #include "config.h"
+#include "host_time_histogram.h"
 #include "log.h"
 #include "stats_snapshot.h"
 
@@ -47,6 +48,9 @@ std::atomic<uint64_t> g_captured_ops{0};
 std::atomic<uint64_t> g_local_group_ops{0};
 std::atomic<uint64_t> g_host_ops{0}, g_host_post{0}, g_host_arrive{0}, g_host_pair_wait{0},
     g_host_reach{0}, g_host_issue{0};
+// The same host times per op as distributions (medians and tails for the report), in the
+// order of RouteStats::host_quantiles: each phase, then the whole call.
+HostTimeHistogram g_host_times[kHostPhases];
 // The route's counters, each with its RouteStats field and JSON name, in the JSON's order: the
 // snapshot, the reset and the file all walk this one table.
 struct RouteCounter {
@@ -95,6 +99,7 @@ void reset_counters() {
   g_comms_ce_ready.store(0, kRelaxed);
   g_inner_calls.store(0, kRelaxed);
   for (const RouteCounter& c : kRouteCounters) c.counter->store(0, kRelaxed);
+  for (HostTimeHistogram& h : g_host_times) h.reset();
 }
 
 // A forked child inherits a copy of the parent's counters; without this it would report the
@@ -185,13 +190,21 @@ void print_route(const RouteStats& r) {
              r.local_group_ops);
   if (r.host_ops == 0) return;
   const double n = static_cast<double>(r.host_ops);
-  log_report("stats route host us per op: post=%.1f arrive=%.1f pair_wait=%.1f reach=%.1f "
-             "issue=%.1f (%" PRIu64 " ops)",
-             static_cast<double>(r.host_post_micros) / n,
-             static_cast<double>(r.host_arrive_micros) / n,
-             static_cast<double>(r.host_pair_wait_micros) / n,
-             static_cast<double>(r.host_reach_micros) / n,
-             static_cast<double>(r.host_issue_micros) / n, r.host_ops);
+  const uint64_t sums[kHostPhases] = {r.host_post_micros,      r.host_arrive_micros,
+                                      r.host_pair_wait_micros, r.host_reach_micros,
+                                      r.host_issue_micros,     0};
+  uint64_t call = 0;
+  for (int i = 0; i + 1 < kHostPhases; ++i) call += sums[i];
+  std::string line;
+  char part[96];
+  for (int i = 0; i < kHostPhases; ++i) {
+    const HostQuantiles& q = r.host_quantiles[i];
+    snprintf(part, sizeof(part), " %s=%.1f/%.0f/%.0f", kHostPhaseNames[i],
+             static_cast<double>(i + 1 < kHostPhases ? sums[i] : call) / n, q.p50, q.p90);
+    line += part;
+  }
+  log_report("stats route host us per op, mean/median/p90:%s (%" PRIu64 " ops)", line.c_str(),
+             r.host_ops);
 }
 
 void report_at_exit() {
@@ -264,11 +277,16 @@ void stats_op_host_times(const HostTimes& t) {
   add(g_host_pair_wait, t.pair_wait);
   add(g_host_reach, t.reach);
   add(g_host_issue, t.issue);
+  const int64_t phases[kHostPhases] = {t.post,  t.arrive, t.pair_wait, t.reach, t.issue,
+                                       t.post + t.arrive + t.pair_wait + t.reach + t.issue};
+  for (int i = 0; i < kHostPhases; ++i) g_host_times[i].add(phases[i]);
 }
 
 RouteStats route_stats_snapshot() {
   RouteStats r;
   for (const RouteCounter& c : kRouteCounters) r.*c.field = c.counter->load(kRelaxed);
+  for (int i = 0; i < kHostPhases; ++i)
+    r.host_quantiles[i] = {g_host_times[i].quantile(0.5), g_host_times[i].quantile(0.9)};
   return r;
 }
 
@@ -317,7 +335,7 @@ void stats_reset() { reset_counters(); }
 
 std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& route) {
   std::string out = "{";
-  char buf[96];
+  char buf[160];
   snprintf(buf, sizeof(buf), "\"version\":\"%d.%d.%d\",\"pid\":%ld,", ZEROCTA_VERSION_MAJOR,
            ZEROCTA_VERSION_MINOR, ZEROCTA_VERSION_PATCH, static_cast<long>(pid));
   out += buf;
@@ -328,6 +346,12 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& ro
   append_field(&out, "inner_calls", s.inner_calls);
   out += "\"route\":{";
   for (const RouteCounter& c : kRouteCounters) append_field(&out, c.name, route.*c.field);
+  for (int i = 0; i < kHostPhases; ++i) {
+    const HostQuantiles& q = route.host_quantiles[i];
+    snprintf(buf, sizeof(buf), "\"host_%s_p50_micros\":%.1f,\"host_%s_p90_micros\":%.1f,",
+             kHostPhaseNames[i], q.p50, kHostPhaseNames[i], q.p90);
+    out += buf;
+  }
   out.back() = '}';
   out += ",\"ops\":{";
   bool first_op = true;

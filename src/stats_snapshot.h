@@ -16,6 +16,14 @@ namespace zc {
 // in calls but not yet in bytes).
 void stats_snapshot(zerocta_stats_t* out);
 
+// The phases of a routed op's host time (stats.h HostTimes), then the whole call.
+constexpr int kHostPhases = 6;
+constexpr const char* kHostPhaseNames[kHostPhases] = {"post",  "arrive", "pair_wait",
+                                                      "reach", "issue",  "call"};
+struct HostQuantiles {
+  double p50 = 0, p90 = 0;
+};
+
 // The route's own doings (stats.h), as counted so far.
 struct RouteStats {
   uint64_t pairs_each_pushes = 0, pairs_later_does_both = 0;
@@ -27,6 +35,9 @@ struct RouteStats {
   // Host time of the routed ops (stats.h HostTimes), summed over host_ops ops.
   uint64_t host_ops = 0, host_post_micros = 0, host_arrive_micros = 0,
            host_pair_wait_micros = 0, host_reach_micros = 0, host_issue_micros = 0;
+  // Their median and 90th percentile (to ~12 %, stats.cc), per phase and for the whole call,
+  // in the order of kHostPhaseNames.
+  HostQuantiles host_quantiles[kHostPhases];
 };
 RouteStats route_stats_snapshot();
 

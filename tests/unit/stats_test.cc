@@ -268,9 +268,14 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
                       "\"peer_map_micros\":1500,\"peer_unmapped_bytes\":20971520,"
                       "\"staged_ops\":1,\"captured_ops\":0,\"local_group_ops\":0,\"host_ops\":2,\"host_post_micros\":22,"
                       "\"host_arrive_micros\":1,\"host_pair_wait_micros\":300,"
-                      "\"host_reach_micros\":42,\"host_issue_micros\":48},"),
+                      "\"host_reach_micros\":42,\"host_issue_micros\":48,"),
             std::string::npos)
       << json;
+  // The medians lie in the upper op's bucket (12 us, 300 + 10 + ...), the exact buckets below 32.
+  EXPECT_NE(json.find("\"host_post_p50_micros\":10.0,\"host_post_p90_micros\":12.0,"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"host_call_p50_micros\":"), std::string::npos) << json;
   EXPECT_NE(json.find("\"ops\":{\"allgather\":{\"ce\":{\"calls\":2,\"bytes\":300},"
                       "\"nccl-ce\":{\"calls\":1,\"bytes\":5}},"
                       "\"recv\":{\"passthrough\":{\"calls\":1,\"bytes\":9}}}"),
