@@ -11,7 +11,8 @@
 // ZEROCTA_LOCAL_GROUP_TWO_EVERY-th (default 7) with two all-gathers per rank. ZEROCTA_EXPECT_CE=1
 // also requires every all-gather to have taken the copy-engine route (the shim's counters);
 // ZEROCTA_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for;
-// ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only.
+// ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only (exportable, so
+// that a process with several GPUs each reaches the other processes' buffers by import).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -25,6 +26,7 @@
 
 #include "cumem_buffer.h"
 #include "gpu_gtest.h"
+#include "mp_harness.h"
 #include "rank_util.h"
 
 namespace zgpu {
@@ -104,18 +106,24 @@ uint64_t ce_calls() {
   return s.counters[zerocta_op_allgather][zerocta_route_ce].calls;
 }
 
-TEST(LocalGroup, RandomRoundsMatchNccl) {
-  ZG_REQUIRE_GPUS(2);
-  const int n = visible_gpu_count() > 8 ? 8 : visible_gpu_count();
-  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
-  std::vector<int> devs(static_cast<size_t>(n));
-  for (int d = 0; d < n; ++d) devs[static_cast<size_t>(d)] = d;
-  ZG_NCCL(ncclCommInitAll(comms.data(), n, devs.data()));
-  std::vector<Device> dev(static_cast<size_t>(n));
-  for (int d = 0; d < n; ++d) {
-    ZG_CUDA(cudaSetDevice(d));
-    ZG_CUDA(cudaStreamCreateWithFlags(&dev[static_cast<size_t>(d)].stream, cudaStreamNonBlocking));
-    dev[static_cast<size_t>(d)].reduce.make(4096);
+// The ranks of one communicator that this process drives from its one thread: global rank
+// first + i on device devices[i]; nranks in all.
+struct Layout {
+  int nranks = 0, first = 0;
+  std::vector<int> devices;
+  std::vector<ncclComm_t> comms;
+  int local() const { return static_cast<int>(devices.size()); }
+};
+
+// The random rounds over `l` (every process of a communicator draws the same rounds and every
+// rank's inputs, so each knows the whole expected output). Returns the all-gathers issued.
+long run_rounds(Layout& l, const char* who) {
+  const int n = l.nranks, m = l.local();
+  std::vector<Device> dev(static_cast<size_t>(m));
+  for (int i = 0; i < m; ++i) {
+    ZG_CUDA(cudaSetDevice(l.devices[static_cast<size_t>(i)]));
+    ZG_CUDA(cudaStreamCreateWithFlags(&dev[static_cast<size_t>(i)].stream, cudaStreamNonBlocking));
+    dev[static_cast<size_t>(i)].reduce.make(4096);
   }
   const long rounds = env_long("ZEROCTA_LOCAL_GROUP_ROUNDS", 200);
   const bool expect_ce = env_long("ZEROCTA_EXPECT_CE", 0) == 1;
@@ -126,7 +134,14 @@ TEST(LocalGroup, RandomRoundsMatchNccl) {
   const bool two_by_op = env_long("ZEROCTA_LOCAL_GROUP_TWO_BY_OP", 0) == 1;
   std::mt19937_64 rng(20261126);
   int rounds_in_place = 0, rounds_legacy = 0, rounds_two = 0;
+  long issued = 0;
+  auto on = [&](int i) {
+    ZG_CUDA(cudaSetDevice(l.devices[static_cast<size_t>(i)]));
+    return &dev[static_cast<size_t>(i)];
+  };
+  auto comm = [&](int i) { return l.comms[static_cast<size_t>(i)]; };
   for (long round = 0; round < rounds; ++round) {
+    heartbeat();
     const ncclDataType_t type = kTypes[rng() % (sizeof(kTypes) / sizeof(kTypes[0]))];
     const size_t ts = type_size(type);
     const size_t want = kSizes[rng() % (sizeof(kSizes) / sizeof(kSizes[0]))];
@@ -137,26 +152,26 @@ TEST(LocalGroup, RandomRoundsMatchNccl) {
     rounds_in_place += in_place;
     rounds_legacy += legacy;
     rounds_two += two;
-    const std::string what = "round " + std::to_string(round) + ": " + std::to_string(chunk) +
-                             " B per rank, type " + std::to_string(type) +
+    const std::string what = std::string(who) + " round " + std::to_string(round) + ": " +
+                             std::to_string(chunk) + " B per rank, type " + std::to_string(type) +
                              (in_place ? ", in place" : "") + (legacy ? ", legacy stream" : "") +
                              (two ? ", two per rank" : "") + (reduce ? ", with an all-reduce" : "");
     std::vector<std::vector<unsigned char>> inputs(static_cast<size_t>(n),
                                                    std::vector<unsigned char>(chunk));
-    std::vector<char*> send(static_cast<size_t>(n));
-    for (int d = 0; d < n; ++d) {
-      Device& g = dev[static_cast<size_t>(d)];
-      ZG_CUDA(cudaSetDevice(d));
+    for (auto& in : inputs)
+      for (auto& byte : in) byte = static_cast<unsigned char>(rng());
+    std::vector<char*> send(static_cast<size_t>(m));
+    for (int i = 0; i < m; ++i) {
+      Device& g = *on(i);
+      const size_t r = static_cast<size_t>(l.first + i);
       // Freed and allocated again now and then: the allocator hands out reused addresses.
       const bool renew = round % 11 == 0;
       for (Guarded* b : {&g.recv, &g.ref, &g.second})
         if (renew || b->bytes < total) b->make(total);
       if (renew || g.send.bytes < chunk) g.send.make(chunk);
       for (Guarded* b : {&g.recv, &g.ref, &g.second, &g.send}) b->poison();
-      for (auto& byte : inputs[static_cast<size_t>(d)]) byte = static_cast<unsigned char>(rng());
-      send[static_cast<size_t>(d)] =
-          in_place ? g.recv.data() + chunk * static_cast<size_t>(d) : g.send.data();
-      ZG_CUDA(cudaMemcpy(send[static_cast<size_t>(d)], inputs[static_cast<size_t>(d)].data(), chunk,
+      send[static_cast<size_t>(i)] = in_place ? g.recv.data() + chunk * r : g.send.data();
+      ZG_CUDA(cudaMemcpy(send[static_cast<size_t>(i)], inputs[r].data(), chunk,
                          cudaMemcpyHostToDevice));
       // The poison and the input went on the legacy stream, which a non-blocking stream does not
       // wait for (and a copy from pageable memory may return before it lands).
@@ -165,72 +180,116 @@ TEST(LocalGroup, RandomRoundsMatchNccl) {
     if (verbose) printf("%s: issuing\n", what.c_str()), fflush(stdout);
     const uint64_t ce_before = ce_calls();
     ZG_NCCL(ncclGroupStart());
-    for (int d = 0; d < n; ++d) {
-      Device& g = dev[static_cast<size_t>(d)];
+    for (int i = 0; i < m; ++i) {
+      Device& g = *on(i);
       const cudaStream_t s = legacy ? nullptr : g.stream;
-      ZG_CUDA(cudaSetDevice(d));
-      ZG_NCCL(ncclAllGather(send[static_cast<size_t>(d)], g.recv.data(), count, type,
-                            comms[static_cast<size_t>(d)], s));
+      ZG_NCCL(ncclAllGather(send[static_cast<size_t>(i)], g.recv.data(), count, type, comm(i), s));
       if (two && !two_by_op)
-        ZG_NCCL(ncclAllGather(send[static_cast<size_t>(d)], g.second.data(), count, type,
-                              comms[static_cast<size_t>(d)], s));
+        ZG_NCCL(ncclAllGather(send[static_cast<size_t>(i)], g.second.data(), count, type, comm(i), s));
       if (reduce)
-        ZG_NCCL(ncclAllReduce(g.reduce.data(), g.reduce.data(), 1024, ncclFloat32, ncclSum,
-                              comms[static_cast<size_t>(d)], s));
+        ZG_NCCL(ncclAllReduce(g.reduce.data(), g.reduce.data(), 1024, ncclFloat32, ncclSum, comm(i), s));
     }
-    for (int d = 0; two && two_by_op && d < n; ++d) {
-      Device& g = dev[static_cast<size_t>(d)];
-      ZG_CUDA(cudaSetDevice(d));
-      ZG_NCCL(ncclAllGather(send[static_cast<size_t>(d)], g.second.data(), count, type,
-                            comms[static_cast<size_t>(d)], legacy ? nullptr : g.stream));
+    for (int i = 0; two && two_by_op && i < m; ++i) {
+      Device& g = *on(i);
+      ZG_NCCL(ncclAllGather(send[static_cast<size_t>(i)], g.second.data(), count, type, comm(i),
+                            legacy ? nullptr : g.stream));
     }
     ZG_NCCL(ncclGroupEnd());
     // NCCL's own result from the same inputs (in place, the own chunk is still the input).
     ZG_NCCL(pncclGroupStart());
-    for (int d = 0; d < n; ++d) {
-      Device& g = dev[static_cast<size_t>(d)];
-      ZG_CUDA(cudaSetDevice(d));
-      ZG_NCCL(pncclAllGather(send[static_cast<size_t>(d)], g.ref.data(), count, type,
-                             comms[static_cast<size_t>(d)], legacy ? nullptr : g.stream));
+    for (int i = 0; i < m; ++i) {
+      Device& g = *on(i);
+      ZG_NCCL(pncclAllGather(send[static_cast<size_t>(i)], g.ref.data(), count, type, comm(i),
+                             legacy ? nullptr : g.stream));
     }
     ZG_NCCL(pncclGroupEnd());
     if (verbose) printf("%s: issued, waiting\n", what.c_str()), fflush(stdout);
     std::vector<unsigned char> expected;
     for (const auto& in : inputs) expected.insert(expected.end(), in.begin(), in.end());
-    for (int d = 0; d < n; ++d) {
-      Device& g = dev[static_cast<size_t>(d)];
-      ZG_CUDA(cudaSetDevice(d));
+    for (int i = 0; i < m; ++i) {
+      Device& g = *on(i);
       wait_stream(legacy ? nullptr : g.stream, what);
       std::vector<unsigned char> got, ref, second;
-      const std::string on = what + ", device " + std::to_string(d);
-      if (!g.recv.read(&got)) fail(on + ": a guard around the output was overwritten");
-      if (!g.ref.read(&ref)) fail(on + ": a guard around NCCL's output was overwritten");
+      const std::string at = what + ", rank " + std::to_string(l.first + i);
+      if (!g.recv.read(&got)) fail(at + ": a guard around the output was overwritten");
+      if (!g.ref.read(&ref)) fail(at + ": a guard around NCCL's output was overwritten");
       got.resize(total);
       ref.resize(total);
-      if (got != ref) fail(on + ": differs from NCCL's all-gather");
-      if (got != expected) fail(on + ": differs from the inputs side by side");
+      if (got != ref) fail(at + ": differs from NCCL's all-gather");
+      if (got != expected) fail(at + ": differs from the inputs side by side");
       if (two) {
         if (!g.second.read(&second))
-          fail(on + ": a guard around the second output was overwritten");
+          fail(at + ": a guard around the second output was overwritten");
         second.resize(total);
-        if (second != expected) fail(on + ": the second all-gather differs from the inputs");
+        if (second != expected) fail(at + ": the second all-gather differs from the inputs");
       }
     }
-    if (expect_ce && ce_calls() - ce_before != static_cast<uint64_t>(n * (two ? 2 : 1)))
+    const long ops = m * (two ? 2 : 1);
+    issued += ops;
+    if (expect_ce && ce_calls() - ce_before != static_cast<uint64_t>(ops))
       fail(what + ": not every all-gather took the copy-engine route (" +
            shim_allgather_stats_line() + ")");
   }
   printf(
-      "local group: %ld rounds over %d GPUs (%d in place, %d on the legacy stream, %d with two "
+      "%s: %ld rounds over %d of %d ranks (%d in place, %d on the legacy stream, %d with two "
       "all-gathers per rank); %s\n",
-      rounds, n, rounds_in_place, rounds_legacy, rounds_two, shim_allgather_stats_line().c_str());
-  for (int d = 0; d < n; ++d) {
-    Device& g = dev[static_cast<size_t>(d)];
-    ZG_CUDA(cudaSetDevice(d));
+      who, rounds, m, n, rounds_in_place, rounds_legacy, rounds_two,
+      shim_allgather_stats_line().c_str());
+  fflush(stdout);
+  for (int i = 0; i < m; ++i) {
+    Device& g = *on(i);
     for (Guarded* b : {&g.recv, &g.ref, &g.second, &g.send, &g.reduce}) b->drop();
     ZG_CUDA(cudaStreamDestroy(g.stream));
-    ZG_NCCL(ncclCommDestroy(comms[static_cast<size_t>(d)]));
   }
+  return issued;
+}
+
+TEST(LocalGroup, RandomRoundsMatchNccl) {
+  ZG_REQUIRE_GPUS(2);
+  Layout l;
+  l.nranks = visible_gpu_count() > 8 ? 8 : visible_gpu_count();
+  l.comms.resize(static_cast<size_t>(l.nranks));
+  for (int d = 0; d < l.nranks; ++d) l.devices.push_back(d);
+  ZG_NCCL(ncclCommInitAll(l.comms.data(), l.nranks, l.devices.data()));
+  run_rounds(l, "local group");
+  for (ncclComm_t c : l.comms) ZG_NCCL(ncclCommDestroy(c));
+}
+
+// Processes that drive several GPUs each (ZEROCTA_LOCAL_GROUP_PROCESSES, default 2, over
+// min(8, visible) GPUs split evenly; an MPI job of nccl-tests -g 2 per process): each process's
+// ranks issue their all-gathers in one group of its thread, and the route pairs them with the
+// other process's through the op exchange — pairs in one process and pairs across processes in
+// the same op.
+TEST(LocalGroup, ProcessesWithSeveralGpusEachMatchNccl) {
+  const int procs = static_cast<int>(env_long("ZEROCTA_LOCAL_GROUP_PROCESSES", 2));
+  const int gpus = visible_gpu_count() > 8 ? 8 : visible_gpu_count();
+  if (gpus == 0) GTEST_SKIP() << "no GPU";
+  if (procs < 2 || gpus < 2 * procs || gpus % procs != 0)
+    GTEST_SKIP() << "needs 2 GPUs per process for " << procs << " processes, " << gpus
+                 << " visible";
+  const int per = gpus / procs;
+  RunResult result = run_ranks(
+      procs,
+      [gpus, per](const RankContext& ctx) {
+        Layout l;
+        l.nranks = gpus;
+        l.first = ctx.rank * per;
+        l.comms.resize(static_cast<size_t>(per));
+        ZG_NCCL(ncclGroupStart());
+        for (int i = 0; i < per; ++i) {
+          l.devices.push_back(l.first + i);
+          ZG_CUDA(cudaSetDevice(l.first + i));
+          ZG_NCCL(ncclCommInitRank(&l.comms[static_cast<size_t>(i)], gpus, ctx.ids[0],
+                                   l.first + i));
+        }
+        ZG_NCCL(ncclGroupEnd());
+        const std::string who = "process " + std::to_string(ctx.rank);
+        run_rounds(l, who.c_str());
+        for (ncclComm_t c : l.comms) ZG_NCCL(ncclCommDestroy(c));
+        return 0;
+      },
+      default_run_options(600));
+  EXPECT_TRUE(result.ok()) << result.summary();
 }
 
 }  // namespace
