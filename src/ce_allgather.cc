@@ -4,6 +4,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <optional>
+
 #include "ce_exec.h"
 #include "log.h"
 #include "pair_wait.h"
@@ -150,14 +152,63 @@ bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* po
   return true;
 }
 
-// This rank's part with every peer for op `a.seq`: as the later rank of a pair it settles the
-// pair at once; as the earlier one it waits for later ranks in other processes to claim "each
-// pushes" (as PairWait says, the time added to *pair_wait_us_spent), then settles the rest as
-// "later does both". `stage`: this rank's, where the later ranks reach it (0: they reach its
-// buffers). `hold`: a captured op's, which takes a reference to the block of every peer whose post
-// it reads (ce.peer_blocks) and pins the views it uses.
-bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk, uint64_t stage,
-                CUstream stream, GraphHold* hold, int64_t* pair_wait_us_spent, const char** why) {
+// A captured op (`hold`) keeps a reference to peer p's flag block `block` (ce.peer_blocks),
+// or marks itself broken where the peer's graph is gone already: it can never pair.
+void refer_to_block(CommState& st, int p, CaptureRef block, GraphHold* hold) {
+  if (!hold) return;
+  const uint32_t owner = static_cast<uint32_t>(p);
+  if (st.ce->ops->blocks().hold(owner, block)) {
+    hold->peers.emplace_back(owner, block);
+    st.ce->peer_blocks[static_cast<size_t>(p)] = block;
+  } else {
+    hold->broken = true;
+  }
+}
+
+// This rank's parts as the later rank of its pairs for op `a.seq`: settled at once, each pair's
+// buffers reached. Waits for no peer (beyond an earlier unreachable rank's stage, which that rank
+// publishes before it claims or waits itself). `hold`: a captured op's, which takes a reference
+// to the block of every peer whose post it reads (ce.peer_blocks) and pins the views it uses.
+bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
+                    GraphHold* hold, const char** why) {
+  CeComm& ce = *st.ce;
+  OpExchange& ops = *ce.ops;
+  const uint32_t me = static_cast<uint32_t>(st.rank);
+  const uint64_t my_slot_in_peer = static_cast<uint64_t>(st.rank) * chunk;
+  for (int p = 0; p < st.nranks; ++p) {
+    ce.view.peers[p] = PeerPart{};
+    ce.peer_blocks[static_cast<size_t>(p)] = CaptureRef{};
+  }
+  for (int p = 0; p < st.nranks; ++p) {
+    if (p == st.rank || !(a.before >> p & 1)) continue;
+    PeerPart& part = ce.view.peers[p];
+    OpPost& e = ce.earlier[static_cast<size_t>(p)];
+    if (e.reach == 0 && !use_stage_of(st, p, a.seq, chunk, &e, why)) return false;
+    // Each pushes wherever my buffers can be reached: across processes one GPU's copies to and
+    // from another process's memory take turns (docs/PERFORMANCE.md); in this process the
+    // earlier rank, which never waits for the claim, may have settled "later does both" first.
+    const bool each = mine.reach != 0;
+    const PairMode m = ops.settle_pair(static_cast<uint32_t>(p), me, a.seq,
+                                       each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
+    stats_pair_settled(m == PairMode::kEachPushes);
+    part.push = true;
+    part.pull = m == PairMode::kLaterDoesBoth;
+    part.peer_copies = m == PairMode::kEachPushes;
+    refer_to_block(st, p, e.block, hold);
+    if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why) ||
+        (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, hold, &part.from, why)))
+      return false;
+  }
+  return true;
+}
+
+// This rank's parts as the earlier rank of its pairs for op `a.seq`: it waits for later ranks
+// in other processes to claim "each pushes" (as PairWait says, the time added to
+// *pair_wait_us_spent) and reaches their buffers, and settles the rest as "later does both".
+// `stage`: this rank's, where the later ranks reach it (0: they reach its buffers).
+bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
+                       uint64_t stage, CUstream stream, GraphHold* hold,
+                       int64_t* pair_wait_us_spent, const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
   const uint32_t me = static_cast<uint32_t>(st.rank);
@@ -171,39 +222,11 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
                              : stream;
   PairWait wait(now_us(), chunk, hold != nullptr,
                 [asked] { return cuda_driver()->cuStreamQuery(asked) != CUDA_ERROR_NOT_READY; });
-  auto refer_to = [&](int p, CaptureRef block) {
-    if (!hold) return;
-    const uint32_t owner = static_cast<uint32_t>(p);
-    if (ops.blocks().hold(owner, block)) {
-      hold->peers.emplace_back(owner, block);
-      ce.peer_blocks[static_cast<size_t>(p)] = block;
-    } else {
-      hold->broken = true;  // the peer's graph is gone already: this op can never pair
-    }
-  };
   for (int p = 0; p < st.nranks; ++p) {
+    if (p == st.rank || a.before >> p & 1) continue;
     PeerPart& part = ce.view.peers[p];
-    part = PeerPart{};
-    ce.peer_blocks[static_cast<size_t>(p)] = CaptureRef{};
-    if (p == st.rank) continue;
     const uint32_t q = static_cast<uint32_t>(p);
-    if (a.before >> p & 1) {  // I am the later one
-      OpPost& e = ce.earlier[static_cast<size_t>(p)];
-      if (e.reach == 0 && !use_stage_of(st, p, a.seq, chunk, &e, why)) return false;
-      const bool each = !same_process(st, p) && mine.reach != 0;
-      const PairMode m =
-          ops.settle_pair(q, me, a.seq, each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
-      stats_pair_settled(m == PairMode::kEachPushes);
-      part.push = true;
-      part.pull = m == PairMode::kLaterDoesBoth;
-      part.peer_copies = m == PairMode::kEachPushes;
-      refer_to(p, e.block);
-      if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why) ||
-          (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, hold, &part.from, why)))
-        return false;
-      continue;
-    }
-    if (!same_process(st, p)) {  // I am the earlier one: give a later rank elsewhere a moment
+    if (!same_process(st, p)) {  // give a later rank elsewhere a moment
       const int64_t waited_from = now_us();
       for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins)
         if (spins > 64) sched_yield();
@@ -223,7 +246,7 @@ bool plan_parts(CommState& st, const Arrival& a, const OpPost& mine, uint64_t ch
       return false;
     }
     part.push = true;
-    refer_to(p, l.block);
+    refer_to_block(st, p, l.block, hold);
     if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why))
       return false;
   }
@@ -339,25 +362,114 @@ bool stream_is_capturing(CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
-                          ncclDataType_t datatype, uint64_t chunk, CUstream stream, bool capturing,
-                          bool* to_nccl) {
-  *to_nccl = false;
+namespace {
+
+// A flag block claimed for a captured op goes back unless the op's graph keeps it (its hold).
+class BlockClaim {
+ public:
+  BlockClaim(CaptureBlocks& blocks, uint32_t me, CaptureRef ref)
+      : blocks_(blocks), me_(me), ref_(ref) {}
+  ~BlockClaim() {
+    if (ref_.valid()) blocks_.drop(me_, ref_);
+  }
+  void handed_over() { ref_ = CaptureRef{}; }
+  BlockClaim(const BlockClaim&) = delete;
+  BlockClaim& operator=(const BlockClaim&) = delete;
+
+ private:
+  CaptureBlocks& blocks_;
+  uint32_t me_;
+  CaptureRef ref_;
+};
+
+// This rank is done with op `seq`'s posts, whatever happens after it arrived.
+class FinishPosts {
+ public:
+  FinishPosts(OpExchange& ops, uint32_t me, uint64_t seq) : ops_(ops), me_(me), seq_(seq) {}
+  ~FinishPosts() { ops_.finish(me_, seq_); }
+  FinishPosts(const FinishPosts&) = delete;
+  FinishPosts& operator=(const FinishPosts&) = delete;
+
+ private:
+  OpExchange& ops_;
+  uint32_t me_;
+  uint64_t seq_;
+};
+
+}  // namespace
+
+struct RoutedAllGather::State {
+  State(CommState& s, const void* send, void* recv, size_t count, ncclDataType_t type,
+        uint64_t bytes_per_rank, CUstream strm, bool capt)
+      : st(s), sendbuff(send), recvbuff(recv), sendcount(count), datatype(type),
+        chunk(bytes_per_rank), stream(strm), capturing(capt) {}
+  ~State() {
+    if (hold) graph_gone(hold.release());  // an op that fails before its graph holds it never runs
+  }
+  void lap(int64_t* into) {
+    const int64_t t = now_us();
+    *into += t - mark;
+    mark = t;
+  }
+
+  CommState& st;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t sendcount;
+  ncclDataType_t datatype;
+  uint64_t chunk;
+  CUstream stream;
+  bool capturing;
+  // Held from begin() to the end: the communicator's ops are issued one at a time.
+  std::unique_lock<std::mutex> lock;
+  bool to_nccl = false;
+  HostTimes host;
+  int64_t mark = 0;
+  OpPost mine;
+  Arrival a;
+  std::optional<BlockClaim> claim;
+  std::optional<FinishPosts> finish;
+  std::unique_ptr<GraphHold> hold;
+  uint64_t stage = 0;
+};
+
+RoutedAllGather::RoutedAllGather(CommState& st, const void* sendbuff, void* recvbuff,
+                                 size_t sendcount, ncclDataType_t datatype,
+                                 uint64_t bytes_per_rank, CUstream stream, bool capturing)
+    : s_(new State(st, sendbuff, recvbuff, sendcount, datatype, bytes_per_rank, stream,
+                   capturing)) {}
+
+RoutedAllGather::~RoutedAllGather() = default;
+
+bool RoutedAllGather::to_nccl() const { return s_->to_nccl; }
+
+bool RoutedAllGather::begin(ncclResult_t* result) {
+  State& x = *s_;
+  CommState& st = x.st;
   const CudaDriver* cu = cuda_driver();
-  std::lock_guard<std::mutex> lock(st.issue_mu);
-  if (!capturing) collect_gone_graphs();
+  *result = ncclSuccess;
+  x.lock = std::unique_lock<std::mutex>(st.issue_mu);
+  if (!x.capturing) collect_gone_graphs();
   check_captured_replays(st);
   // A peer's poison too: its waits may have been released, and this op must not pair with them.
   if (route_peer_poison(st) != ncclSuccess) {
     int none = ncclSuccess;
     st.poisoned.compare_exchange_strong(none, ncclRemoteError);
   }
-  if (int p = st.poisoned.load(); p != ncclSuccess) return static_cast<ncclResult_t>(p);
+  if (int p = st.poisoned.load(); p != ncclSuccess) {
+    *result = static_cast<ncclResult_t>(p);
+    return false;
+  }
   CeComm* ce = st.ce.get();
-  if (!ce || !ce->prepared || !ce->ops || !cu)
-    return fail(st, ncclInternalError, "set-up", "not prepared");
+  if (!ce || !ce->prepared || !ce->ops || !cu) {
+    *result = fail(st, ncclInternalError, "set-up", "not prepared");
+    return false;
+  }
   ScopedDevice dev(st.device);
-  if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
+  if (!dev.ok()) {
+    *result = fail(st, ncclUnhandledCudaError, "set-up", "no device context");
+    return false;
+  }
   // Every rank in this process, ops coming one by one (not as one thread's group over all of
   // them, local_group_allgather.h): NCCL's. Measured with this exchange: nccl-tests -t 2 (a
   // thread per GPU) ran at 172.6 / 191.1 / 196.7 GB/s in place at 64 MiB / 256 MiB / 1 GiB on
@@ -372,112 +484,123 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
               "they go to NCCL (docs/PERFORMANCE.md)",
               st.rank, st.nranks);
     }
-    *to_nccl = true;
-    return ncclSuccess;
+    x.to_nccl = true;
+    return false;
   }
   // Imports, mappings and streams made during an application's capture: PyTorch captures in
   // global mode, where they would invalidate it.
-  RelaxedCapture relaxed(capturing);
-  HostTimes host;
-  int64_t mark = now_us();
-  auto lap = [&mark](int64_t* into) {
-    const int64_t t = now_us();
-    *into += t - mark;
-    mark = t;
-  };
+  RelaxedCapture relaxed(x.capturing);
+  x.mark = now_us();
   ++ce->seq;
   // Exports of allocations the application freed are withdrawn now and then, whatever route
   // the ops take (an export keeps its allocation alive); never during a capture.
-  if (!capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
-  OpPost mine;
-  post_for(st, sendbuff, recvbuff, sendcount, datatype, chunk, capturing, &mine);
-  lap(&host.post);
-  Arrival a;
+  if (!x.capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
+  post_for(st, x.sendbuff, x.recvbuff, x.sendcount, x.datatype, x.chunk, x.capturing, &x.mine);
+  x.lap(&x.host.post);
   const uint32_t me = static_cast<uint32_t>(st.rank);
   auto give_up = [&](uint32_t spins) {
     if (spins > 1000) usleep(spins > 100000 ? 1000 : 20);
     return peer_failed(st);
   };
-  // A claimed block goes back unless a captured op on the route keeps it (in its hold).
-  struct BlockClaim {
-    CaptureBlocks& blocks;
-    uint32_t me;
-    CaptureRef ref;
-    ~BlockClaim() {
-      if (ref.valid()) blocks.drop(me, ref);
-    }
-  } claim{ce->ops->blocks(), me, mine.block};
-  if (!ce->ops->arrive(me, mine, &a, ce->earlier.data(), give_up))
-    return fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
-  struct Finish {  // this rank is done with op seq's posts, whatever happens next
-    OpExchange& ops;
-    uint32_t me;
-    uint64_t seq;
-    ~Finish() { ops.finish(me, seq); }
-  } finish{*ce->ops, me, a.seq};
-  lap(&host.arrive);
-  if (*a.mismatch) return fail(st, ncclInvalidUsage, "ranks disagree on the op", a.mismatch);
-  if (a.verdict == OpVerdict::kNccl) {
-    *to_nccl = true;
-    return ncclSuccess;
+  x.claim.emplace(ce->ops->blocks(), me, x.mine.block);
+  if (!ce->ops->arrive(me, x.mine, &x.a, ce->earlier.data(), give_up)) {
+    *result = fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
+    return false;
   }
-  std::unique_ptr<GraphHold> hold;
-  struct HoldUntilAttached {  // an op that fails before its graph holds it never runs
-    std::unique_ptr<GraphHold>& hold;
-    ~HoldUntilAttached() {
-      if (hold) graph_gone(hold.release());
+  x.finish.emplace(*ce->ops, me, x.a.seq);
+  x.lap(&x.host.arrive);
+  if (*x.a.mismatch) {
+    *result = fail(st, ncclInvalidUsage, "ranks disagree on the op", x.a.mismatch);
+    return false;
+  }
+  if (x.a.verdict == OpVerdict::kNccl) {
+    x.to_nccl = true;
+    return false;
+  }
+  if (x.capturing) {
+    if (!x.mine.block.valid()) {
+      *result = fail(st, ncclSystemError, "capturing an all-gather",
+                     cu->capture_ok ? "every flag block is held by a live graph"
+                                    : "this CUDA driver cannot capture the route's operations");
+      return false;
     }
-  } unattached{hold};
-  if (capturing) {
-    if (!mine.block.valid())
-      return fail(st, ncclSystemError, "capturing an all-gather",
-                  cu->capture_ok ? "every flag block is held by a live graph"
-                                 : "this CUDA driver cannot capture the route's operations");
-    hold.reset(new GraphHold);
-    hold->life = ce->life;
-    hold->rank = me;
-    hold->seq = a.seq;
-    hold->mine = mine.block;
-    claim.ref = CaptureRef{};  // the hold has it now
+    x.hold.reset(new GraphHold);
+    x.hold->life = ce->life;
+    x.hold->rank = me;
+    x.hold->seq = x.a.seq;
+    x.hold->mine = x.mine.block;
+    x.claim->handed_over();
   }
   const uint64_t all = st.nranks >= 64 ? ~uint64_t{0} : (uint64_t{1} << st.nranks) - 1;
-  const bool peers_need_mine = (a.before | uint64_t{1} << me) != all;
+  const bool peers_need_mine = (x.a.before | uint64_t{1} << me) != all;
   const char* why = "";
-  uint64_t stage = 0;
-  if (peers_need_mine && mine.reach == 0 &&
-      !stage_mine(st, a.seq, chunk, hold.get(), &stage, &why))
-    return fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
-  if (!plan_parts(st, a, mine, chunk, stage, stream, hold.get(), &host.pair_wait, &why))
+  if (peers_need_mine && x.mine.reach == 0 &&
+      !stage_mine(st, x.a.seq, x.chunk, x.hold.get(), &x.stage, &why)) {
+    *result = fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
+    return false;
+  }
+  if (!claim_as_later(st, x.a, x.mine, x.chunk, x.hold.get(), &why)) {
+    *result = fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
+                   "reaching a peer's buffers", why);
+    return false;
+  }
+  x.lap(&x.host.reach);
+  return true;
+}
+
+ncclResult_t RoutedAllGather::complete() {
+  State& x = *s_;
+  CommState& st = x.st;
+  CeComm* ce = st.ce.get();
+  const CudaDriver* cu = cuda_driver();
+  ScopedDevice dev(st.device);
+  if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
+  RelaxedCapture relaxed(x.capturing);
+  x.mark = now_us();  // the time since begin() went to other ranks' ops of this thread
+  const char* why = "";
+  int64_t waited = 0, reached = 0;
+  if (!settle_as_earlier(st, x.a, x.mine, x.chunk, x.stage, x.stream, x.hold.get(), &waited,
+                         &why))
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
-  lap(&host.reach);
-  host.reach -= host.pair_wait;  // plan_parts both waits for claims and reaches: told apart
-  build_view(st, a, sendbuff, recvbuff, chunk, stage);
-  if (hold) captured_flags(st, mine, *hold);
+  x.lap(&reached);
+  x.host.pair_wait += waited;
+  x.host.reach += reached - waited;  // settle_as_earlier both waits for claims and reaches
+  build_view(st, x.a, x.sendbuff, x.recvbuff, x.chunk, x.stage);
+  if (x.hold) captured_flags(st, x.mine, *x.hold);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);
   const CUstream* streams = ce->streams;
   const CUevent* events = ce->events;
   CUgraph graph = nullptr;
-  if (hold) {
+  if (x.hold) {
     // An application's capture its own earlier operation invalidated: the op fails here as
     // NCCL's would, and goes as a graph never replayed (its blocks orphaned for a peer that
     // captured it) — no poison: a framework falls back to eager after a failed capture.
-    if (!(graph = capturing_graph(stream))) return ncclUnhandledCudaError;
+    if (!(graph = capturing_graph(x.stream))) return ncclUnhandledCudaError;
     if (!capture_streams(*cu, ce))
       return fail(st, ncclUnhandledCudaError, "capturing", "cannot create the capture streams");
     streams = ce->capture_streams;
     events = ce->capture_events;
   }
-  if (CUresult r = issue_plan(*cu, streams, events, stream, ce->plan);
-      r != CUDA_SUCCESS)
+  if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
-  if (hold && !attach_to_graph(std::move(hold), graph, &why))
+  if (x.hold && !attach_to_graph(std::move(x.hold), graph, &why))
     return fail(st, ncclUnhandledCudaError, "capturing", why);
-  if (!capturing) tidy(st);
-  lap(&host.issue);
-  stats_op_host_times(host);
+  if (!x.capturing) tidy(st);
+  x.lap(&x.host.issue);
+  stats_op_host_times(x.host);
   return ncclSuccess;
+}
+
+ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
+                          ncclDataType_t datatype, uint64_t chunk, CUstream stream, bool capturing,
+                          bool* to_nccl) {
+  RoutedAllGather op(st, sendbuff, recvbuff, sendcount, datatype, chunk, stream, capturing);
+  ncclResult_t r;
+  if (op.begin(&r)) r = op.complete();
+  *to_nccl = op.to_nccl();
+  return r;
 }
 
 void check_captured_replays(CommState& st) {

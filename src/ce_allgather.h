@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <nccl.h>
 
+#include <memory>
+
 #include "comm_state.h"
 
 namespace zc {
@@ -17,6 +19,32 @@ namespace zc {
 ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
                           ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream,
                           bool capturing, bool* to_nccl);
+
+// The same op in two steps, so that a thread that drives several ranks of a communicator whose
+// other ranks are in other processes posts and claims for all of its ranks before any of them
+// waits for a peer (local_group_allgather.h): one op at a time, one of its ranks would wait for
+// a later rank of another process whose thread waits, in turn, for one of ours still to come.
+class RoutedAllGather {
+ public:
+  RoutedAllGather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
+                  ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream,
+                  bool capturing);
+  ~RoutedAllGather();
+  // Posts, arrives, stages if it must, and settles the pairs in which this rank arrived later;
+  // waits for no peer. false: the op is over — *result holds its error, or ncclSuccess with
+  // to_nccl() (every rank forwards it to NCCL).
+  bool begin(ncclResult_t* result);
+  // After a true begin(): waits for the later ranks' claims, reaches their buffers and issues
+  // the copies.
+  ncclResult_t complete();
+  bool to_nccl() const;
+  RoutedAllGather(const RoutedAllGather&) = delete;
+  RoutedAllGather& operator=(const RoutedAllGather&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // Poisons the communicator when one of its graphs replayed an op whose peer graph is gone
 // (captured_ops.h). Host-only: any thread, a watchdog's poll included.

@@ -28,6 +28,8 @@ struct GroupedAllGather {
   ncclDataType_t datatype = ncclInt8;
   cudaStream_t stream = nullptr;
   uint64_t total = 0;  // output bytes
+  // Hands it to NCCL as called (where the first rank to arrive said so).
+  std::function<ncclResult_t()> forward;
 };
 
 // An op deferred to the group's end: `run` issues it alone; a routed all-gather also says what

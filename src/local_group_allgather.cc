@@ -1,6 +1,8 @@
 #include "local_group_allgather.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -176,6 +178,82 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
   return res == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
 }
 
+// The i-th routed all-gather of each of this thread's ranks of one communicator whose other
+// ranks are in other processes: they go through the op exchange, but posted and claimed all
+// before any of them waits for a peer (ce_allgather.h RoutedAllGather).
+struct ExchangeSet {
+  std::vector<size_t> ops;  // indices into the group's ops, in rank order
+  size_t last = 0;          // where the set is issued: the position of its last op
+};
+
+// The exchange sets: an instance's ops in the group form sets when at least two of its ranks
+// are here, each with as many, none captured, every one on the route with peers elsewhere.
+// Else its ops go alone, as the application called them.
+std::vector<ExchangeSet> find_exchange_sets(const std::vector<PendingOp>& ops) {
+  std::vector<ExchangeSet> sets;
+  std::vector<bool> seen(ops.size(), false);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (seen[i] || !ops[i].allgather || !ag(ops, i).st) continue;
+    const CommState& comm = *ag(ops, i).st;
+    if (!comm.key.valid()) continue;
+    std::map<int, std::vector<size_t>> of_rank;  // in program order
+    bool fit = true;
+    for (size_t j = i; j < ops.size(); ++j) {
+      if (!ops[j].allgather || !ag(ops, j).st || !(ag(ops, j).st->key == comm.key)) continue;
+      seen[j] = true;
+      CommState& st = *ag(ops, j).st;
+      fit = fit && st.route.load(std::memory_order_acquire) == RouteState::kCommitted &&
+            route_prepare(st) == ncclSuccess && st.ce && !st.ce->all_local() &&
+            !stream_is_capturing(reinterpret_cast<CUstream>(ag(ops, j).stream));
+      of_rank[st.rank].push_back(j);
+    }
+    const size_t per_rank = of_rank.begin()->second.size();
+    for (const auto& [rank, mine] : of_rank) fit = fit && mine.size() == per_rank;
+    if (!fit || of_rank.size() < 2) continue;
+    for (size_t k = 0; k < per_rank; ++k) {
+      ExchangeSet set;
+      for (const auto& [rank, mine] : of_rank) {
+        set.ops.push_back(mine[k]);
+        set.last = std::max(set.last, mine[k]);
+      }
+      sets.push_back(std::move(set));
+    }
+  }
+  return sets;
+}
+
+// Issues an exchange set: every op's post and claims first, then every op's waits and copies.
+// An op that fails poisons its communicator (ce_allgather.h); the others go on, and their
+// peers see the poison.
+ncclResult_t issue_exchange_set(const std::vector<PendingOp>& ops, const ExchangeSet& set) {
+  std::vector<std::unique_ptr<RoutedAllGather>> routed(set.ops.size());
+  ncclResult_t first = ncclSuccess;
+  auto note = [&first](ncclResult_t r) {
+    if (first == ncclSuccess) first = r;
+  };
+  uint64_t bytes = 0;
+  for (size_t k : set.ops) bytes += ag(ops, k).total;
+  NvtxRange range(zerocta_op_allgather, zerocta_route_ce, bytes);
+  for (size_t i = 0; i < set.ops.size(); ++i) {
+    const GroupedAllGather& a = ag(ops, set.ops[i]);
+    routed[i].reset(new RoutedAllGather(*a.st, a.send, a.recv, a.count, a.datatype,
+                                        a.count * nccl_type_size(a.datatype),
+                                        reinterpret_cast<CUstream>(a.stream), false));
+    ncclResult_t r;
+    if (routed[i]->begin(&r)) continue;
+    note(routed[i]->to_nccl() ? a.forward() : r);
+    routed[i].reset();
+  }
+  for (size_t i = 0; i < set.ops.size(); ++i) {
+    if (!routed[i]) continue;
+    const ncclResult_t r = routed[i]->complete();
+    routed[i].reset();  // this rank's op is over: its communicator's lock goes
+    if (r == ncclSuccess) stats_count(zerocta_op_allgather, zerocta_route_ce, ag(ops, set.ops[i]).total);
+    note(r);
+  }
+  return first;
+}
+
 }  // namespace
 
 ncclResult_t run_group_ops(std::vector<PendingOp>& ops) {
@@ -186,17 +264,24 @@ ncclResult_t run_group_ops(std::vector<PendingOp>& ops) {
   std::vector<bool> refused(ops.size(), false);  // by instance (the index of its first op)
   for (LocalSet& set : sets)
     if (!refused[set.instance] && !qualifies(ops, &set)) refused[set.instance] = true;
-  std::vector<size_t> set_of(ops.size(), kNone);
+  std::vector<size_t> set_of(ops.size(), kNone), exchange_set_of(ops.size(), kNone);
   for (size_t s = 0; s < sets.size(); ++s)
     if (!refused[sets[s].instance])
       for (size_t k : sets[s].by_rank) set_of[k] = s;
+  const std::vector<ExchangeSet> exchange_sets = find_exchange_sets(ops);
+  for (size_t s = 0; s < exchange_sets.size(); ++s)
+    for (size_t k : exchange_sets[s].ops) exchange_set_of[k] = s;
   ncclResult_t first = ncclSuccess;
   for (size_t i = 0; i < ops.size(); ++i) {
     ncclResult_t r = ncclSuccess;
-    if (set_of[i] == kNone)
+    if (set_of[i] != kNone) {
+      if (sets[set_of[i]].last == i) r = issue_set(ops, sets[set_of[i]]);
+    } else if (exchange_set_of[i] != kNone) {
+      if (exchange_sets[exchange_set_of[i]].last == i)
+        r = issue_exchange_set(ops, exchange_sets[exchange_set_of[i]]);
+    } else {
       r = ops[i].run();
-    else if (sets[set_of[i]].last == i)
-      r = issue_set(ops, sets[set_of[i]]);
+    }
     if (first == ncclSuccess) first = r;
   }
   return first;

@@ -280,7 +280,11 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
            return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm,
                                      stream, nccl_ce, total);
          },
-         GroupedAllGather{st, sendbuff, recvbuff, sendcount, datatype, stream, total}});
+         GroupedAllGather{st, sendbuff, recvbuff, sendcount, datatype, stream, total,
+                          [=, &real]() {
+                            return forward_allgather(real, st, sendbuff, recvbuff, sendcount,
+                                                     datatype, comm, stream, nccl_ce, total);
+                          }}});
     return ncclSuccess;
   }
   return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,

@@ -49,6 +49,10 @@ struct Rendezvous {
   int color = 0;
   int parent_rank = 0;
   int entered = 0;  // files found by the last check (for the failure message)
+  // A grouped init enters at the group's end, where NCCL's bootstrap runs: rank and content of
+  // its file until then (enter_rank < 0: entered, or nothing to enter).
+  int enter_rank = -1;
+  std::string enter_content;
 };
 
 struct Comm {

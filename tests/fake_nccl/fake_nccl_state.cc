@@ -33,8 +33,9 @@
 //                                    inits of that id by that rank in this process. Blocking
 //                                    init waits (1 ms polls) up to
 //                                    FAKE_NCCL_RENDEZVOUS_TIMEOUT_MS (default 10000), then
-//                                    returns ncclSystemError; a grouped init waits at the
-//                                    group end; a non-blocking one stays in progress.
+//                                    returns ncclSystemError; a grouped init enters and
+//                                    waits at the group end; a non-blocking one stays in
+//                                    progress.
 //                                    Splits: every parent rank (NCCL_SPLIT_NOCOLOR too) files
 //                                    "<color> <key>" under <parent key>.s<n>; the child is the
 //                                    ranks of one color ordered by (key, parent rank), as
@@ -334,6 +335,10 @@ ncclResult_t group_finish(bool simulate, std::string* summary) {
   std::vector<Comm*> now, async;
   for (Comm* c : inits) {
     if (!is_registered(Kind::kComm, c)) continue;  // destroyed inside the group
+    if (c->rv.enter_rank >= 0) {
+      enter(c->rv.prefix, c->rv.enter_rank, c->rv.enter_content);
+      c->rv.enter_rank = -1;
+    }
     (c->async_init ? async : now).push_back(c);
   }
   for (Comm* c : now) start_deadline(c->rv);
@@ -392,7 +397,14 @@ ncclResult_t create_root(const std::string& line, ncclComm_t* out, int nranks, i
     const std::string idkey = id != nullptr ? id_key(*id) : "noid";
     key = idkey + "." + std::to_string(next_instance(idkey, rank));
     rv.prefix = dir + "/" + key + ".";
-    if (planned == ncclSuccess) enter(rv.prefix, rank, strf("%d\n", static_cast<int>(getpid())));
+    // NCCL's bootstrap of a grouped init runs at the group's end: no peer sees this rank
+    // before then (an interposer's work just before that end included).
+    if (planned == ncclSuccess && grouped) {
+      rv.enter_rank = rank;
+      rv.enter_content = strf("%d\n", static_cast<int>(getpid()));
+    } else if (planned == ncclSuccess) {
+      enter(rv.prefix, rank, strf("%d\n", static_cast<int>(getpid())));
+    }
     // A failing rank never enters: it does not wait for the others either.
     rv.active = nranks > 1 && planned == ncclSuccess;
     for (int r = 0; r < nranks; ++r) rv.members.push_back(r);

@@ -104,7 +104,7 @@ std::string fabric_unavailable() {
          " (no IMEX channel on this machine?)";
 }
 
-void* cumem_alloc(size_t bytes, size_t piece, bool fabric) {
+void* cumem_alloc(size_t bytes, size_t piece, bool fabric, const std::vector<int>& also_open_to) {
   const CUmemAllocationProp prop = props_here(fabric);
   size_t g = 0;
   check(cu().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
@@ -121,10 +121,15 @@ void* cumem_alloc(size_t bytes, size_t piece, bool fabric) {
     check(cu().map(m.base + at, n, 0, h, 0), "cuMemMap");
     m.pieces.push_back({n, h});
   }
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(cu().set_access(m.base, total, &access, 1), "cuMemSetAccess");
+  std::vector<CUmemAccessDesc> access(1);
+  access[0].location = prop.location;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (int d : also_open_to) {
+    if (d == prop.location.id) continue;
+    access.push_back(access[0]);
+    access.back().location.id = d;
+  }
+  check(cu().set_access(m.base, total, access.data(), access.size()), "cuMemSetAccess");
   void* p = reinterpret_cast<void*>(m.base);
   std::lock_guard<std::mutex> lock(g_mu);
   mappings()[p] = m;

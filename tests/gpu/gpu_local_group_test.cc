@@ -11,15 +11,22 @@
 // ZEROCTA_LOCAL_GROUP_TWO_EVERY-th (default 7) with two all-gathers per rank. ZEROCTA_EXPECT_CE=1
 // also requires every all-gather to have taken the copy-engine route (the shim's counters);
 // ZEROCTA_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for;
-// ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only (exportable, so
-// that a process with several GPUs each reaches the other processes' buffers by import).
+// ZEROCTA_LOCAL_GROUP_TIME_MIB=S then times in-place all-gathers of S MiB per rank against
+// NCCL's kernel path;
+// ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only, cumem-shared
+// open to every GPU of its process (both exportable, so that processes with several GPUs each
+// reach the other processes' buffers by import).
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,11 +62,16 @@ size_t type_size(ncclDataType_t t) {
 }
 
 // ZEROCTA_LOCAL_GROUP_ALLOC=cumem: buffers in 20 MiB cuMem allocations open to their own GPU
-// only (the route maps them a second time for the others); default cudaMalloc.
-bool cumem_buffers() {
+// only (the route maps them a second time for the others); cumem-shared: open to every GPU of
+// this process too (as PyTorch's expandable segments once peer access is enabled); default
+// cudaMalloc.
+std::string alloc_kind() {
   const char* v = getenv("ZEROCTA_LOCAL_GROUP_ALLOC");
-  return v && std::string(v) == "cumem";
+  return v ? v : "";
 }
+bool cumem_buffers() { return alloc_kind() == "cumem" || alloc_kind() == "cumem-shared"; }
+// This process's GPUs (set once the layout is known): whom cumem-shared buffers are open to.
+std::vector<int> g_process_devices;
 
 // A device allocation with poisoned guards on both sides of its usable bytes.
 struct Guarded {
@@ -70,7 +82,9 @@ struct Guarded {
     drop();
     bytes = b;
     if (cumem_buffers())
-      base = static_cast<char*>(cumem_alloc(bytes + 2 * kGuard, size_t{20} << 20));
+      base = static_cast<char*>(
+          cumem_alloc(bytes + 2 * kGuard, size_t{20} << 20, false,
+                      alloc_kind() == "cumem-shared" ? g_process_devices : std::vector<int>{}));
     else
       ZG_CUDA(cudaMalloc(&base, bytes + 2 * kGuard));
   }
@@ -119,6 +133,7 @@ struct Layout {
 // rank's inputs, so each knows the whole expected output). Returns the all-gathers issued.
 long run_rounds(Layout& l, const char* who) {
   const int n = l.nranks, m = l.local();
+  g_process_devices = l.devices;
   std::vector<Device> dev(static_cast<size_t>(m));
   for (int i = 0; i < m; ++i) {
     ZG_CUDA(cudaSetDevice(l.devices[static_cast<size_t>(i)]));
@@ -229,6 +244,79 @@ long run_rounds(Layout& l, const char* who) {
     if (expect_ce && ce_calls() - ce_before != static_cast<uint64_t>(ops))
       fail(what + ": not every all-gather took the copy-engine route (" +
            shim_allgather_stats_line() + ")");
+  }
+  if (const long mib = env_long("ZEROCTA_LOCAL_GROUP_TIME_MIB", 0); mib > 0) {
+    // Back-to-back in-place all-gathers of `mib` MiB per rank, the route (ncclAllGather) against
+    // NCCL's kernel path (pncclAllGather) on the same communicators: busbw per path, median of
+    // 5 runs of 20 ops (a comparison, not a check).
+    const size_t chunk = static_cast<size_t>(mib) << 20, total = chunk * static_cast<size_t>(n);
+    for (int i = 0; i < m; ++i) on(i)->recv.make(total);
+    std::vector<cudaEvent_t> t0(static_cast<size_t>(m)), t1(static_cast<size_t>(m));
+    for (int i = 0; i < m; ++i) {
+      on(i);
+      ZG_CUDA(cudaEventCreate(&t0[static_cast<size_t>(i)]));
+      ZG_CUDA(cudaEventCreate(&t1[static_cast<size_t>(i)]));
+    }
+    for (int route = 1; route >= 0; --route) {
+      auto group = [&](int ops) {
+        for (int k = 0; k < ops; ++k) {
+          ZG_NCCL(ncclGroupStart());
+          for (int i = 0; i < m; ++i) {
+            Device& g = *on(i);
+            char* mine = g.recv.data() + chunk * static_cast<size_t>(l.first + i);
+            ZG_NCCL(route ? ncclAllGather(mine, g.recv.data(), chunk, ncclInt8, comm(i), g.stream)
+                          : pncclAllGather(mine, g.recv.data(), chunk, ncclInt8, comm(i),
+                                           g.stream));
+          }
+          ZG_NCCL(ncclGroupEnd());
+        }
+      };
+      // The route's own doings over the timed runs (pairs, host time per op), from the shim.
+      using ResetFn = void (*)();
+      using WriteFn = int (*)(const char*);
+      auto reset = reinterpret_cast<ResetFn>(dlsym(RTLD_DEFAULT, "zerocta_reset_stats"));
+      auto write = reinterpret_cast<WriteFn>(dlsym(RTLD_DEFAULT, "zerocta_write_stats_json"));
+      std::vector<double> busbw;
+      for (int run = 0; run < 6; ++run) {
+        barrier();  // every process starts the run together (a no-op in one process)
+        if (run == 1 && route && reset) reset();
+        for (int i = 0; i < m; ++i) ZG_CUDA(cudaEventRecord(t0[static_cast<size_t>(i)], on(i)->stream));
+        group(run == 0 ? 3 : 20);  // the first run warms up
+        double slowest = 0;
+        for (int i = 0; i < m; ++i) {
+          ZG_CUDA(cudaEventRecord(t1[static_cast<size_t>(i)], on(i)->stream));
+          wait_stream(on(i)->stream, "timing");
+          float ms = 0;
+          ZG_CUDA(cudaEventElapsedTime(&ms, t0[static_cast<size_t>(i)], t1[static_cast<size_t>(i)]));
+          slowest = std::max(slowest, static_cast<double>(ms));
+        }
+        if (run > 0)
+          busbw.push_back(static_cast<double>(total) * (n - 1) / n / (slowest / 20 * 1e-3) / 1e9);
+      }
+      if (route && write) {
+        const std::string path = "/tmp/zerocta-local-group-time-" + std::to_string(getpid());
+        std::string json;
+        if (write(path.c_str()) == 0) {
+          std::ifstream in(path);
+          json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+          unlink(path.c_str());
+        }
+        const size_t at = json.find("\"route\":{"), end = json.find('}', at);
+        if (at != std::string::npos && end != std::string::npos)
+          printf("%s: the route over the timed runs: %s\n", who,
+                 json.substr(at, end - at + 1).c_str());
+      }
+      std::sort(busbw.begin(), busbw.end());
+      printf("%s: %ld MiB per rank in place, %s: busbw %.1f GB/s (median of 5 runs of 20; %.1f..%.1f)\n",
+             who, mib, route ? "ncclAllGather (zerocta's route)" : "pncclAllGather (NCCL kernel path)",
+             busbw[2], busbw.front(), busbw.back());
+      fflush(stdout);
+    }
+    for (int i = 0; i < m; ++i) {
+      on(i);
+      ZG_CUDA(cudaEventDestroy(t0[static_cast<size_t>(i)]));
+      ZG_CUDA(cudaEventDestroy(t1[static_cast<size_t>(i)]));
+    }
   }
   printf(
       "%s: %ld rounds over %d of %d ranks (%d in place, %d on the legacy stream, %d with two "

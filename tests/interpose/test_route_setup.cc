@@ -750,6 +750,45 @@ TEST(RouteSetup, RanksOfOneProcessGoAsOnePlanOrToNccl) {
   }
 }
 
+// Two processes of two ranks each, each process's ranks in one group of its thread (an MPI job
+// of nccl-tests -g 2): every op goes through the exchange, posted and claimed for both of a
+// process's ranks before either waits for a later rank of the other process. One rank at a
+// time, rank 0 waited for rank 3's claim while the other process's thread waited in rank 2 for
+// rank 1's, which came only after rank 0's wait ran out: the pairs fell back to "later does
+// both" (4xH100: 5 of 109 pairs each pushed, 300 us a wait). Also in or out of place, several
+// rounds on new buffers, data checked.
+TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
+  for (const char* in_place : {"0", "1"}) {
+    SCOPED_TRACE(std::string("in place ") + in_place);
+    Scratch s, chan, rdv;
+    RunResult r = run_route({"ranks", "2", "grouped"},
+                            with(route_env(chan, rdv, unique_id_text()),
+                                 {{"FAKE_CUDA_WAIT_MS", "0"},
+                                  {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"},
+                                  {"DRV_AG_ROUNDS", "4"},
+                                  {"DRV_AG_IN_PLACE", in_place}}),
+                            s);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    long long each = 0, both = 0;
+    for (int p = 0; p < 2; ++p) {
+      const std::string k = "r" + std::to_string(p) + ".";
+      EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
+      for (int rank = 2 * p; rank < 2 * p + 2; ++rank)
+        EXPECT_EQ(r.num(k + "ag" + std::to_string(rank) + ".data_ok"), 1)
+            << rank << "\n" << r.describe();
+      EXPECT_EQ(r.num(k + "ag.ag_ce"), 8) << r.describe();
+      const std::string json = stats_file(s, r.kv()[k + "pid"]);
+      each += json_number(json, "pairs_each_pushes");
+      both += json_number(json, "pairs_later_does_both");
+    }
+    // 4 rounds x 6 pairs, each settled once. A descheduled process can still make a pair fall
+    // back; one rank at a time, nearly all did.
+    EXPECT_EQ(each + both, 24) << r.describe();
+    EXPECT_GE(each, 18) << "pairs that fell back to later does both: " << both << "\n"
+                        << r.describe();
+  }
+}
+
 // ---- 5. Non-blocking communicators ----
 
 TEST(RouteSetup, NonBlockingCommFreezesInThePollThatSeesSuccess) {

@@ -9,6 +9,8 @@
 //   drv_route initall-split            ncclCommInitAll(2), split (color 0, keys reversed) in a
 //                                      group (DRV_SPLIT_THREADS=1: one thread per comm, no
 //                                      group), a grouped all-gather on the children
+//   drv_route ranks N grouped          N processes of DRV_LOCAL_RANKS (default 2) ranks each, as
+//                                      grouped-init drives them (process K: ranks from K x that)
 //   drv_route ranks N SCENARIO [rK:VAR=VALUE ...]
 //                                      fork()s N ranks; rank K sets VAR=VALUE before anything
 //                                      else (ZEROCTA_* included: the shim reads them at the
@@ -813,6 +815,8 @@ void rank_cycles(int rank, int nranks) {
   resources("last");
 }
 
+int grouped_ranks(int first, int local, int n);  // below, with the single-process scenarios
+
 int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
   void* shared = mmap(nullptr, sizeof(RankBarrier), PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -849,6 +853,10 @@ int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
         rank_hang(rank, nranks);
       else if (scenario == "cycles")
         rank_cycles(rank, nranks);
+      else if (scenario == "grouped") {  // this process drives DRV_LOCAL_RANKS ranks
+        const int local = static_cast<int>(env_long("DRV_LOCAL_RANKS", 2));
+        grouped_ranks(rank * local, local, nranks * local);
+      }
       else
         out("unknown_scenario", scenario);
       out("done", 1);
@@ -964,61 +972,62 @@ int default_log() {
   return 0;
 }
 
-// One thread creates DRV_GROUPED_RANKS (default 2) ranks of one communicator in one group, then
-// all-gathers on all of them in another group (the single-process multi-GPU pattern), or with
-// DRV_AG_UNGROUPED=1 one by one, outside any group. DRV_AG_OWN_ACCESS=1: each buffer readable by
-// its own device only (cuMem memory whose access the application did not grant the peers).
-// DRV_AG_GROUP_OPS=2: two all-gathers per rank in the group, each rank's both in turn.
-// Each key is printed once per round (the last round's value wins).
-int grouped_init() {
-  out("pid", getpid());
-  make_current(0);
+// One thread creates ranks `first` .. `first + local - 1` of a communicator of `n` ranks in one
+// group (the rest, if any, in other processes), then all-gathers on all of them in another group
+// (the multi-GPU-per-process pattern), or with DRV_AG_UNGROUPED=1 one by one, outside any group.
+// DRV_AG_OWN_ACCESS=1: each buffer readable by its own device only (cuMem memory whose access
+// the application did not grant the peers; else every device of this process). DRV_AG_GROUP_OPS=2:
+// two all-gathers per rank in the group, each rank's both in turn. Each key is printed once per
+// round (the last round's value wins).
+int grouped_ranks(int first, int local, int n) {
   const ncclUniqueId id = unique_id();
-  const int n = static_cast<int>(env_long("DRV_GROUPED_RANKS", 2));
-  std::vector<ncclComm_t> c(static_cast<size_t>(n), nullptr);
+  std::vector<ncclComm_t> c(static_cast<size_t>(local), nullptr);
   ncclGroupStart();
-  for (int i = 0; i < n; ++i) {
-    make_current(i);
-    out("init" + std::to_string(i), ncclCommInitRank(&c[static_cast<size_t>(i)], n, id, i));
+  for (int i = 0; i < local; ++i) {
+    make_current(first + i);
+    out("init" + std::to_string(first + i),
+        ncclCommInitRank(&c[static_cast<size_t>(i)], n, id, first + i));
     int r = -77;
     ncclCommUserRank(c[static_cast<size_t>(i)], &r);
-    out("in_group.rank" + std::to_string(i), r);
+    out("in_group.rank" + std::to_string(first + i), r);
   }
   out("group_end", ncclGroupEnd());
   stats("init");
   out("init.channel_files", channel_count());
   for (ncclComm_t x : c)
     if (!x) return 0;
-  // DRV_AG_ROUNDS=N: N groups, each on buffers allocated for it and freed after it; then
-  // rounds.live_reserve counts the driver's address reservations still held (the route's
-  // second mappings of buffers already freed included).
   const long rounds = env_long("DRV_AG_ROUNDS", 1);
   for (long round = 0; round < rounds; ++round) {
     const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
     const bool own = env_long("DRV_AG_OWN_ACCESS", 0) == 1;
     const bool twice = env_long("DRV_AG_GROUP_OPS", 1) == 2;
     const bool grouped = env_long("DRV_AG_UNGROUPED", 0) != 1;
-    std::vector<int> every;
-    for (int i = 0; i < n; ++i) every.push_back(i);
+    std::vector<int> here;
+    for (int i = 0; i < local; ++i) here.push_back(first + i);
     std::vector<std::unique_ptr<Gather>> g, h;
-    for (int i = 0; i < n; ++i) {
-      const std::vector<int> access = own ? std::vector<int>{i} : every;
-      g.emplace_back(new Gather(i, n, bytes, i, access));
-      h.emplace_back(new Gather(i, n, bytes, i, access));
+    for (int i = 0; i < local; ++i) {
+      const int r = first + i;
+      const std::vector<int> access = own ? std::vector<int>{r} : here;
+      g.emplace_back(new Gather(r, n, bytes, r, access));
+      h.emplace_back(new Gather(r, n, bytes, r, access));
     }
+    // Across processes (fake streams run at issue, a flag wait does not hold them): every
+    // process's buffers are filled before any pushes into them, and every process has issued
+    // before any checks what landed.
+    if (g_barrier) barrier_of_ranks();
     if (grouped) ncclGroupStart();
-    for (int i = 0; i < n; ++i) {
-      make_current(i);
-      out("ag" + std::to_string(i), g[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
-      if (twice)
-        out("ag" + std::to_string(i) + "b",
-            h[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
+    for (int i = 0; i < local; ++i) {
+      make_current(first + i);
+      const std::string r = std::to_string(first + i);
+      out("ag" + r, g[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
+      if (twice) out("ag" + r + "b", h[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
     }
     if (grouped) out("ag.end", ncclGroupEnd());
-    for (int i = 0; i < n; ++i) {
-      out("ag" + std::to_string(i) + ".data_ok", g[static_cast<size_t>(i)]->data_ok());
-      if (twice)
-        out("ag" + std::to_string(i) + "b.data_ok", h[static_cast<size_t>(i)]->data_ok());
+    if (g_barrier) barrier_of_ranks();
+    for (int i = 0; i < local; ++i) {
+      const std::string r = std::to_string(first + i);
+      out("ag" + r + ".data_ok", g[static_cast<size_t>(i)]->data_ok());
+      if (twice) out("ag" + r + "b.data_ok", h[static_cast<size_t>(i)]->data_ok());
     }
     stats("ag");
   }
@@ -1027,6 +1036,14 @@ int grouped_init() {
   report("end");
   cuda_live("end");
   return 0;
+}
+
+// Every rank of DRV_GROUPED_RANKS (default 2) in this process: grouped_ranks over all of them.
+int grouped_init() {
+  out("pid", getpid());
+  make_current(0);
+  const int n = static_cast<int>(env_long("DRV_GROUPED_RANKS", 2));
+  return grouped_ranks(0, n, n);
 }
 
 // ncclCommInitAll(2) and a split of both comms into one child with reversed keys: in one group
