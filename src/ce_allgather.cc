@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ce_exec.h"
+#include "local_aliases.h"
 #include "log.h"
 #include "pair_wait.h"
 #include "route_setup.h"
@@ -21,6 +22,19 @@ constexpr uint64_t kHeldBudget = uint64_t{16} << 30;
 // Every this many ops, exports of allocations the application freed are withdrawn, and (offset
 // by half) the peers are asked which of the allocations imported from them they still export.
 constexpr uint64_t kSweepEvery = 64;
+
+// [addr, addr + bytes) described for the peers in other processes, and reached by those in
+// this process through a second mapping of its cuMem allocations open to their GPUs (memory
+// whose owner granted them no access: PyTorch's expandable segments without peer access). Not
+// for a captured op: its graph would outlive the mapping's bookkeeping.
+bool described_with_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes,
+                          const ReachNeeds& needs, bool capturing, OpBuffer* out) {
+  if (!needs.by_pointer || capturing || needs.npeer_devices == 0) return false;
+  ReachNeeds extents_only = needs;
+  extents_only.by_pointer = false;
+  return describe_buffer(cu, addr, bytes, extents_only, out) &&
+         local_alias(cu, addr, bytes, needs.peer_devices, needs.npeer_devices, &out->local_addr);
+}
 
 // Fills my post for op `seq`. reach stays 0 where a peer that needs my buffers could not reach
 // them.
@@ -37,9 +51,18 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
   // The receive buffer first: an in-place op's send chunk lies in it (FSDP2's all-gathers),
   // and is described from its extents without querying each allocation again.
-  const bool ok =
-      describe_buffer(cu, reinterpret_cast<uint64_t>(recv), total, ce.needs, &p->recv) &&
-      describe_inside(cu, reinterpret_cast<uint64_t>(send), chunk, ce.needs, p->recv, &p->send);
+  const uint64_t r = reinterpret_cast<uint64_t>(recv), s = reinterpret_cast<uint64_t>(send);
+  bool ok = describe_buffer(cu, r, total, ce.needs, &p->recv) ||
+            described_with_alias(cu, r, total, ce.needs, capturing, &p->recv);
+  if (ok && p->recv.local_addr && s >= r && s - r <= total - chunk) {
+    ReachNeeds extents_only = ce.needs;
+    extents_only.by_pointer = false;
+    ok = describe_inside(cu, s, chunk, extents_only, p->recv, &p->send);
+    p->send.local_addr = p->recv.local_addr + (s - r);
+  } else if (ok) {
+    ok = describe_inside(cu, s, chunk, ce.needs, p->recv, &p->send) ||
+         described_with_alias(cu, s, chunk, ce.needs, capturing, &p->send);
+  }
   if (ok) p->reach = (ce.needs.by_pointer ? uint32_t{kReachPointer} : 0u) | kReachExtents;
   // A captured op needs a flag block; without one (the driver cannot capture, or every block is
   // held) this rank's post sends the op to NCCL if it is the first to arrive.
@@ -63,7 +86,7 @@ bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64
     return false;
   }
   if (post.pid == static_cast<int32_t>(getpid())) {
-    *out = Span{addr, bytes};
+    *out = Span{buf.local_addr ? buf.local_addr + (addr - buf.addr) : addr, bytes};
     return true;
   }
   const MemberFacts& m = st.members[static_cast<size_t>(p)];
@@ -144,6 +167,7 @@ bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* po
   post->reach = local ? kReachPointer : kReachExtents;
   post->recv.addr = s.addr;
   post->recv.bytes = s.bytes;
+  post->recv.local_addr = 0;  // a stage is open to every GPU of its process
   post->recv.nextents = local ? 0 : 1;
   post->recv.extents[0] = s.extent;
   post->send = post->recv;
@@ -310,6 +334,8 @@ void tidy(CommState& st) {
   CeComm& ce = *st.ce;
   ce.imports->tidy(*cuda_driver(), ce.seq % kSweepEvery == kSweepEvery / 2, kHeldBudget);
   if (ce.stage) ce.stage->tidy(*cuda_driver());
+  // Second mappings of buffers the application freed, as often as its exports are swept.
+  if (ce.needs.by_pointer && ce.seq % kSweepEvery == 0) tidy_local_aliases(*cuda_driver());
 }
 
 ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char* why) {
@@ -585,6 +611,14 @@ ncclResult_t RoutedAllGather::complete() {
   }
   if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
+  // My peers in this process write into (and may read from) my buffers through their second
+  // mappings; my push stream passes this point only after every such peer said done, so an
+  // event there keeps the mappings until their copies have finished.
+  for (const OpBuffer* b : {&x.mine.recv, &x.mine.send})
+    if (b->local_addr &&
+        !local_alias_used(*cu, b->local_addr, st.device,
+                          ce->streams[static_cast<int>(DirectStream::kPush)]))
+      return fail(st, ncclUnhandledCudaError, "keeping a second mapping", "cuEventRecord failed");
   if (x.hold && !attach_to_graph(std::move(x.hold), graph, &why))
     return fail(st, ncclUnhandledCudaError, "capturing", why);
   if (!x.capturing) tidy(st);

@@ -76,6 +76,9 @@ struct OpExtent {
 
 struct OpBuffer {
   uint64_t addr = 0, bytes = 0;
+  // Where the peers in the owner's process reach it, when not at addr: a second mapping of its
+  // cuMem allocations open to their GPUs (local_aliases.h), addr's byte at local_addr.
+  uint64_t local_addr = 0;
   uint32_t nextents = 0, reserved = 0;
   OpExtent extents[kMaxExtents];
 };

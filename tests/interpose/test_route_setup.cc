@@ -789,6 +789,37 @@ TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
   }
 }
 
+// The same layout on cuMem memory each rank opened to its own device only (PyTorch's expandable
+// segments without peer access): the peers in the other process import it, the peer in the
+// same process writes through a second mapping (local_aliases.h). Without that, the first
+// rank's post was unreachable and every op went to NCCL.
+TEST(RouteSetup, ProcessesOfSeveralRanksReachOwnAccessMemoryThroughSecondMappings) {
+  for (const char* in_place : {"0", "1"}) {
+    SCOPED_TRACE(std::string("in place ") + in_place);
+    Scratch s, chan, rdv;
+    RunResult r = run_route({"ranks", "2", "grouped"},
+                            with(route_env(chan, rdv, unique_id_text()),
+                                 {{"FAKE_CUDA_WAIT_MS", "0"},
+                                  {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"},
+                                  {"DRV_AG_ROUNDS", "3"},
+                                  {"DRV_AG_OWN_ACCESS", "1"},
+                                  {"DRV_AG_IN_PLACE", in_place}}),
+                            s);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    for (int p = 0; p < 2; ++p) {
+      const std::string k = "r" + std::to_string(p) + ".";
+      EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
+      for (int rank = 2 * p; rank < 2 * p + 2; ++rank)
+        EXPECT_EQ(r.num(k + "ag" + std::to_string(rank) + ".data_ok"), 1)
+            << rank << "\n" << r.describe();
+      EXPECT_EQ(r.num(k + "ag.ag_ce"), 6) << r.describe();
+      EXPECT_EQ(r.num(k + "ag.ag_pass"), 0) << r.describe();
+      // Every mapping, the second ones included, is gone at the end.
+      EXPECT_EQ(r.num(k + "end.live_reserve"), 0) << r.describe();
+    }
+  }
+}
+
 // ---- 5. Non-blocking communicators ----
 
 TEST(RouteSetup, NonBlockingCommFreezesInThePollThatSeesSuccess) {
