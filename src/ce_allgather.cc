@@ -571,6 +571,9 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
     return false;
   }
   x.lap(&x.host.reach);
+  ZC_DEBUG("zero-copy all-gather on rank %d: op %llu posted and its pairs with earlier ranks "
+           "claimed",
+           st.rank, static_cast<unsigned long long>(x.a.seq));
   return true;
 }
 
@@ -583,6 +586,8 @@ ncclResult_t RoutedAllGather::complete() {
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   RelaxedCapture relaxed(x.capturing);
   x.mark = now_us();  // the time since begin() went to other ranks' ops of this thread
+  ZC_DEBUG("zero-copy all-gather on rank %d: op %llu waits for the claims of later ranks",
+           st.rank, static_cast<unsigned long long>(x.a.seq));
   const char* why = "";
   int64_t waited = 0, reached = 0;
   if (!settle_as_earlier(st, x.a, x.mine, x.chunk, x.stage, x.stream, x.hold.get(), &waited,
