@@ -24,11 +24,14 @@ CaptureLife::~CaptureLife() {
     cu->cuMemHostUnregister(registered_);
     stats_pool_bytes_add(-static_cast<int64_t>(registered_bytes_));
   }
+  ops_owned_.reset();  // over the channel's op region: before the channel
   channel_owned_.reset();
 }
 
 void CaptureLife::hand_over(std::unique_ptr<Channel> channel, void* registered,
-                            size_t registered_bytes, std::unique_ptr<PeerImports> imports) {
+                            size_t registered_bytes, std::unique_ptr<PeerImports> imports,
+                            std::unique_ptr<OpExchange> ops) {
+  ops_owned_ = std::move(ops);
   channel_owned_ = std::move(channel);
   registered_ = registered;
   registered_bytes_ = registered_bytes;

@@ -44,6 +44,7 @@
 
 #include "capture_blocks.h"
 #include "channel.h"
+#include "op_exchange.h"
 #include "peer_memory.h"
 #include "stage_buffer.h"
 
@@ -66,9 +67,11 @@ class CaptureLife {
   Channel& channel() { return *channel_; }
   int device() const { return device_; }
 
-  // The route's teardown: what graphs may still address, freed with the last reference.
+  // The route's teardown: what graphs may still address, freed with the last reference — the
+  // op exchange too, which owns the blocks' bookkeeping (`blocks` points into it): a graph
+  // destroyed after its communicator still drops its references there.
   void hand_over(std::unique_ptr<Channel> channel, void* registered, size_t registered_bytes,
-                 std::unique_ptr<PeerImports> imports);
+                 std::unique_ptr<PeerImports> imports, std::unique_ptr<OpExchange> ops);
 
   // Holds alive (their graphs exist).
   void add(GraphHold* h);
@@ -87,6 +90,7 @@ class CaptureLife {
   size_t suspects_ = 0;  // live holds that can never pair
   // Handed over at the teardown.
   std::unique_ptr<Channel> channel_owned_;
+  std::unique_ptr<OpExchange> ops_owned_;
   void* registered_ = nullptr;
   size_t registered_bytes_ = 0;
   std::unique_ptr<PeerImports> imports_;

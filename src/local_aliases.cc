@@ -10,7 +10,9 @@ namespace zc {
 namespace {
 
 constexpr int kMaxDevices = 64;    // device ordinals an alias tracks events for
-constexpr size_t kMaxBlocks = 64;  // allocations one aliased buffer may lie across
+// Allocations one aliased buffer may lie across: as many as a post describes (op_exchange.h;
+// a 1.6 GB FSDP2 buffer of 20 MiB allocations spans 77).
+constexpr size_t kMaxBlocks = kMaxExtents;
 
 struct Alias {
   std::vector<uint64_t> bases, sizes, ids;  // the owner's allocations, in address order

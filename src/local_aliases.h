@@ -24,8 +24,9 @@ namespace zc {
 constexpr int kMaxLocalAliases = 64;
 
 // [addr, addr + bytes) of this process's cuMem memory as an address the `ndevices` devices in
-// `devices` may write, in *out. False when it is not cuMem memory (or lies across more than 64
-// allocations) or the driver refuses. Call with a context current.
+// `devices` may write, in *out. False when it is not cuMem memory (or lies across more
+// allocations than a post describes, kMaxExtents) or the driver refuses. Call with a context
+// current.
 bool local_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const int* devices,
                  int ndevices, uint64_t* out);
 

@@ -158,7 +158,7 @@ void release_route(CommState& st) {
   std::shared_ptr<CaptureLife> life =
       ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
   life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
-                  std::move(ce.imports));
+                  std::move(ce.imports), std::move(ce.ops));
   life.reset();
   st.ce.reset();
   if (g_route_comms.fetch_sub(1) == 1)
