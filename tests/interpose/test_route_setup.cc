@@ -751,35 +751,50 @@ TEST(RouteSetup, RanksOfOneProcessGoAsOnePlanOrToNccl) {
 }
 
 // Two processes of two ranks each, each process's ranks in one group of its thread (an MPI job
-// of nccl-tests -g 2): every op goes through the exchange, posted and claimed for both of a
-// process's ranks before either waits for a later rank of the other process. One rank at a
-// time, rank 0 waited for rank 3's claim while the other process's thread waited in rank 2 for
-// rank 1's, which came only after rank 0's wait ran out: the pairs fell back to "later does
-// both" (4xH100: 5 of 109 pairs each pushed, 300 us a wait). Also in or out of place, several
-// rounds on new buffers, data checked. The order is read from the debug log (how many pairs
-// fall back depends on how the machine schedules the two processes).
+// of nccl-tests -g 2; drv_route ranks 2 grouped), with `extra` settings.
+RunResult run_processes_of_two_ranks(const Scratch& s, const Scratch& chan, const Scratch& rdv,
+                                     const Env& extra) {
+  return run_route({"ranks", "2", "grouped"},
+                   with(route_env(chan, rdv, unique_id_text()),
+                        with({{"FAKE_CUDA_WAIT_MS", "0"},
+                              {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}},
+                             extra)),
+                   s);
+}
+
+// Each process exited cleanly, both of its ranks gathered every rank's data, and its
+// `routed` all-gathers all took the route.
+void expect_each_process_gathered(const RunResult& r, long long routed) {
+  for (int p = 0; p < 2; ++p) {
+    const std::string k = "r" + std::to_string(p) + ".";
+    EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
+    for (int rank = 2 * p; rank < 2 * p + 2; ++rank)
+      EXPECT_EQ(r.num(k + "ag" + std::to_string(rank) + ".data_ok"), 1)
+          << rank << "\n" << r.describe();
+    EXPECT_EQ(r.num(k + "ag.ag_ce"), routed) << r.describe();
+    EXPECT_EQ(r.num(k + "ag.ag_pass"), 0) << r.describe();
+  }
+}
+
+// Every op goes through the exchange, posted and claimed for both of a process's ranks before
+// either waits for a later rank of the other process. One rank at a time, rank 0 waited for
+// rank 3's claim while the other process's thread waited in rank 2 for rank 1's, which came
+// only after rank 0's wait ran out: the pairs fell back to "later does both" (4xH100: 5 of 109
+// pairs each pushed, 300 us a wait). In or out of place, several rounds on new buffers. The
+// order is read from the debug log (how many pairs fall back depends on how the machine
+// schedules the two processes).
 TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
   for (const char* in_place : {"0", "1"}) {
     SCOPED_TRACE(std::string("in place ") + in_place);
     Scratch s, chan, rdv;
-    RunResult r = run_route({"ranks", "2", "grouped"},
-                            with(route_env(chan, rdv, unique_id_text()),
-                                 {{"FAKE_CUDA_WAIT_MS", "0"},
-                                  {"ZEROCTA_LOG", "debug"},
-                                  {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"},
-                                  {"DRV_AG_ROUNDS", "4"},
-                                  {"DRV_AG_IN_PLACE", in_place}}),
-                            s);
+    RunResult r = run_processes_of_two_ranks(
+        s, chan, rdv,
+        {{"ZEROCTA_LOG", "debug"}, {"DRV_AG_ROUNDS", "4"}, {"DRV_AG_IN_PLACE", in_place}});
     ASSERT_EQ(r.exit_code, 0) << r.describe();
+    expect_each_process_gathered(r, 8);
     long long each = 0, both = 0;
     for (int p = 0; p < 2; ++p) {
-      const std::string k = "r" + std::to_string(p) + ".";
-      EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
-      for (int rank = 2 * p; rank < 2 * p + 2; ++rank)
-        EXPECT_EQ(r.num(k + "ag" + std::to_string(rank) + ".data_ok"), 1)
-            << rank << "\n" << r.describe();
-      EXPECT_EQ(r.num(k + "ag.ag_ce"), 8) << r.describe();
-      const std::string pid = r.kv()[k + "pid"];
+      const std::string pid = r.kv()["r" + std::to_string(p) + ".pid"];
       const std::string json = stats_file(s, pid);
       each += json_number(json, "pairs_each_pushes");
       both += json_number(json, "pairs_later_does_both");
@@ -804,26 +819,14 @@ TEST(RouteSetup, ProcessesOfSeveralRanksReachOwnAccessMemoryThroughSecondMapping
   for (const char* in_place : {"0", "1"}) {
     SCOPED_TRACE(std::string("in place ") + in_place);
     Scratch s, chan, rdv;
-    RunResult r = run_route({"ranks", "2", "grouped"},
-                            with(route_env(chan, rdv, unique_id_text()),
-                                 {{"FAKE_CUDA_WAIT_MS", "0"},
-                                  {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"},
-                                  {"DRV_AG_ROUNDS", "3"},
-                                  {"DRV_AG_OWN_ACCESS", "1"},
-                                  {"DRV_AG_IN_PLACE", in_place}}),
-                            s);
+    RunResult r = run_processes_of_two_ranks(
+        s, chan, rdv,
+        {{"DRV_AG_ROUNDS", "3"}, {"DRV_AG_OWN_ACCESS", "1"}, {"DRV_AG_IN_PLACE", in_place}});
     ASSERT_EQ(r.exit_code, 0) << r.describe();
-    for (int p = 0; p < 2; ++p) {
-      const std::string k = "r" + std::to_string(p) + ".";
-      EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
-      for (int rank = 2 * p; rank < 2 * p + 2; ++rank)
-        EXPECT_EQ(r.num(k + "ag" + std::to_string(rank) + ".data_ok"), 1)
-            << rank << "\n" << r.describe();
-      EXPECT_EQ(r.num(k + "ag.ag_ce"), 6) << r.describe();
-      EXPECT_EQ(r.num(k + "ag.ag_pass"), 0) << r.describe();
-      // Every mapping, the second ones included, is gone at the end.
-      EXPECT_EQ(r.num(k + "end.live_reserve"), 0) << r.describe();
-    }
+    expect_each_process_gathered(r, 6);
+    // Every mapping, the second ones included, is gone at the end.
+    for (int p = 0; p < 2; ++p)
+      EXPECT_EQ(r.num("r" + std::to_string(p) + ".end.live_reserve"), 0) << r.describe();
   }
 }
 
