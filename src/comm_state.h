@@ -40,6 +40,7 @@ struct CeComm {
   bool prepared = false;
   bool told_local_group = false;  // its INFO line about local group plans was logged
   bool told_one_by_one = false;   // ... and the one about ops of all-local ranks going to NCCL
+  bool told_exchange_set = false;  // ... and the one about exchange sets
   uint64_t seq = 0;  // ops posted on this communicator so far
   ReachNeeds needs;  // who must reach this rank's buffers (at prepare)
   // Every rank of the communicator is in this process (an agreed fact: the membership).

@@ -236,6 +236,14 @@ ncclResult_t issue_exchange_set(const std::vector<PendingOp>& ops, const Exchang
   NvtxRange range(zerocta_op_allgather, zerocta_route_ce, bytes);
   for (size_t i = 0; i < set.ops.size(); ++i) {
     const GroupedAllGather& a = ag(ops, set.ops[i]);
+    if (a.st->ce && !a.st->ce->told_exchange_set) {
+      a.st->ce->told_exchange_set = true;
+      ZC_INFO(
+          "zero-copy all-gather on rank %d/%d: this thread issues %zu ranks of the communicator "
+          "in one group; their all-gathers are posted and claimed together, before any of them "
+          "waits for a rank of another process",
+          a.st->rank, a.st->nranks, set.ops.size());
+    }
     routed[i].reset(new RoutedAllGather(*a.st, a.send, a.recv, a.count, a.datatype,
                                         a.count * nccl_type_size(a.datatype),
                                         reinterpret_cast<CUstream>(a.stream), false));

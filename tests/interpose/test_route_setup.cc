@@ -792,6 +792,9 @@ TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
         {{"ZEROCTA_LOG", "debug"}, {"DRV_AG_ROUNDS", "4"}, {"DRV_AG_IN_PLACE", in_place}});
     ASSERT_EQ(r.exit_code, 0) << r.describe();
     expect_each_process_gathered(r, 8);
+    EXPECT_TRUE(any_contains(r.err_lines(), "route: rank 0/4")) << r.describe();
+    EXPECT_TRUE(any_contains(r.err_lines(), "this thread issues 2 ranks of the communicator"))
+        << r.describe();
     long long each = 0, both = 0;
     for (int p = 0; p < 2; ++p) {
       const std::string pid = r.kv()["r" + std::to_string(p) + ".pid"];
