@@ -63,9 +63,26 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   bool peers_copy = false;
   for (int p = 0; p < v.nranks; ++p) peers_copy |= p != v.rank && v.peers[p].peer_copies;
   const bool eager_ready = !v.captured && peers_copy;
-  if (eager_ready && !v.stage) w.write(S::kUser, v.ready[v.rank], v.seq);
-  w.record(S::kUser, kEvStart);
-  w.wait_event(S::kPush, kEvStart);
+  // Where the user's stream says ready itself, that flag also starts my own streams: the push
+  // stream waits for it in the same batch as the peers' ready flags, instead of an event the
+  // user's stream records and the push stream waits for (one command on the user's stream and
+  // one event hop less per op).
+  const bool start_from_ready = eager_ready && !v.stage;
+  auto start = [&](S s) {
+    if (start_from_ready)
+      w.wait_geq(s, v.ready[v.rank], v.seq);
+    else
+      w.wait_event(s, kEvStart);
+  };
+  bool pushes = false;
+  for (int p = 0; p < v.nranks; ++p) pushes |= p != v.rank && v.peers[p].push;
+  if (start_from_ready)
+    w.write(S::kUser, v.ready[v.rank], v.seq);
+  else
+    w.record(S::kUser, kEvStart);
+  // A push stream without pushes (the earlier rank of pairs whose later rank does both) only
+  // waits for its peers' done, each of which came after my ready: it needs no start.
+  if (!start_from_ready || pushes) start(S::kPush);
   if (v.captured) w.write(S::kPush, v.started, 1);
   if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
   if (eager_ready && v.stage) w.write(S::kPush, v.ready[v.rank], v.seq);
@@ -91,7 +108,7 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   // The pull and local streams join the op only where they have a copy: fewer driver calls,
   // and no event wait on the push stream for a stream that did nothing.
   if (pulls) {
-    w.wait_event(S::kPull, kEvStart);
+    start(S::kPull);
     for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
       if (v.peers[p].pull) await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
     for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
@@ -99,7 +116,7 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
     w.record(S::kPull, kEvPulled);
   }
   if (!in_place) {
-    w.wait_event(S::kLocal, kEvStart);
+    start(S::kLocal);
     w.copy(S::kLocal, own, v.send, v.chunk);
     w.record(S::kLocal, kEvLocal);
   }

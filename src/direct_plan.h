@@ -16,7 +16,10 @@
 // peer pushed into the stage out into its receive buffer last (same-GPU copies, on the push
 // stream, which orders them with the flags).
 //
-//   user   [eager, unstaged: write ready[me]=seq]; record kEvStart         ... wait kEvEnd
+//   user   eager, unstaged and a peer copies with me: write ready[me]=seq; else record
+//          kEvStart                                                       ... wait kEvEnd
+//   (each of my streams below starts with "wait kEvStart", or where the user's stream wrote
+//   ready, with "wait ready[me]>=seq" — on the push stream in one batch with its peers' waits)
 //   push   wait kEvStart; [staged: copy my chunk into the stage; write ready[me]=seq]; wait
 //          ready[p]>=seq for every peer p I push to; my pushes; [wait kEvPulled]; write
 //          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
