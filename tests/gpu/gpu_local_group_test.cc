@@ -12,7 +12,7 @@
 // also requires every all-gather to have taken the copy-engine route (the shim's counters);
 // ZEROCTA_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for;
 // ZEROCTA_LOCAL_GROUP_TIME_MIB=S then times in-place all-gathers of S MiB per rank against
-// NCCL's kernel path;
+// NCCL's kernel path and its copy-engine path on symmetric windows;
 // ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only, cumem-shared
 // open to every GPU of its process (both exportable, so that processes with several GPUs each
 // reach the other processes' buffers by import).
@@ -246,27 +246,52 @@ long run_rounds(Layout& l, const char* who) {
            shim_allgather_stats_line() + ")");
   }
   if (const long mib = env_long("ZEROCTA_LOCAL_GROUP_TIME_MIB", 0); mib > 0) {
-    // Back-to-back in-place all-gathers of `mib` MiB per rank, the route (ncclAllGather) against
-    // NCCL's kernel path (pncclAllGather) on the same communicators: busbw per path, median of
-    // 5 runs of 20 ops (a comparison, not a check).
+    // Back-to-back in-place all-gathers of `mib` MiB per rank on the same communicators: the
+    // route (ncclAllGather), NCCL's kernel path (pncclAllGather on the same buffers) and NCCL's
+    // copy-engine path (pncclAllGather on ncclMemAlloc buffers registered as symmetric windows;
+    // the shim gave the communicators the zero-CTA policy). Busbw per path, median of 5 runs of
+    // 20 (a comparison, not a check).
     const size_t chunk = static_cast<size_t>(mib) << 20, total = chunk * static_cast<size_t>(n);
-    for (int i = 0; i < m; ++i) on(i)->recv.make(total);
+    std::vector<char*> plain(static_cast<size_t>(m)), windowed(static_cast<size_t>(m));
+    std::vector<ncclWindow_t> wins(static_cast<size_t>(m), nullptr);
+    for (int i = 0; i < m; ++i) {
+      on(i)->recv.make(total);
+      plain[static_cast<size_t>(i)] = on(i)->recv.data();
+      void* w = nullptr;
+      ZG_NCCL(ncclMemAlloc(&w, total));
+      windowed[static_cast<size_t>(i)] = static_cast<char*>(w);
+    }
+    ZG_NCCL(ncclGroupStart());
+    for (int i = 0; i < m; ++i) {
+      on(i);
+      ZG_NCCL(ncclCommWindowRegister(comm(i), windowed[static_cast<size_t>(i)], total,
+                                     &wins[static_cast<size_t>(i)], NCCL_WIN_COLL_SYMMETRIC));
+    }
+    ZG_NCCL(ncclGroupEnd());
     std::vector<cudaEvent_t> t0(static_cast<size_t>(m)), t1(static_cast<size_t>(m));
     for (int i = 0; i < m; ++i) {
       on(i);
       ZG_CUDA(cudaEventCreate(&t0[static_cast<size_t>(i)]));
       ZG_CUDA(cudaEventCreate(&t1[static_cast<size_t>(i)]));
     }
-    for (int route = 1; route >= 0; --route) {
+    struct Path {
+      const char* name;
+      bool route;
+      std::vector<char*>* buffers;
+    };
+    const Path paths[] = {{"ncclAllGather (zerocta's route)", true, &plain},
+                          {"pncclAllGather (NCCL kernel path)", false, &plain},
+                          {"pncclAllGather on symmetric windows (NCCL CE path)", false, &windowed}};
+    for (const Path& path : paths) {
       auto group = [&](int ops) {
         for (int k = 0; k < ops; ++k) {
           ZG_NCCL(ncclGroupStart());
           for (int i = 0; i < m; ++i) {
             Device& g = *on(i);
-            char* mine = g.recv.data() + chunk * static_cast<size_t>(l.first + i);
-            ZG_NCCL(route ? ncclAllGather(mine, g.recv.data(), chunk, ncclInt8, comm(i), g.stream)
-                          : pncclAllGather(mine, g.recv.data(), chunk, ncclInt8, comm(i),
-                                           g.stream));
+            char* out = (*path.buffers)[static_cast<size_t>(i)];
+            char* mine = out + chunk * static_cast<size_t>(l.first + i);
+            ZG_NCCL(path.route ? ncclAllGather(mine, out, chunk, ncclInt8, comm(i), g.stream)
+                               : pncclAllGather(mine, out, chunk, ncclInt8, comm(i), g.stream));
           }
           ZG_NCCL(ncclGroupEnd());
         }
@@ -279,7 +304,7 @@ long run_rounds(Layout& l, const char* who) {
       std::vector<double> busbw;
       for (int run = 0; run < 6; ++run) {
         barrier();  // every process starts the run together (a no-op in one process)
-        if (run == 1 && route && reset) reset();
+        if (run == 1 && path.route && reset) reset();
         for (int i = 0; i < m; ++i) ZG_CUDA(cudaEventRecord(t0[static_cast<size_t>(i)], on(i)->stream));
         group(run == 0 ? 3 : 20);  // the first run warms up
         double slowest = 0;
@@ -293,13 +318,13 @@ long run_rounds(Layout& l, const char* who) {
         if (run > 0)
           busbw.push_back(static_cast<double>(total) * (n - 1) / n / (slowest / 20 * 1e-3) / 1e9);
       }
-      if (route && write) {
-        const std::string path = "/tmp/zerocta-local-group-time-" + std::to_string(getpid());
+      if (path.route && write) {
+        const std::string file = "/tmp/zerocta-local-group-time-" + std::to_string(getpid());
         std::string json;
-        if (write(path.c_str()) == 0) {
-          std::ifstream in(path);
+        if (write(file.c_str()) == 0) {
+          std::ifstream in(file);
           json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-          unlink(path.c_str());
+          unlink(file.c_str());
         }
         const size_t at = json.find("\"route\":{"), end = json.find('}', at);
         if (at != std::string::npos && end != std::string::npos)
@@ -308,12 +333,18 @@ long run_rounds(Layout& l, const char* who) {
       }
       std::sort(busbw.begin(), busbw.end());
       printf("%s: %ld MiB per rank in place, %s: busbw %.1f GB/s (median of 5 runs of 20; %.1f..%.1f)\n",
-             who, mib, route ? "ncclAllGather (zerocta's route)" : "pncclAllGather (NCCL kernel path)",
-             busbw[2], busbw.front(), busbw.back());
+             who, mib, path.name, busbw[2], busbw.front(), busbw.back());
       fflush(stdout);
     }
+    ZG_NCCL(ncclGroupStart());
     for (int i = 0; i < m; ++i) {
       on(i);
+      ZG_NCCL(ncclCommWindowDeregister(comm(i), wins[static_cast<size_t>(i)]));
+    }
+    ZG_NCCL(ncclGroupEnd());
+    for (int i = 0; i < m; ++i) {
+      on(i);
+      ZG_NCCL(ncclMemFree(windowed[static_cast<size_t>(i)]));
       ZG_CUDA(cudaEventDestroy(t0[static_cast<size_t>(i)]));
       ZG_CUDA(cudaEventDestroy(t1[static_cast<size_t>(i)]));
     }
