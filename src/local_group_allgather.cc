@@ -256,7 +256,8 @@ ncclResult_t issue_exchange_set(const std::vector<PendingOp>& ops, const Exchang
     if (!routed[i]) continue;
     const ncclResult_t r = routed[i]->complete();
     routed[i].reset();  // this rank's op is over: its communicator's lock goes
-    if (r == ncclSuccess) stats_count(zerocta_op_allgather, zerocta_route_ce, ag(ops, set.ops[i]).total);
+    if (r == ncclSuccess)
+      stats_count(zerocta_op_allgather, zerocta_route_ce, ag(ops, set.ops[i]).total);
     note(r);
   }
   return first;

@@ -200,9 +200,11 @@ long run_rounds(Layout& l, const char* who) {
       const cudaStream_t s = legacy ? nullptr : g.stream;
       ZG_NCCL(ncclAllGather(send[static_cast<size_t>(i)], g.recv.data(), count, type, comm(i), s));
       if (two && !two_by_op)
-        ZG_NCCL(ncclAllGather(send[static_cast<size_t>(i)], g.second.data(), count, type, comm(i), s));
+        ZG_NCCL(
+            ncclAllGather(send[static_cast<size_t>(i)], g.second.data(), count, type, comm(i), s));
       if (reduce)
-        ZG_NCCL(ncclAllReduce(g.reduce.data(), g.reduce.data(), 1024, ncclFloat32, ncclSum, comm(i), s));
+        ZG_NCCL(ncclAllReduce(g.reduce.data(), g.reduce.data(), 1024, ncclFloat32, ncclSum, comm(i),
+                              s));
     }
     for (int i = 0; two && two_by_op && i < m; ++i) {
       Device& g = *on(i);
@@ -305,14 +307,16 @@ long run_rounds(Layout& l, const char* who) {
       for (int run = 0; run < 6; ++run) {
         barrier();  // every process starts the run together (a no-op in one process)
         if (run == 1 && path.route && reset) reset();
-        for (int i = 0; i < m; ++i) ZG_CUDA(cudaEventRecord(t0[static_cast<size_t>(i)], on(i)->stream));
+        for (int i = 0; i < m; ++i)
+          ZG_CUDA(cudaEventRecord(t0[static_cast<size_t>(i)], on(i)->stream));
         group(run == 0 ? 3 : 20);  // the first run warms up
         double slowest = 0;
         for (int i = 0; i < m; ++i) {
           ZG_CUDA(cudaEventRecord(t1[static_cast<size_t>(i)], on(i)->stream));
           wait_stream(on(i)->stream, "timing");
           float ms = 0;
-          ZG_CUDA(cudaEventElapsedTime(&ms, t0[static_cast<size_t>(i)], t1[static_cast<size_t>(i)]));
+          ZG_CUDA(
+              cudaEventElapsedTime(&ms, t0[static_cast<size_t>(i)], t1[static_cast<size_t>(i)]));
           slowest = std::max(slowest, static_cast<double>(ms));
         }
         if (run > 0)
@@ -332,8 +336,10 @@ long run_rounds(Layout& l, const char* who) {
                  json.substr(at, end - at + 1).c_str());
       }
       std::sort(busbw.begin(), busbw.end());
-      printf("%s: %ld MiB per rank in place, %s: busbw %.1f GB/s (median of 5 runs of 20; %.1f..%.1f)\n",
-             who, mib, path.name, busbw[2], busbw.front(), busbw.back());
+      printf(
+          "%s: %ld MiB per rank in place, %s: busbw %.1f GB/s (median of 5 runs of 20; "
+          "%.1f..%.1f)\n",
+          who, mib, path.name, busbw[2], busbw.front(), busbw.back());
       fflush(stdout);
     }
     ZG_NCCL(ncclGroupStart());
