@@ -197,19 +197,25 @@ std::vector<ExchangeSet> find_exchange_sets(const std::vector<PendingOp>& ops) {
     const CommState& comm = *ag(ops, i).st;
     if (!comm.key.valid()) continue;
     std::map<int, std::vector<size_t>> of_rank;  // in program order
-    bool fit = true;
     for (size_t j = i; j < ops.size(); ++j) {
       if (!ops[j].allgather || !ag(ops, j).st || !(ag(ops, j).st->key == comm.key)) continue;
       seen[j] = true;
-      CommState& st = *ag(ops, j).st;
-      fit = fit && st.route.load(std::memory_order_acquire) == RouteState::kCommitted &&
-            route_prepare(st) == ncclSuccess && st.ce && !st.ce->all_local() &&
-            !stream_is_capturing(reinterpret_cast<CUstream>(ag(ops, j).stream));
-      of_rank[st.rank].push_back(j);
+      of_rank[ag(ops, j).st->rank].push_back(j);
     }
+    // One rank here (a process per GPU, the common case): nothing to gather, no driver query.
+    if (of_rank.size() < 2) continue;
     const size_t per_rank = of_rank.begin()->second.size();
-    for (const auto& [rank, mine] : of_rank) fit = fit && mine.size() == per_rank;
-    if (!fit || of_rank.size() < 2) continue;
+    bool fit = true;
+    for (const auto& [rank, mine] : of_rank) {
+      fit = fit && mine.size() == per_rank;
+      for (size_t j : mine) {
+        CommState& st = *ag(ops, j).st;
+        fit = fit && st.route.load(std::memory_order_acquire) == RouteState::kCommitted &&
+              route_prepare(st) == ncclSuccess && st.ce && !st.ce->all_local() &&
+              !stream_is_capturing(reinterpret_cast<CUstream>(ag(ops, j).stream));
+      }
+    }
+    if (!fit) continue;
     for (size_t k = 0; k < per_rank; ++k) {
       ExchangeSet set;
       for (const auto& [rank, mine] : of_rank) {
