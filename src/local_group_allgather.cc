@@ -35,38 +35,61 @@ const GroupedAllGather& ag(const std::vector<PendingOp>& ops, size_t i) {
   return *ops[i].allgather;
 }
 
+// The group's routed all-gathers of one communicator instance (one key): each rank's, in
+// program order; `first` is the instance's first op, `per_rank` how many each rank has where
+// every rank here has as many (else 0), `consistent` whether every op agrees on the size.
+struct InstanceOps {
+  size_t first = 0;
+  std::map<int, std::vector<size_t>> of_rank;
+  size_t per_rank = 0;
+  bool consistent = true;
+};
+
+std::vector<InstanceOps> ops_by_instance(const std::vector<PendingOp>& ops) {
+  std::vector<InstanceOps> out;
+  std::vector<bool> seen(ops.size(), false);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (seen[i] || !ops[i].allgather || !ag(ops, i).st) continue;
+    const CommState& comm = *ag(ops, i).st;
+    if (!comm.key.valid()) continue;
+    InstanceOps inst;
+    inst.first = i;
+    for (size_t j = i; j < ops.size(); ++j) {
+      if (!ops[j].allgather || !ag(ops, j).st || !(ag(ops, j).st->key == comm.key)) continue;
+      seen[j] = true;
+      const CommState& st = *ag(ops, j).st;
+      inst.consistent = inst.consistent && st.nranks == comm.nranks;
+      inst.of_rank[st.rank].push_back(j);
+    }
+    inst.per_rank = inst.of_rank.begin()->second.size();
+    for (const auto& [rank, mine] : inst.of_rank)
+      if (mine.size() != inst.per_rank) inst.per_rank = 0;
+    out.push_back(std::move(inst));
+  }
+  return out;
+}
+
 // The candidate sets. The routed all-gathers of one communicator instance (one key) in the
 // group form sets when every rank has the same number of them: the i-th of each rank's make set
 // i, alike in count and datatype. Else (a rank missing, or with more ops than another) all of
 // the instance's ops go alone.
 std::vector<LocalSet> find_sets(const std::vector<PendingOp>& ops) {
   std::vector<LocalSet> sets;
-  std::vector<bool> seen(ops.size(), false);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (seen[i] || !ops[i].allgather || !ag(ops, i).st) continue;
-    const CommState& comm = *ag(ops, i).st;
-    const int n = comm.nranks;
-    if (!comm.key.valid() || n < 2 || n > kMaxRanks) continue;
-    std::vector<std::vector<size_t>> of_rank(static_cast<size_t>(n));  // in program order
+  for (const InstanceOps& inst : ops_by_instance(ops)) {
+    const int n = ag(ops, inst.first).st->nranks;
+    // Every rank 0 .. n-1 here, with as many ops each (the map's keys are sorted).
+    if (n < 2 || n > kMaxRanks || !inst.consistent || inst.per_rank == 0 ||
+        inst.of_rank.size() != static_cast<size_t>(n) || inst.of_rank.begin()->first != 0 ||
+        inst.of_rank.rbegin()->first != n - 1)
+      continue;
     bool whole = true;
-    for (size_t j = i; j < ops.size(); ++j) {
-      if (!ops[j].allgather || !ag(ops, j).st || !(ag(ops, j).st->key == comm.key)) continue;
-      seen[j] = true;
-      const int r = ag(ops, j).st->rank;
-      if (ag(ops, j).st->nranks != n || r < 0 || r >= n)
-        whole = false;
-      else
-        of_rank[static_cast<size_t>(r)].push_back(j);
-    }
-    const size_t per_rank = of_rank[0].size();
-    for (const auto& mine : of_rank) whole = whole && mine.size() == per_rank;
-    std::vector<LocalSet> found(whole ? per_rank : 0);
+    std::vector<LocalSet> found(inst.per_rank);
     for (size_t k = 0; k < found.size(); ++k) {
-      found[k].instance = i;
+      found[k].instance = inst.first;
       found[k].by_rank.resize(static_cast<size_t>(n));
-      const GroupedAllGather& first = ag(ops, of_rank[0][k]);
-      for (int r = 0; r < n; ++r) {
-        const size_t at = of_rank[static_cast<size_t>(r)][k];
+      const GroupedAllGather& first = ag(ops, inst.of_rank.at(0)[k]);
+      for (const auto& [r, mine] : inst.of_rank) {
+        const size_t at = mine[k];
         const GroupedAllGather& a = ag(ops, at);
         whole = whole && a.count == first.count && a.datatype == first.datatype;
         found[k].by_rank[static_cast<size_t>(r)] = at;
@@ -191,34 +214,21 @@ struct ExchangeSet {
 // Else its ops go alone, as the application called them.
 std::vector<ExchangeSet> find_exchange_sets(const std::vector<PendingOp>& ops) {
   std::vector<ExchangeSet> sets;
-  std::vector<bool> seen(ops.size(), false);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (seen[i] || !ops[i].allgather || !ag(ops, i).st) continue;
-    const CommState& comm = *ag(ops, i).st;
-    if (!comm.key.valid()) continue;
-    std::map<int, std::vector<size_t>> of_rank;  // in program order
-    for (size_t j = i; j < ops.size(); ++j) {
-      if (!ops[j].allgather || !ag(ops, j).st || !(ag(ops, j).st->key == comm.key)) continue;
-      seen[j] = true;
-      of_rank[ag(ops, j).st->rank].push_back(j);
-    }
+  for (const InstanceOps& inst : ops_by_instance(ops)) {
     // One rank here (a process per GPU, the common case): nothing to gather, no driver query.
-    if (of_rank.size() < 2) continue;
-    const size_t per_rank = of_rank.begin()->second.size();
+    if (inst.of_rank.size() < 2 || inst.per_rank == 0) continue;
     bool fit = true;
-    for (const auto& [rank, mine] : of_rank) {
-      fit = fit && mine.size() == per_rank;
+    for (const auto& [rank, mine] : inst.of_rank)
       for (size_t j : mine) {
         CommState& st = *ag(ops, j).st;
         fit = fit && st.route.load(std::memory_order_acquire) == RouteState::kCommitted &&
               route_prepare(st) == ncclSuccess && st.ce && !st.ce->all_local() &&
               !stream_is_capturing(reinterpret_cast<CUstream>(ag(ops, j).stream));
       }
-    }
     if (!fit) continue;
-    for (size_t k = 0; k < per_rank; ++k) {
+    for (size_t k = 0; k < inst.per_rank; ++k) {
       ExchangeSet set;
-      for (const auto& [rank, mine] : of_rank) {
+      for (const auto& [rank, mine] : inst.of_rank) {
         set.ops.push_back(mine[k]);
         set.last = std::max(set.last, mine[k]);
       }
