@@ -193,24 +193,6 @@ void refer_to_block(CommState& st, int p, CaptureRef block, GraphHold* hold) {
 // buffers reached. Waits for no peer (beyond an earlier unreachable rank's stage, which that rank
 // publishes before it claims or waits itself). `hold`: a captured op's, which takes a reference
 // to the block of every peer whose post it reads (ce.peer_blocks) and pins the views it uses.
-// My receive buffer as this process's peer engines write it (peer_engines.h): a second mapping
-// of its cuMem allocations open to this GPU and theirs, made at the op's first pair that needs
-// it (0: none, the pulls stay on this GPU: not cuMem memory, or across more allocations than an
-// alias spans).
-// The allocations come from my post (described for my peers elsewhere), so a buffer aliased
-// before costs no driver query.
-uint64_t engine_recv(CommState& st, const OpBuffer& recv) {
-  CeComm& ce = *st.ce;
-  if (ce.engine_recv_tried) return ce.engine_recv;
-  ce.engine_recv_tried = true;
-  int devices[kMaxRanks + 1] = {st.device};
-  int n = 1;
-  for (int d : ce.engines.devices()) devices[n++] = d;
-  uint64_t alias = 0;
-  if (!local_alias_of(*cuda_driver(), recv, devices, n, &alias)) alias = 0;
-  return ce.engine_recv = alias;
-}
-
 bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
                     GraphHold* hold, const char** why) {
   CeComm& ce = *st.ce;
@@ -221,8 +203,6 @@ bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_
     ce.view.peers[p] = PeerPart{};
     ce.peer_blocks[static_cast<size_t>(p)] = CaptureRef{};
   }
-  ce.engine_recv = 0;
-  ce.engine_recv_tried = hold || !ce.engines.any();  // a captured op pulls on this GPU
   for (int p = 0; p < st.nranks; ++p) {
     if (p == st.rank || !(a.before >> p & 1)) continue;
     PeerPart& part = ce.view.peers[p];
@@ -242,16 +222,6 @@ bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_
     if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why) ||
         (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, hold, &part.from, why)))
       return false;
-    // The earlier rank's chunk crosses on its own GPU's copy engine where this process has one
-    // there: my GPU's push and that pull would take turns.
-    const PeerEngine* engine = ce.engines.by_rank();
-    if (part.pull && !same_process(st, p) && engine && engine[p].stream) {
-      const uint64_t into = engine_recv(st, mine.recv);
-      if (into) {
-        part.on_peer_engine = true;
-        part.into = Span{into + static_cast<uint64_t>(p) * chunk, chunk};
-      }
-    }
   }
   return true;
 }
@@ -280,9 +250,7 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
     if (p == st.rank || a.before >> p & 1) continue;
     PeerPart& part = ce.view.peers[p];
     const uint32_t q = static_cast<uint32_t>(p);
-    // A later rank elsewhere is given a moment to claim "each pushes", unless it moves my
-    // chunk with my GPU's engine anyway when it does both (peer_engines.h).
-    if (!same_process(st, p) && !ops.drives_peer_engines(q)) {
+    if (!same_process(st, p)) {  // give a later rank elsewhere a moment
       const int64_t waited_from = now_us();
       for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins)
         if (spins > 64) sched_yield();
@@ -367,8 +335,7 @@ void tidy(CommState& st) {
   ce.imports->tidy(*cuda_driver(), ce.seq % kSweepEvery == kSweepEvery / 2, kHeldBudget);
   if (ce.stage) ce.stage->tidy(*cuda_driver());
   // Second mappings of buffers the application freed, as often as its exports are swept.
-  if ((ce.needs.by_pointer || ce.engines.any()) && ce.seq % kSweepEvery == 0)
-    tidy_local_aliases(*cuda_driver());
+  if (ce.needs.by_pointer && ce.seq % kSweepEvery == 0) tidy_local_aliases(*cuda_driver());
 }
 
 ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char* why) {
@@ -647,16 +614,14 @@ ncclResult_t RoutedAllGather::complete() {
     streams = ce->capture_streams;
     events = ce->capture_events;
   }
-  if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan, ce->engines.by_rank());
-      r != CUDA_SUCCESS)
+  if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   // My peers in this process write into (and may read from) my buffers through their second
   // mappings; my push stream passes this point only after every such peer said done, so an
   // event there keeps the mappings until their copies have finished.
-  // So does the second mapping my peer engines wrote through: the push stream waited for them.
-  for (uint64_t alias : {x.mine.recv.local_addr, x.mine.send.local_addr, ce->engine_recv})
-    if (alias &&
-        !local_alias_used(*cu, alias, st.device,
+  for (const OpBuffer* b : {&x.mine.recv, &x.mine.send})
+    if (b->local_addr &&
+        !local_alias_used(*cu, b->local_addr, st.device,
                           ce->streams[static_cast<int>(DirectStream::kPush)]))
       return fail(st, ncclUnhandledCudaError, "keeping a second mapping", "cuEventRecord failed");
   if (x.hold && !attach_to_graph(std::move(x.hold), graph, &why))

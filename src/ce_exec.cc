@@ -66,23 +66,13 @@ CUresult stream_op(const CudaDriver& cu, const DirectOp& op, CUstream s, CUevent
 
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
                     const CUevent events[kDirectEvents], CUstream user_stream,
-                    const std::vector<DirectOp>& plan, const PeerEngine* engines) {
+                    const std::vector<DirectOp>& plan) {
   CUstreamBatchMemOpParams batch[kMaxMemOps];
-  auto stream_of = [&](const DirectOp& op) {
-    if (op.stream == DirectStream::kUser) return user_stream;
-    if (op.stream == DirectStream::kPeerEngine) return engines ? engines[op.peer].stream : nullptr;
-    return streams[static_cast<int>(op.stream)];
-  };
-  auto event_of = [&](const DirectOp& op) {
-    if (op.event == kEvPeerEngine) return engines ? engines[op.peer].event : nullptr;
-    return events[op.event];
-  };
   phase_begin(cu, plan);
   for (size_t i = 0; i < plan.size(); ++i) {
     const DirectOp& op = plan[i];
-    CUstream s = stream_of(op);
-    // A plan that names a peer engine it was not given: never the legacy stream instead.
-    if (!s && op.stream == DirectStream::kPeerEngine) return CUDA_ERROR_INVALID_HANDLE;
+    CUstream s =
+        op.stream == DirectStream::kUser ? user_stream : streams[static_cast<int>(op.stream)];
     CUresult r = CUDA_SUCCESS;
     switch (op.kind) {
       // A stream's consecutive flag waits and writes in one call: measured on H200 (driver 580,
@@ -93,7 +83,7 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
       case DirectOpKind::kWrite: {
         unsigned n = 0;
         while (n < kMaxMemOps && i + n < plan.size() && is_mem_op(plan[i + n].kind) &&
-               plan[i + n].stream == op.stream && plan[i + n].peer == op.peer) {
+               plan[i + n].stream == op.stream) {
           batch[n] = mem_op(plan[i + n]);
           ++n;
         }
@@ -102,7 +92,7 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
         break;
       }
       default:
-        r = stream_op(cu, op, s, event_of(op));
+        r = stream_op(cu, op, s, events[op.event]);
         break;
     }
     if (r != CUDA_SUCCESS) return r;

@@ -9,17 +9,14 @@
 #include "cuda_driver.h"
 #include "direct_plan.h"
 #include "local_group_plan.h"
-#include "peer_engines.h"
 
 namespace zc {
 
-// Issues `plan` with kUser mapped to `user_stream`, kPeerEngine and kEvPeerEngine to the stream
-// and event of `engines[op.peer]` (by rank; null where the plan names none). Returns
-// CUDA_SUCCESS or the first error (the caller then poisons the communicator: peers may already
-// depend on what was issued).
+// Issues `plan` with kUser mapped to `user_stream`. Returns CUDA_SUCCESS or the first error
+// (the caller then poisons the communicator: peers may already depend on what was issued).
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
                     const CUevent events[kDirectEvents], CUstream user_stream,
-                    const std::vector<DirectOp>& plan, const PeerEngine* engines = nullptr);
+                    const std::vector<DirectOp>& plan);
 
 // One rank's streams and events for a local group plan (local_group_plan.h).
 struct LocalGroupRankIssue {

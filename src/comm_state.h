@@ -15,7 +15,6 @@
 #include "cuda_driver.h"
 #include "membership.h"
 #include "op_exchange.h"
-#include "peer_engines.h"
 #include "peer_memory.h"
 #include "stage_buffer.h"
 
@@ -47,9 +46,6 @@ struct CeComm {
   // Every rank of the communicator is in this process (an agreed fact: the membership).
   bool all_local() const { return !needs.by_extents; }
   std::unique_ptr<PeerImports> imports;
-  // This process's streams on the GPUs of the peers in other processes (at prepare; none where
-  // they could not all be had).
-  PeerEngines engines;
   std::unique_ptr<StageBuffer> stage;     // only once an op needed one
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
   CUevent events[kDirectEvents] = {};
@@ -64,9 +60,6 @@ struct CeComm {
   std::vector<CaptureRef> peer_blocks;  // captured: the block of each peer whose post was read
   DirectOpView view;
   std::vector<DirectOp> plan;
-  // This op: my receive buffer as the peer engines write it (0: none), once asked for.
-  uint64_t engine_recv = 0;
-  bool engine_recv_tried = false;
   // The GPU address of a flag in the registered region.
   CUdeviceptr dev(const void* flag) const {
     return registered_dev + static_cast<CUdeviceptr>(reinterpret_cast<const char*>(flag) -

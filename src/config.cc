@@ -105,11 +105,6 @@ const std::vector<VarSpec>& specs() {
         "Largest communicator whose all-gathers auto routes to the copy engines (the largest "
         "measured where the route beats NCCL's kernel path)."},
        [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},
-      {{"ZEROCTA_PEER_ENGINES", "bool", kBoolValues, "1",
-        "1 lets the route copy with the copy engines of the GPUs of peers in other processes, "
-        "through a context of this process on each (about 262 MiB of that GPU's memory on H100), "
-        "so that pairs of ranks need not meet on their hosts; 0 keeps every copy on this GPU."},
-       [](const char* t, Config* c) { return parse_bool(t, &c->peer_engines); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
         "Prints the counters at exit to stderr (1; shown whatever ZEROCTA_LOG says) or writes "
         "them as JSON to the given path (%h host, %p pid, %r rank, %% %), also at every "
@@ -234,7 +229,7 @@ const Config& config() {
 uint64_t config_fingerprint(const Config& c) {
   // The canonical text uses the enum words and plain byte counts, so "16M" and "16777216"
   // hash alike, and the version tag lets a protocol change make old and new ranks differ.
-  std::string canon = "zerocta-config-v3";
+  std::string canon = "zerocta-config-v2";
   canon += " enable=" + std::to_string(c.enable ? 1 : 0);
   canon += " cta_policy=" + std::string(to_string(c.cta_policy));
   canon += " allgather=" + std::string(to_string(c.allgather));

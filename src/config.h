@@ -33,7 +33,6 @@ struct Config {
   AllGatherMode allgather = AllGatherMode::kNccl;  // ZEROCTA_ALLGATHER
   uint64_t min_bytes = kDefaultMinBytes;           // ZEROCTA_MIN_BYTES (total output bytes)
   uint64_t auto_max_ranks = kDefaultAutoMaxRanks;  // ZEROCTA_AUTO_MAX_RANKS (0 = any)
-  bool peer_engines = true;                        // ZEROCTA_PEER_ENGINES
   std::string stats;                               // ZEROCTA_STATS: "" | "0" | "1" | a path
   bool nvtx = true;                                // ZEROCTA_NVTX
   std::string nccl_library;                        // ZEROCTA_NCCL_LIBRARY

@@ -18,10 +18,10 @@ using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
 constexpr int kAbiVersion = 12000;
 
 template <typename Fn>
-bool get(GetProcAddressFn gpa, const char* name, Fn* out, int abi = kAbiVersion) {
+bool get(GetProcAddressFn gpa, const char* name, Fn* out) {
   void* p = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (gpa(name, &p, abi, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
+  if (gpa(name, &p, kAbiVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
       p == nullptr) {
     *out = nullptr;
     return false;
@@ -85,11 +85,6 @@ CudaDriver* load() {
   capture &= get(gpa, "cuUserObjectCreate", &d.cuUserObjectCreate);
   capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
-  get(gpa, "cuCtxCreate", &d.cuCtxCreate, 12050);  // 12.0's is the exec-affinity one
-  get(gpa, "cuCtxDestroy", &d.cuCtxDestroy);
-  get(gpa, "cuCtxPushCurrent", &d.cuCtxPushCurrent);
-  get(gpa, "cuCtxPopCurrent", &d.cuCtxPopCurrent);
-  get(gpa, "cuCtxSetLimit", &d.cuCtxSetLimit);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;

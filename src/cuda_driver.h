@@ -75,14 +75,6 @@ struct CudaDriver {
   CUresult (*cuUserObjectCreate)(CUuserObject*, void*, CUhostFn, unsigned, unsigned);
   CUresult (*cuGraphRetainUserObject)(CUgraph, CUuserObject, unsigned, unsigned);
 
-  // Contexts of this process on peers' GPUs, for their copy engines (peer_engines.h); the
-  // pairs run without them where any is missing (no group flag: PeerEngines checks).
-  CUresult (*cuCtxCreate)(CUcontext*, CUctxCreateParams*, unsigned, CUdevice);  // 12.5's ABI
-  CUresult (*cuCtxDestroy)(CUcontext);
-  CUresult (*cuCtxPushCurrent)(CUcontext);
-  CUresult (*cuCtxPopCurrent)(CUcontext*);
-  CUresult (*cuCtxSetLimit)(CUlimit, size_t);
-
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
   bool capture_ok = false;  // ... and the capture group

@@ -6,15 +6,12 @@ namespace {
 class PlanWriter {
  public:
   explicit PlanWriter(std::vector<DirectOp>* plan) : plan_(plan) {}
-  // Operations after on_peer(p) go to peer p's engine where they name kPeerEngine.
-  void on_peer(int p) { peer_ = static_cast<uint8_t>(p); }
   void op(DirectStream s, DirectOpKind k, uint64_t dst = 0, uint64_t src = 0, uint64_t bytes = 0,
           uint32_t value = 0, uint8_t event = 0) {
     DirectOp o{};
     o.stream = s;
     o.kind = k;
     o.event = event;
-    if (s == DirectStream::kPeerEngine || event == kEvPeerEngine) o.peer = peer_;
     o.value = value;
     o.dst = dst;
     o.src = src;
@@ -36,7 +33,6 @@ class PlanWriter {
 
  private:
   std::vector<DirectOp>* plan_;
-  uint8_t peer_ = 0;
 };
 
 }  // namespace
@@ -103,10 +99,8 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   // pushes, step i is a permutation (r writes to r-1-i); when later ranks do both, each rank's
   // first peer is the one that arrived just before it.
   auto peer_at = [&](int i) { return (v.rank + v.nranks - 1 - i) % v.nranks; };
-  // Pulls on a peer's engine (eager ops only) leave the pull stream.
-  auto engine = [&](int p) { return !v.captured && v.peers[p].on_peer_engine; };
   bool pulls = false;
-  for (int p = 0; p < v.nranks; ++p) pulls |= p != v.rank && v.peers[p].pull && !engine(p);
+  for (int p = 0; p < v.nranks; ++p) pulls |= p != v.rank && v.peers[p].pull;
   for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
     if (v.peers[p].push) await(S::kPush, v.captured ? v.ready_push_in[p] : v.ready[p]);
   for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
@@ -116,22 +110,10 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   if (pulls) {
     start(S::kPull);
     for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
-      if (v.peers[p].pull && !engine(p))
-        await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
+      if (v.peers[p].pull) await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
     for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
-      if (v.peers[p].pull && !engine(p))
-        w.copy(S::kPull, slot(v.recv, p), v.peers[p].from.addr, v.chunk);
+      if (v.peers[p].pull) w.copy(S::kPull, slot(v.recv, p), v.peers[p].from.addr, v.chunk);
     w.record(S::kPull, kEvPulled);
-  }
-  // The peer's GPU pushes its chunk to me, on this process's stream there: my slot for it
-  // may be written once my user's stream reached the op, its chunk read once it said ready.
-  for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i)) {
-    if (!v.peers[p].pull || !engine(p)) continue;
-    w.on_peer(p);
-    start(S::kPeerEngine);
-    await(S::kPeerEngine, v.ready[p]);
-    w.copy(S::kPeerEngine, v.peers[p].into.addr, v.peers[p].from.addr, v.chunk);
-    w.record(S::kPeerEngine, kEvPeerEngine);
   }
   if (!in_place) {
     start(S::kLocal);
@@ -139,11 +121,6 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
     w.record(S::kLocal, kEvLocal);
   }
   if (pulls) w.wait_event(S::kPush, kEvPulled);
-  for (int p = 0; p < v.nranks; ++p)
-    if (p != v.rank && v.peers[p].pull && engine(p)) {
-      w.on_peer(p);
-      w.wait_event(S::kPush, kEvPeerEngine);
-    }
   for (int p = 0; p < v.nranks; ++p)
     if (copies(p)) signal(S::kPush, v.done_to[p]);
   for (int p = 0; p < v.nranks; ++p)

@@ -29,10 +29,6 @@
 //          pulls; record kEvPulled (its own flag waits: the pulls start as soon as their peers
 //          are ready, with no event hop from the push stream on the way)
 //   local  (out of place) wait kEvStart; copy my chunk; record kEvLocal
-//   peer engine of p   (eager, where I do both copies of a pair with p in another process and
-//          this process drives p's GPU, peer_engines.h) the pull from p as a push by p's GPU:
-//          wait kEvStart; wait ready[p]>=seq; copy p's chunk into my buffer; record its event.
-//          The push stream waits for that event where it waits for kEvPulled.
 //
 // No copy and no flag wait sits on the user's stream: besides its events, its only command is
 // the ready write, which waits for nothing (a staged rank says ready from the push stream,
@@ -52,20 +48,10 @@ namespace zc {
 
 constexpr int kMaxRanks = 64;  // ranks the route serves
 
-// The rank's own streams (kUser .. kLocal), and this process's stream on the GPU of the peer
-// an operation names (DirectOp::peer), which is not one of the rank's own: kCount counts those.
-enum class DirectStream : uint8_t {
-  kUser = 0,
-  kPush = 1,
-  kPull = 2,
-  kLocal = 3,
-  kCount = 4,
-  kPeerEngine = 5
-};
+enum class DirectStream : uint8_t { kUser = 0, kPush = 1, kPull = 2, kLocal = 3, kCount = 4 };
 constexpr int kDirectStreams = static_cast<int>(DirectStream::kCount);
 
-// kEvPeerEngine is the event of the peer engine the operation names (not one of kDirectEvents).
-enum DirectEvent : uint8_t { kEvStart = 0, kEvPulled = 1, kEvLocal = 2, kEvEnd = 3, kEvPeerEngine };
+enum DirectEvent : uint8_t { kEvStart = 0, kEvPulled = 1, kEvLocal = 2, kEvEnd = 3 };
 constexpr int kDirectEvents = 4;
 
 enum class DirectOpKind : uint8_t {
@@ -81,7 +67,7 @@ struct DirectOp {
   DirectStream stream;
   DirectOpKind kind;
   uint8_t event;
-  uint8_t peer = 0;  // kPeerEngine, kEvPeerEngine: whose GPU's stream and event
+  uint8_t reserved = 0;
   uint32_t value;
   uint64_t dst, src, bytes;
 };
@@ -98,11 +84,9 @@ struct PeerPart {
   bool pull = false;         // copy the peer's chunk into my receive buffer
   bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
   bool staged = false;       // ... through my stage: its chunk is copied out of it after
-  bool on_peer_engine = false;  // the pull runs on the peer's GPU (a push by its copy engine)
   // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
-  // my address space: `chunk` bytes each. `into`: on a peer engine, where the pull writes (my
-  // receive slot for the peer, at an address the peer's GPU may write).
-  Span from, to, into;
+  // my address space: `chunk` bytes each.
+  Span from, to;
 };
 
 // What one rank needs to know to build its plan for one op.

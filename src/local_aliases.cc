@@ -90,11 +90,10 @@ void release_where(const CudaDriver& cu, Drop drop) {
 
 }  // namespace
 
-namespace {
-
-// local_alias() over `blocks`, the allocations [addr, ...) lies in, in address order.
-bool alias_of_blocks(const CudaDriver& cu, const std::vector<MappedBlock>& blocks, uint64_t addr,
-                     const int* devices, int ndevices, uint64_t* out) {
+bool local_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const int* devices,
+                 int ndevices, uint64_t* out) {
+  std::vector<MappedBlock> blocks;
+  if (ndevices < 1 || !blocks_of(cu, addr, bytes, &blocks)) return false;
   uint64_t want = 0;
   for (int i = 0; i < ndevices; ++i) {
     if (devices[i] < 0 || devices[i] >= kMaxDevices) return false;
@@ -130,31 +129,6 @@ bool alias_of_blocks(const CudaDriver& cu, const std::vector<MappedBlock>& block
   *out = a.va + (addr - a.bases[0]);
   aliases().push_back(std::move(a));
   return true;
-}
-
-}  // namespace
-
-bool local_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const int* devices,
-                 int ndevices, uint64_t* out) {
-  std::vector<MappedBlock> blocks;
-  if (ndevices < 1 || !blocks_of(cu, addr, bytes, &blocks)) return false;
-  return alias_of_blocks(cu, blocks, addr, devices, ndevices, out);
-}
-
-bool local_alias_of(const CudaDriver& cu, const OpBuffer& described, const int* devices,
-                    int ndevices, uint64_t* out) {
-  const uint32_t n = described.nextents;
-  if (ndevices < 1 || n == 0 || n > kMaxBlocks) return false;
-  std::vector<MappedBlock> blocks(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    const OpExtent& e = described.extents[i];
-    if (i > 0 && e.base != blocks[i - 1].base + blocks[i - 1].bytes) return false;
-    blocks[i] = MappedBlock{e.base, e.bytes, e.block_id};
-  }
-  if (described.addr < blocks[0].base ||
-      described.addr + described.bytes > blocks[n - 1].base + blocks[n - 1].bytes)
-    return false;
-  return alias_of_blocks(cu, blocks, described.addr, devices, ndevices, out);
 }
 
 bool local_alias_used(const CudaDriver& cu, uint64_t alias_addr, int device, CUstream stream) {

@@ -18,7 +18,6 @@
 #include <cstdint>
 
 #include "cuda_driver.h"
-#include "op_exchange.h"
 
 namespace zc {
 
@@ -30,12 +29,6 @@ constexpr int kMaxLocalAliases = 64;
 // current.
 bool local_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const int* devices,
                  int ndevices, uint64_t* out);
-
-// The same for a buffer of this process as its post describes it (op_exchange.h: its cuMem
-// allocations, back to back, with their block ids), with no driver query where the alias
-// exists already: `described.addr`'s byte at *out.
-bool local_alias_of(const CudaDriver& cu, const OpBuffer& described, const int* devices,
-                    int ndevices, uint64_t* out);
 
 // The copies through the alias that holds `alias_addr` were issued on `stream` of `device`:
 // records the alias's event for that device after them. False on a driver failure.

@@ -5,7 +5,7 @@
 namespace zc {
 
 // The region, laid out by rank count:
-//   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks], engines[kOpRanks]
+//   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks]
 //   posts    [nranks][kOpRing] of {seq word, OpPost}
 //   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
@@ -15,7 +15,6 @@ struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
   std::atomic<uint64_t> verdict[kOpRing];  // (seq << 2) | OpVerdict, by the first to arrive
   std::atomic<uint64_t> finished[kOpRanks];
-  std::atomic<uint64_t> engines[kOpRanks];  // 1: the rank drives its peers' copy engines
 };
 
 namespace {
@@ -35,7 +34,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be 
 constexpr size_t kPage = 4096;
 
 size_t posts_offset() {
-  return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + 2 * kOpRanks) + 63) / 64 * 64;
+  return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64;
 }
 size_t stages_offset(uint32_t nranks) {
   return posts_offset() + sizeof(SharedPost) * nranks * kOpRing;
@@ -176,14 +175,6 @@ bool OpExchange::read_stage(uint32_t rank, uint64_t seq, OpStage* out) const {
   if (s->seq.load(std::memory_order_acquire) != seq) return false;
   memcpy(out, &s->body, sizeof(OpStage));
   return true;
-}
-
-void OpExchange::say_drives_peer_engines(uint32_t rank) {
-  shared_->engines[rank].store(1, std::memory_order_release);
-}
-
-bool OpExchange::drives_peer_engines(uint32_t rank) const {
-  return shared_->engines[rank].load(std::memory_order_acquire) == 1;
 }
 
 void OpExchange::finish(uint32_t rank, uint64_t seq) {

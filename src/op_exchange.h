@@ -142,12 +142,6 @@ class OpExchange {
   void publish_stage(uint32_t rank, uint64_t seq, const OpStage& stage);
   bool read_stage(uint32_t rank, uint64_t seq, OpStage* out) const;
 
-  // `rank` moves the earlier rank's chunk of a pair it does both copies of with that rank's
-  // GPU (peer_engines.h): said once, at its prepare; an earlier rank then need not wait for
-  // it to claim "each pushes".
-  void say_drives_peer_engines(uint32_t rank);
-  bool drives_peer_engines(uint32_t rank) const;
-
   // Flag addresses in the region (host addresses; the caller maps them for its streams).
   uint32_t* ready_flag(uint32_t rank, uint64_t seq);
   uint32_t* done_flag(uint32_t rank, uint32_t peer, uint64_t seq);

@@ -322,8 +322,8 @@ PeerImports::View* PeerImports::map_view(const CudaDriver& cu, const OpBuffer& b
     v.sizes.push_back(buf.extents[i].bytes);
     v.bytes += buf.extents[i].bytes;
   }
-  if (!map_back_to_back(cu, handles.data(), v.sizes.data(), handles.size(), access_.data(),
-                        static_cast<int>(access_.size()), &v.va)) {
+  if (!map_back_to_back(cu, handles.data(), v.sizes.data(), handles.size(), &device_, 1,
+                        &v.va)) {
     *why = "could not map a peer's buffer";
     return nullptr;
   }

@@ -96,13 +96,7 @@ using ViewPin = std::shared_ptr<std::atomic<int>>;
 // recently used first).
 class PeerImports {
  public:
-  // Views are open to `device`, and to `also` (the GPUs this process's peer engines copy from,
-  // peer_engines.h).
-  explicit PeerImports(int device, std::vector<int> also = {}) : device_(device) {
-    access_.push_back(device);
-    for (int d : also)
-      if (d != device) access_.push_back(d);
-  }
+  explicit PeerImports(int device) : device_(device) {}
   ~PeerImports();  // releases every mapping: the caller made sure nothing uses them any more
   PeerImports(const PeerImports&) = delete;
   PeerImports& operator=(const PeerImports&) = delete;
@@ -152,7 +146,6 @@ class PeerImports {
   void release_view(const CudaDriver& cu, size_t i);
   void release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it);
   int device_;
-  std::vector<int> access_;  // the devices every view is open to
   uint64_t held_ = 0;
   size_t freed_ = 0;  // imports whose owner freed them, still held
   std::map<Key, Import> imports_;

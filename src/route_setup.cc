@@ -148,7 +148,6 @@ void release_route(CommState& st) {
   CeComm& ce = *st.ce;
   ScopedDevice on(st.device);
   ce.stage.reset();
-  ce.engines.close(*cu);  // waits for their copies first
   for (CUstream* set : {ce.streams, ce.capture_streams})
     for (int k = 1; k < kDirectStreams; ++k)
       if (set[k]) cu->cuStreamDestroy(set[k]);
@@ -166,37 +165,6 @@ void release_route(CommState& st) {
     withdraw_all_exports();
   else
     sweep_exports(*cu);
-}
-
-// The engines of this process on the GPUs of the ranks in other processes (peer_engines.h), if
-// the settings ask for them and every such GPU is visible here; says so in the exchange.
-void open_peer_engines(CommState& st, const CudaDriver& cu) {
-  CeComm& ce = *st.ce;
-  if (!config().peer_engines || !ce.needs.by_extents) return;
-  const int32_t me = static_cast<int32_t>(getpid());
-  std::vector<int> devices(static_cast<size_t>(st.nranks), -1);
-  const char* why = nullptr;
-  for (int p = 0; p < st.nranks && !why; ++p) {
-    const MemberFacts& m = st.members[static_cast<size_t>(p)];
-    if (p == st.rank || m.pid == me) continue;
-    devices[static_cast<size_t>(p)] = local_ordinal_of(cu, m.uuid);
-    if (devices[static_cast<size_t>(p)] < 0) why = "a peer's GPU is not visible here";
-    else if (devices[static_cast<size_t>(p)] == st.device) why = "a peer shares this GPU";
-  }
-  if (!why && !ce.engines.open(cu, st.device, devices)) why = "the driver refused a context";
-  if (why) {
-    ZC_INFO("route: rank %d/%d dev %d: pairs whose later rank is here move both chunks on this "
-            "GPU (no peer engines: %s)",
-            st.rank, st.nranks, st.device, why);
-    return;
-  }
-  ce.ops->say_drives_peer_engines(static_cast<uint32_t>(st.rank));
-  std::string list;
-  for (int d : ce.engines.devices()) list += (list.empty() ? "" : ",") + std::to_string(d);
-  ZC_INFO("route: rank %d/%d dev %d: peer engines on GPU %s: where this rank does both copies of "
-          "a pair, the earlier rank's GPU pushes its chunk (a context of this process there, "
-          "~262 MiB of its memory on H100; ZEROCTA_PEER_ENGINES=0 turns them off)",
-          st.rank, st.nranks, st.device, list.c_str());
 }
 
 }  // namespace
@@ -362,8 +330,7 @@ ncclResult_t route_prepare(CommState& st) {
     if (st.channel) st.channel->poison(ncclSystemError);
     return ncclSystemError;
   }
-  open_peer_engines(st, *cu);
-  ce->imports.reset(new PeerImports(st.device, ce->engines.devices()));
+  ce->imports.reset(new PeerImports(st.device));
   ce->life = std::make_shared<CaptureLife>(st.channel.get(), &ce->ops->blocks(), st.device);
   ce->earlier.resize(static_cast<size_t>(st.nranks));
   ce->peer_blocks.resize(static_cast<size_t>(st.nranks));
@@ -398,7 +365,6 @@ void route_suspend_memory(CommState& st) {
   ScopedDevice dev(st.device);
   for (int k = 1; k < kDirectStreams; ++k)
     if (ce->streams[k]) cu->cuStreamSynchronize(ce->streams[k]);
-  ce->engines.drain(*cu);
   const uint64_t held = ce->imports ? ce->imports->held_bytes() : 0;
   if (ce->imports) ce->imports->release_idle(*cu);
   ce->stage.reset();

@@ -51,7 +51,7 @@ Phases& phases() {
 
 const char* stream_name(DirectStream s) {
   static const char* names[] = {"user", "push", "pull", "local"};
-  return s == DirectStream::kPeerEngine ? "peer-engine" : names[static_cast<int>(s)];
+  return names[static_cast<int>(s)];
 }
 
 std::string op_shape(const std::vector<DirectOp>& plan) {

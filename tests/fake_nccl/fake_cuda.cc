@@ -18,7 +18,6 @@
 // [,<name>] makes those entry points fail (the ones of this file answer CUDA_ERROR_UNKNOWN);
 // every entry point refuses a call from a user object's destructor (fake_cuda_graph.cc).
 #include <cuda.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -49,22 +48,14 @@ int device_count() {
   return n > kMaxDevices ? kMaxDevices : n;
 }
 
-// A context made by cuCtxCreate (one per device at most) is (void*)(0x2000 + device).
-constexpr uintptr_t kCreatedCtxBase = 0x2000;
-
 CUcontext ctx_of(int dev) { return reinterpret_cast<CUcontext>(kCtxBase + dev); }
 
 // -1 for a pointer that is not one of our contexts.
 int device_of(CUcontext ctx) {
   auto v = reinterpret_cast<uintptr_t>(ctx);
-  const auto n = static_cast<uintptr_t>(device_count());
-  if (v >= kCreatedCtxBase && v < kCreatedCtxBase + n) return static_cast<int>(v - kCreatedCtxBase);
-  if (v < kCtxBase || v >= kCtxBase + n) return -1;
+  if (v < kCtxBase || v >= kCtxBase + static_cast<uintptr_t>(device_count())) return -1;
   return static_cast<int>(v - kCtxBase);
 }
-
-std::mutex g_created_mu;
-bool g_created[kMaxDevices];  // a cuCtxCreate context of the device exists
 
 CUcontext current() { return t_stack.empty() ? nullptr : t_stack.back(); }
 
@@ -196,45 +187,6 @@ CUresult cuCtxPopCurrent(CUcontext* pctx) {
   return done("cuCtxPopCurrent ctx=" + fake::hex_ptr(top), CUDA_SUCCESS);
 }
 
-// cuCtxCreate with 12.5's ABI (cuda.h's macro names it _v4): makes the device's created
-// context and pushes it, as the driver does. cuCtxDestroy ends it (popping it where it is the
-// thread's current one); cuCtxSetLimit accepts anything for a current context.
-CUresult fake_ctx_create(CUcontext* pctx, CUctxCreateParams* params, unsigned flags, CUdevice dev) {
-  const std::string pid = fake::strf(" pid=%d", static_cast<int>(getpid()));
-  std::string what =
-      fake::strf("cuCtxCreate dev=%d flags=%u params=%s", dev, flags, params ? "given" : "null");
-  FAKE_CUDA_ENTRY("cuCtxCreate", what, CUDA_ERROR_UNKNOWN);
-  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
-  if (pctx == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
-  if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
-  std::lock_guard<std::mutex> lock(g_created_mu);
-  if (g_created[dev]) return done(what, CUDA_ERROR_INVALID_VALUE);  // one per device suffices here
-  g_created[dev] = true;
-  *pctx = reinterpret_cast<CUcontext>(kCreatedCtxBase + static_cast<uintptr_t>(dev));
-  t_stack.push_back(*pctx);
-  return done(what + " ctx=" + fake::hex_ptr(*pctx) + pid, CUDA_SUCCESS);
-}
-
-CUresult fake_ctx_destroy(CUcontext ctx) {
-  std::string what = "cuCtxDestroy ctx=" + fake::hex_ptr(ctx) +
-                     fake::strf(" pid=%d", static_cast<int>(getpid()));
-  FAKE_CUDA_ENTRY("cuCtxDestroy", what, CUDA_ERROR_UNKNOWN);
-  const auto v = reinterpret_cast<uintptr_t>(ctx);
-  const int dev = device_of(ctx);
-  std::lock_guard<std::mutex> lock(g_created_mu);
-  if (dev < 0 || v < kCreatedCtxBase || !g_created[dev]) return done(what, CUDA_ERROR_INVALID_CONTEXT);
-  g_created[dev] = false;
-  if (!t_stack.empty() && t_stack.back() == ctx) t_stack.pop_back();
-  return done(what, CUDA_SUCCESS);
-}
-
-CUresult fake_ctx_set_limit(CUlimit limit, size_t value) {
-  std::string what = fake::strf("cuCtxSetLimit limit=%d value=%zu", static_cast<int>(limit), value);
-  FAKE_CUDA_ENTRY("cuCtxSetLimit", what, CUDA_ERROR_UNKNOWN);
-  if (current() == nullptr) return done(what, CUDA_ERROR_INVALID_CONTEXT);
-  return done(what, CUDA_SUCCESS);
-}
-
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult* symbolStatus) {
   struct Entry {
@@ -254,9 +206,6 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
       {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease)},
       {"cuCtxPushCurrent", reinterpret_cast<void*>(&cuCtxPushCurrent)},
       {"cuCtxPopCurrent", reinterpret_cast<void*>(&cuCtxPopCurrent)},
-      {"cuCtxCreate", reinterpret_cast<void*>(&fake_ctx_create)},
-      {"cuCtxDestroy", reinterpret_cast<void*>(&fake_ctx_destroy)},
-      {"cuCtxSetLimit", reinterpret_cast<void*>(&fake_ctx_set_limit)},
   };
   std::string what =
       fake::strf("cuGetProcAddress symbol=%s version=%d flags=%llu", symbol ? symbol : "(null)",

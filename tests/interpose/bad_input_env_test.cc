@@ -31,7 +31,6 @@ const Var kVars[] = {
     {"ZEROCTA_ALLGATHER", Kind::kWords},
     {"ZEROCTA_MIN_BYTES", Kind::kSize},
     {"ZEROCTA_AUTO_MAX_RANKS", Kind::kCount},
-    {"ZEROCTA_PEER_ENGINES", Kind::kWords},
     {"ZEROCTA_STATS", Kind::kString},
     {"ZEROCTA_NVTX", Kind::kWords},
     {"ZEROCTA_NCCL_LIBRARY", Kind::kString},

@@ -121,14 +121,6 @@ long long rnum(const RunResult& r, int rank, const std::string& key) {
   return r.num("r" + std::to_string(rank) + "." + key);
 }
 
-// The value of " key=value" in a fake-driver line ("" when it has none).
-std::string field(const std::string& line, const std::string& key) {
-  const size_t at = line.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const size_t from = at + key.size() + 2;
-  return line.substr(from, line.find(' ', from) - from);
-}
-
 // Fake CUDA lines of one process for one entry point that succeeded.
 int cuda_calls(const RunResult& r, const std::string& fn, const std::string& pid) {
   int n = 0;
@@ -144,32 +136,6 @@ int cuda_lines(const RunResult& r, const std::string& fn, const std::string& pid
     if (line.rfind("cuda " + fn + " ", 0) == 0 && contains(line, " pid=" + pid + " -> ")) ++n;
   return n;
 }
-
-// The copies one process issued on its peer engines' streams (those it made on the device of
-// the context it created for them, peer_engines.h), and how many such contexts it created.
-struct EngineUse {
-  int contexts = 0, streams = 0, copies = 0, destroyed = 0;
-};
-EngineUse engine_use(const RunResult& r, const std::string& pid) {
-  EngineUse u;
-  std::set<std::string> devices, streams;
-  for (const std::string& line : r.log_lines()) {
-    if (!contains(line, " pid=" + pid + " -> 0")) continue;
-    if (line.rfind("cuda cuCtxCreate ", 0) == 0) {
-      ++u.contexts;
-      devices.insert(field(line, "dev"));
-    } else if (line.rfind("cuda cuCtxDestroy ", 0) == 0) {
-      ++u.destroyed;
-    } else if (line.rfind("cuda cuStreamCreate ", 0) == 0 && devices.count(field(line, "dev"))) {
-      streams.insert(field(line, "stream"));
-    } else if (line.rfind("cuda cuMemcpyAsync ", 0) == 0 && streams.count(field(line, "stream"))) {
-      ++u.copies;
-    }
-  }
-  u.streams = static_cast<int>(streams.size());
-  return u;
-}
-
 
 int waits_not_satisfied(const RunResult& r) {
   int n = 0;
@@ -519,14 +485,10 @@ TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
     EXPECT_EQ(cuda_calls(r, "cuMemHostUnregister", pid), 1) << r.describe();
     // No GPU memory of the shim's own: the driver's two buffers are the only allocations.
     EXPECT_EQ(cuda_calls(r, "cuMemCreate", pid), 2) << r.describe();
-    // Prepare: the route's 3 streams (plus the driver's) and 4 events, and a stream and an
-    // event on the peer's GPU (peer_engines.h); no peer access, since the peer is in another
-    // process. A rank that copied on its peer engine also made the event that keeps the second
-    // mapping of its buffer it wrote through (local_aliases.h).
-    EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1 + 1);
-    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid),
-              4 + 1 + (engine_use(r, pid).copies > 0 ? 1 : 0));
-    EXPECT_EQ(cuda_calls(r, "cuCtxCreate", pid), 1);
+    // Prepare: the route's 3 streams (plus the driver's) and 4 events; no peer access, since
+    // the peer is in another process.
+    EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1);
+    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 4);
     EXPECT_EQ(cuda_calls(r, "cuCtxEnablePeerAccess", pid), 0);
     EXPECT_EQ(rnum(r, k, "end.fd_threads"), 1) << "one fd service per process";
     expect_nothing_left(r, k);
@@ -1715,49 +1677,6 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
-TEST(RouteSetup, ALaterRankDoingBothCopiesMovesTheEarlierChunkOnTheEarlierGpu) {
-  // Two processes: each makes a context on the other's GPU at prepare and a stream there
-  // (peer_engines.h). Where a pair settles "later does both", the later rank's pull of the
-  // earlier chunk runs on that stream — one engine copy per such pair, none otherwise — and the
-  // data is right. At teardown each context is destroyed. With ZEROCTA_PEER_ENGINES=0 none is
-  // made and every pull runs on the rank's own GPU.
-  constexpr int kOps = 24;
-  for (const char* engines : {"1", "0"}) {
-    SCOPED_TRACE(std::string("ZEROCTA_PEER_ENGINES=") + engines);
-    Scratch s, chan, rdv;
-    RunResult r = run_route({"ranks", "2", "basic"},
-                            with(route_env(chan, rdv, unique_id_text()),
-                                 {{"DRV_AG_REPEAT", std::to_string(kOps)},
-                                  {"ZEROCTA_PEER_ENGINES", engines},
-                                  {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}}),
-                            s);
-    expect_clean_pair(r, chan);
-    const bool on = engines[0] == '1';
-    long long later_does_both = 0;
-    int engine_copies = 0;
-    for (int k = 0; k < 2; ++k) {
-      SCOPED_TRACE("rank " + std::to_string(k));
-      const std::string pid = pid_of(r, k);
-      EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-      EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
-      EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
-      const EngineUse u = engine_use(r, pid);
-      EXPECT_EQ(u.contexts, on ? 1 : 0) << r.describe();
-      EXPECT_EQ(u.destroyed, u.contexts) << r.describe();
-      EXPECT_EQ(u.streams, on ? 1 : 0) << r.describe();
-      EXPECT_EQ(any_contains(decisions(r, pid), "peer engines on GPU"), on) << r.describe();
-      engine_copies += u.copies;
-      later_does_both += json_number(stats_file(s, pid), "pairs_later_does_both");
-      expect_nothing_left(r, k);
-    }
-    EXPECT_EQ(engine_copies, on ? later_does_both : 0) << r.describe();
-    // The earlier rank no longer waits for the later one's claim, so most pairs are left to it.
-    if (on) {
-      EXPECT_GT(later_does_both, 0) << r.describe();
-    }
-  }
-}
-
 TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   // Buffers laid across 2 MiB allocations mapped back to back (PyTorch's expandable segments
   // use 20 MiB ones): 5 MiB per rank, so each chunk a peer writes or reads lies in 3 of them.
@@ -1765,13 +1684,11 @@ TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   // space, so every chunk still moves in one copy — not one per allocation, each with its own
   // start-up cost — and ops on the same buffers import and map nothing more, and describe
   // them with one driver query per allocation.
-  // (The peer engines' second mappings of a rank's own buffers are not counted here: off.)
   constexpr int kOps = 3;
   Scratch s, chan, rdv;
   RunResult r = run_route({"ranks", "2", "basic"},
                           with(route_env(chan, rdv, unique_id_text()),
-                               {{"ZEROCTA_PEER_ENGINES", "0"},
-                                {"DRV_AG_BYTES", std::to_string(5 << 20)},
+                               {{"DRV_AG_BYTES", std::to_string(5 << 20)},
                                 {"DRV_AG_CHUNK", std::to_string(2 << 20)},
                                 {"DRV_AG_REPEAT", std::to_string(kOps)}}),
                           s);
@@ -1857,6 +1774,13 @@ TEST(RouteSetup, FabricOnlyBuffersAreReachedThroughTheirFabricHandles) {
 // fake-driver lines between two of its cuStreamIsCapturing calls (one a routed op); what
 // follows its last op (teardown) is not counted, nor are the program's unmaps of its own memory.
 int most_import_unmaps_in_one_op(const RunResult& r, const std::string& pid) {
+  auto field = [](const std::string& line, const std::string& key) {
+    const size_t at = line.find(" " + key + "=");
+    return at == std::string::npos ? std::string()
+                                   : line.substr(at + key.size() + 2,
+                                                 line.find(' ', at + key.size() + 2) - at -
+                                                     key.size() - 2);
+  };
   std::set<std::string> imported, mapped;
   int most = 0, now = 0;
   for (const std::string& line : r.log_lines()) {
@@ -1883,15 +1807,12 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
   // used it are done. So at the end a rank holds the imports of the last few generations only
   // (up to 2 granules of 2 MiB each per generation), not of all 30 — and never imported an
   // allocation twice.
-  // (Peer engines off: their second mappings of a rank's own buffers go by local_aliases.h's
-  // rules, and their unmaps would be counted with the imports'.)
   constexpr int kOps = 300, kFreshEvery = 10, kGenerations = kOps / kFreshEvery;
   constexpr long long kGranule = 2LL << 20;
   Scratch s, chan, rdv;
   RunResult r = run_route({"ranks", "2", "basic"},
                           with(route_env(chan, rdv, unique_id_text()),
-                               {{"ZEROCTA_PEER_ENGINES", "0"},
-                                {"DRV_AG_REPEAT", std::to_string(kOps)},
+                               {{"DRV_AG_REPEAT", std::to_string(kOps)},
                                 {"DRV_AG_FRESH_EVERY", std::to_string(kFreshEvery)},
                                 {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}}),
                           s);

@@ -92,7 +92,6 @@ const std::map<std::string, bool Config::*> kBoolFields = {
     {"ZEROCTA_STRICT", &Config::strict},
     {"ZEROCTA_CTA_POLICY_FORCE", &Config::cta_policy_force},
     {"ZEROCTA_NVTX", &Config::nvtx},
-    {"ZEROCTA_PEER_ENGINES", &Config::peer_engines},
 };
 const std::map<std::string, uint64_t Config::*> kSizeFields = {
     {"ZEROCTA_MIN_BYTES", &Config::min_bytes},
@@ -236,7 +235,6 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_ALLGATHER", "nccl"},
       {"ZEROCTA_MIN_BYTES", "64M"},
       {"ZEROCTA_AUTO_MAX_RANKS", "4"},
-      {"ZEROCTA_PEER_ENGINES", "1"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
@@ -591,9 +589,6 @@ const std::vector<std::pair<const char*, const char*>> kLocalChanges = {
     {"ZEROCTA_CTA_POLICY_FORCE", "1"},
     {"ZEROCTA_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"},
     {"ZEROCTA_CHANNEL_DIR", "/tmp"},
-    // Which GPU's engine moves a pair's chunk changes no flag nor any rank's path: the pair's
-    // settlement is one compare-and-swap both ranks read (op_exchange.h).
-    {"ZEROCTA_PEER_ENGINES", "0"},
 };
 
 TEST(Fingerprint, EveryVariableIsEitherProtocolOrLocal) {
@@ -660,14 +655,14 @@ TEST(Fingerprint, IsStableAcrossBuilds) {
   // Ranks of different builds compare fingerprints: the canonical text is part of the
   // protocol, and changing it (a new protocol field, a new version tag) must be deliberate.
   EXPECT_EQ(config_fingerprint(Config{}),
-            fnv1a("zerocta-config-v3 enable=1 cta_policy=zero allgather=nccl "
+            fnv1a("zerocta-config-v2 enable=1 cta_policy=zero allgather=nccl "
                   "min_bytes=67108864 auto_max_ranks=4"));
   Config c = parse_env({{"ZEROCTA_ENABLE", "0"},
                         {"ZEROCTA_CTA_POLICY", "keep"},
                         {"ZEROCTA_ALLGATHER", "auto"},
                         {"ZEROCTA_MIN_BYTES", "1M"},
                         {"ZEROCTA_AUTO_MAX_RANKS", "0"}});
-  EXPECT_EQ(c.fingerprint, fnv1a("zerocta-config-v3 enable=0 cta_policy=keep allgather=auto "
+  EXPECT_EQ(c.fingerprint, fnv1a("zerocta-config-v2 enable=0 cta_policy=keep allgather=auto "
                                  "min_bytes=1048576 auto_max_ranks=0"));
 }
 
