@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ce_exec.h"
+#include "comm_order.h"
 #include "local_aliases.h"
 #include "log.h"
 #include "pair_wait.h"
@@ -614,8 +615,13 @@ ncclResult_t RoutedAllGather::complete() {
     streams = ce->capture_streams;
     events = ce->capture_events;
   }
+  // NCCL's order among the communicator's ops (comm_order.h); a captured op's graph orders it.
+  if (!x.hold)
+    if (CUresult r = order_routed_op(st, streams); r != CUDA_SUCCESS)
+      return fail(st, ncclUnhandledCudaError, "ordering it after NCCL's ops", cuda_error_string(r));
   if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
+  if (!x.hold) routed_op_issued(st);
   // My peers in this process write into (and may read from) my buffers through their second
   // mappings; my push stream passes this point only after every such peer said done, so an
   // event there keeps the mappings until their copies have finished.

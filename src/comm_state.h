@@ -49,6 +49,11 @@ struct CeComm {
   std::unique_ptr<StageBuffer> stage;     // only once an op needed one
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
   CUevent events[kDirectEvents] = {};
+  // NCCL's order among the communicator's ops (comm_order.h): the event after the last op
+  // forwarded to NCCL, whether one came since the last routed op, and whether a routed op came
+  // since the last forwarded one. Under the comm's issue_mu.
+  CUevent nccl_tail = nullptr;
+  bool nccl_pending = false, routed_pending = false;
   // Captured ops (captured_ops.h): what their graphs keep alive, and streams and events of
   // their own (a stream joined to a capture stays in it until the capture ends), created at
   // the first captured op.

@@ -41,7 +41,9 @@ ncclResult_t group_end(const RealNccl& real) {
   // The deferred ops in program order, inside one NCCL group of their own: a thread that drives
   // several communicators must group the calls of those that go to NCCL.
   real.ncclGroupStart();
+  g.running_deferred = true;
   ncclResult_t first = run_group_ops(ops);
+  g.running_deferred = false;
   ncclResult_t end = real.ncclGroupEnd();
   if (first == ncclSuccess) first = end;
   if (r == ncclSuccess || (r == ncclInProgress && first != ncclSuccess && first != ncclInProgress))

@@ -42,6 +42,9 @@ struct PendingOp {
 
 struct GroupState {
   int depth = 0;
+  // The outermost end is running the deferred ops, inside an NCCL group of its own (NCCL
+  // launches what they forward at that group's end).
+  bool running_deferred = false;
   std::vector<std::pair<std::shared_ptr<CommState>, JoinPlan>> pending_joins;
   std::vector<std::shared_ptr<CommState>> pending_freezes;
   std::vector<PendingOp> pending_ops;

@@ -154,6 +154,7 @@ void release_route(CommState& st) {
   for (CUevent* set : {ce.events, ce.capture_events})
     for (int e = 0; e < kDirectEvents; ++e)
       if (set[e]) cu->cuEventDestroy(set[e]), set[e] = nullptr;
+  if (ce.nccl_tail) cu->cuEventDestroy(ce.nccl_tail), ce.nccl_tail = nullptr;
   // One release path: a communicator never prepared has no graphs, so its life ends here.
   std::shared_ptr<CaptureLife> life =
       ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
@@ -322,6 +323,10 @@ ncclResult_t route_prepare(CommState& st) {
   for (int e = 0; e < kDirectEvents && !why; ++e)
     if (cu->cuEventCreate(&ce->events[e], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
       why = "could not create the route's events";
+  if (!why && cu->cuEventCreate(&ce->nccl_tail, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    ce->nccl_tail = nullptr;
+    why = "could not create the route's events";
+  }
   cu->cuThreadExchangeStreamCaptureMode(&mode);
   if (why) {
     ZC_WARN("copy-engine route on rank %d failed to prepare: %s; the communicator is poisoned",

@@ -5,6 +5,7 @@
 
 #include "ce_allgather.h"
 #include "comm_create.h"
+#include "comm_order.h"
 #include "comm_state.h"
 #include "config.h"
 #include "group_calls.h"
@@ -126,11 +127,13 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
   const zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;
   stats_count(zerocta_op_allgather, route, total);
   NvtxRange range(zerocta_op_allgather, route, total);
-  if (needs_detour(nccl_ce, stream))
-    return on_side_stream(*st, stream, [&](cudaStream_t side) {
-      return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
-    });
-  return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+  return in_comm_order(st.get(), stream, [&] {
+    if (needs_detour(nccl_ce, stream))
+      return on_side_stream(*st, stream, [&](cudaStream_t side) {
+        return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
+      });
+    return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+  });
 }
 
 // The zero-copy all-gather: prepared on first use (route_setup.h), then posted; NCCL runs it
@@ -170,30 +173,32 @@ using namespace zc;
   auto st = state_for_op(comm, &poison); \
   if (poison != ncclSuccess) return poison
 
-// A forwarded collective, counted.
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args) \
-  ZC_EXPORT ncclResult_t name params {                       \
-    ZC_COLLECTIVE_HEAD(name, args);                          \
-    uint64_t bytes = (BYTES);                                \
-    stats_count(OP, zerocta_route_passthrough, bytes);       \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);   \
-    return e.real->name args;                                \
+// A forwarded collective, counted, in NCCL's order with the routed all-gathers (comm_order.h).
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)                   \
+  ZC_EXPORT ncclResult_t name params {                                         \
+    ZC_COLLECTIVE_HEAD(name, args);                                            \
+    uint64_t bytes = (BYTES);                                                  \
+    stats_count(OP, zerocta_route_passthrough, bytes);                         \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);                     \
+    return in_comm_order(st.get(), stream, [&] { return e.real->name args; }); \
   }
 
 // Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
 // legacy default stream where NCCL fails them there.
-#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)  \
-  ZC_EXPORT ncclResult_t name params {                                                     \
-    ZC_COLLECTIVE_HEAD(name, args);                                                        \
-    uint64_t bytes = (BYTES);                                                              \
-    const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                    \
-    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;   \
-    stats_count(OP, route, bytes);                                                         \
-    NvtxRange range(OP, route, bytes);                                                     \
-    if (needs_detour(nccl_ce, stream_arg))                                                 \
-      return on_side_stream(*st, stream_arg,                                               \
-                            [&](cudaStream_t side) { return e.real->name args_on_side; }); \
-    return e.real->name args;                                                              \
+#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)    \
+  ZC_EXPORT ncclResult_t name params {                                                       \
+    ZC_COLLECTIVE_HEAD(name, args);                                                          \
+    uint64_t bytes = (BYTES);                                                                \
+    const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                      \
+    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;     \
+    stats_count(OP, route, bytes);                                                           \
+    NvtxRange range(OP, route, bytes);                                                       \
+    return in_comm_order(st.get(), stream_arg, [&] {                                         \
+      if (needs_detour(nccl_ce, stream_arg))                                                 \
+        return on_side_stream(*st, stream_arg,                                               \
+                              [&](cudaStream_t side) { return e.real->name args_on_side; }); \
+      return e.real->name args;                                                              \
+    });                                                                                      \
   }
 
 ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count* nccl_type_size(datatype), ncclAllReduce,

@@ -485,10 +485,11 @@ TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
     EXPECT_EQ(cuda_calls(r, "cuMemHostUnregister", pid), 1) << r.describe();
     // No GPU memory of the shim's own: the driver's two buffers are the only allocations.
     EXPECT_EQ(cuda_calls(r, "cuMemCreate", pid), 2) << r.describe();
-    // Prepare: the route's 3 streams (plus the driver's) and 4 events; no peer access, since
-    // the peer is in another process.
+    // Prepare: the route's 3 streams (plus the driver's) and 4 events, and the event after the
+    // last op forwarded to NCCL (comm_order.h); no peer access, since the peer is in another
+    // process.
     EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1);
-    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 4);
+    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 4 + 1);
     EXPECT_EQ(cuda_calls(r, "cuCtxEnablePeerAccess", pid), 0);
     EXPECT_EQ(rnum(r, k, "end.fd_threads"), 1) << "one fd service per process";
     expect_nothing_left(r, k);
@@ -1641,6 +1642,42 @@ TEST(RouteSetup, LaterRankDoesBothWhenTheEarlierOneStopsWaiting) {
   EXPECT_EQ(imports[1], 2) << r.describe();
   EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", pid_of(r, 0)), 2) << r.describe();
   for (int k = 0; k < 2; ++k) expect_nothing_left(r, k);
+}
+
+TEST(RouteSetup, OpsForwardedToNcclKeepNcclsOrderWithTheRoutedAllGathers) {
+  // NCCL runs a communicator's ops one after the other whatever their streams; the routed
+  // all-gathers keep that order (comm_order.h). Each of 3 all-gathers is followed by an
+  // all-reduce on another stream: the all-reduce waits for the all-gather before it, and the
+  // next all-gather for the all-reduce. Back-to-back all-gathers (no all-reduce) wait for
+  // nothing of the kind.
+  for (const char* interleave : {"1", "0"}) {
+    SCOPED_TRACE(std::string("DRV_AG_INTERLEAVE=") + interleave);
+    Scratch s, chan, rdv;
+    RunResult r = run_route({"ranks", "2", "basic"},
+                            with(route_env(chan, rdv, unique_id_text()),
+                                 {{"ZEROCTA_LOG", "debug"},
+                                  {"DRV_AG_REPEAT", "3"},
+                                  {"DRV_AG_INTERLEAVE", interleave}}),
+                            s);
+    expect_clean_pair(r, chan);
+    for (int k = 0; k < 2; ++k) {
+      SCOPED_TRACE("rank " + std::to_string(k));
+      const std::string pid = pid_of(r, k);
+      EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+      EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 3);
+      EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+      std::string order;  // A: an all-reduce waits for a routed op; E: marks its end; G: a
+                          // routed op waits for it
+      for (const std::string& line : r.err_lines()) {
+        if (line.find(":" + pid + ":") == std::string::npos) continue;
+        if (contains(line, "an op forwarded to NCCL waits for routed all-gather")) order += 'A';
+        if (contains(line, "an op forwarded to NCCL marks its end")) order += 'E';
+        if (contains(line, "waits for the op forwarded to NCCL before it")) order += 'G';
+      }
+      EXPECT_EQ(order, interleave[0] == '1' ? "AEGAEGAE" : "") << r.describe();
+      expect_nothing_left(r, k);
+    }
+  }
 }
 
 TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {

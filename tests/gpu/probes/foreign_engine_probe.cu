@@ -17,6 +17,11 @@
 // context's copies on GPU 0 run beside A's kernel, and what they cost A's kernel (A prints its
 // spin's time with and without them). A prints GPU 0's free memory before and after B's
 // context exists there: what a context on another GPU costs that GPU.
+//
+// Measured (2xH100): 386 GB/s per direction for 3 against 198 for 4; beside the spin at full
+// speed, the spin +0.6 %; 262 MiB for a context of B's own (FOREIGN_CTX=trimmed), 526 for a
+// primary one. The route built on it lost to the route without it (docs/PERFORMANCE.md, "Tried
+// and rejected: the earlier GPU's engine driven by the later process").
 //   nvcc -O2 -o foreign_engine_probe tests/gpu/probes/foreign_engine_probe.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>

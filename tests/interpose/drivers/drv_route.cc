@@ -35,7 +35,8 @@
 //             DRV_AG_IN_PLACE=1: each rank sends its slot of the receive buffer;
 //             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals;
 //             DRV_AG_BARRIER=1: every rank first meets the others, its buffers ready, so that
-//             the sleeps alone order them),
+//             the sleeps alone order them; DRV_AG_INTERLEAVE=1: after each one, an
+//             ncclAllReduce on another stream of the rank, as FSDP2's reduce-scatters),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them),
 //             DRV_SUSPEND=1 (then ncclCommSuspend(NCCL_SUSPEND_MEM), ncclCommResume and an
 //             all-gather "after": suspend_and_resume()).
@@ -462,6 +463,10 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   const bool grow = env_long("DRV_AG_GROW", 0) == 1;
   const long sleep_each_ms = env_long("DRV_SLEEP_EACH_AG_MS", 0);
   const bool barrier = env_long("DRV_AG_BARRIER", 0) == 1 && g_barrier != nullptr;
+  CUstream other = nullptr;  // DRV_AG_INTERLEAVE=1's stream
+  if (env_long("DRV_AG_INTERLEAVE", 0) == 1 &&
+      cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    other = nullptr;
   for (long i = 0, repeat = env_long("DRV_AG_REPEAT", 1); i < repeat; ++i) {
     // The old buffers are freed before the new ones exist, as a caching allocator's
     // empty_cache() and a fresh allocation would.
@@ -480,10 +485,15 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
       ncclResult_t end = ncclGroupEnd();
       if (op == ncclSuccess) op = end;
     }
+    if (other && op == ncclSuccess)
+      op = ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
+                         reinterpret_cast<cudaStream_t>(other));
     if (g.stream) cuStreamSynchronize(g.stream);
+    if (other) cuStreamSynchronize(other);
     if (rc == ncclSuccess) rc = op;
     ok = ok && g.data_ok();
   }
+  if (other) cuStreamDestroy(other);
   out(tag + ".rc", rc);
   out(tag + ".data_ok", ok);
   if (env_long("DRV_AG_CHECK", 0) == 1) check_after(tag, c, *fresh);
