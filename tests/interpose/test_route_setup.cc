@@ -815,6 +815,26 @@ TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
   }
 }
 
+// The same layout on host memory, which no peer reaches: each op of an exchange set goes to
+// NCCL while the set's other op of the thread is still begun (its communicator's issue lock
+// held), and the forwarded op adds no order of its own there (comm_order.h: inside the group
+// end's NCCL group it would wait on that very lock).
+TEST(RouteSetup, ProcessesOfSeveralRanksForwardWhatNoPeerReaches) {
+  Scratch s, chan, rdv;
+  RunResult r = run_processes_of_two_ranks(
+      s, chan, rdv, {{"ZEROCTA_LOG", "debug"}, {"DRV_AG_ROUNDS", "2"}, {"DRV_AG_MEM", "host"}});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(any_contains(r.err_lines(), "this thread issues 2 ranks of the communicator"))
+      << r.describe();
+  for (int p = 0; p < 2; ++p) {
+    const std::string k = "r" + std::to_string(p) + ".";
+    EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
+    EXPECT_EQ(r.num(k + "ag.ag_ce"), 0) << r.describe();
+    EXPECT_EQ(r.num(k + "ag.ag_pass"), 4) << r.describe();
+  }
+  EXPECT_FALSE(any_contains(r.err_lines(), "comm order on rank")) << r.describe();
+}
+
 // The same layout on cuMem memory each rank opened to its own device only (PyTorch's expandable
 // segments without peer access): the peers in the other process import it, the peer in the
 // same process writes through a second mapping (local_aliases.h). Without that, the first
