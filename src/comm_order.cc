@@ -19,37 +19,43 @@ bool ordered(const CommState* st, cudaStream_t stream) {
   return !stream_is_capturing(reinterpret_cast<CUstream>(stream));
 }
 
+// Runs fn(ce, cu) for an op on `stream` that keeps the order, once the route is prepared: under
+// the communicator's issue lock, its device current.
+template <typename Fn>
+void on_prepared_route(CommState* st, cudaStream_t stream, Fn fn) {
+  if (!ordered(st, stream)) return;
+  std::lock_guard<std::mutex> lock(st->issue_mu);
+  CeComm* ce = st->ce.get();
+  const CudaDriver* cu = cuda_driver();
+  if (!ce || !ce->prepared || !cu) return;
+  ScopedDevice dev(st->device);
+  if (dev.ok()) fn(*ce, *cu);
+}
+
 }  // namespace
 
 void order_before_nccl_op(CommState* st, cudaStream_t stream) {
-  if (!ordered(st, stream)) return;
-  std::lock_guard<std::mutex> lock(st->issue_mu);
-  CeComm* ce = st->ce.get();
-  const CudaDriver* cu = cuda_driver();
-  if (!ce || !ce->prepared || !cu || !ce->routed_pending) return;
-  ScopedDevice dev(st->device);
-  // The end event of the last routed op: re-recorded by every routed op, so this waits for the
-  // latest one, as NCCL's launch waits for the communicator's previous kernel.
-  if (dev.ok() && cu->cuStreamWaitEvent(reinterpret_cast<CUstream>(stream), ce->events[kEvEnd],
-                                        0) == CUDA_SUCCESS) {
-    ce->routed_pending = false;
+  on_prepared_route(st, stream, [&](CeComm& ce, const CudaDriver& cu) {
+    // The end event of the last routed op: re-recorded by every routed op, so this waits for
+    // the latest one, as NCCL's launch waits for the communicator's previous kernel.
+    if (!ce.routed_pending || cu.cuStreamWaitEvent(reinterpret_cast<CUstream>(stream),
+                                                   ce.events[kEvEnd], 0) != CUDA_SUCCESS)
+      return;
+    ce.routed_pending = false;
     ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL waits for routed all-gather %llu",
-             st->rank, static_cast<unsigned long long>(ce->seq));
-  }
+             st->rank, static_cast<unsigned long long>(ce.seq));
+  });
 }
 
 void order_after_nccl_op(CommState* st, cudaStream_t stream) {
-  if (!ordered(st, stream)) return;
-  std::lock_guard<std::mutex> lock(st->issue_mu);
-  CeComm* ce = st->ce.get();
-  const CudaDriver* cu = cuda_driver();
-  if (!ce || !ce->prepared || !cu || !ce->nccl_tail) return;
-  ScopedDevice dev(st->device);
-  if (!dev.ok() ||
-      cu->cuEventRecord(ce->nccl_tail, reinterpret_cast<CUstream>(stream)) != CUDA_SUCCESS)
-    return;  // the next routed op waits for the last end marked, if any
-  ce->nccl_pending = true;
-  ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL marks its end", st->rank);
+  on_prepared_route(st, stream, [&](CeComm& ce, const CudaDriver& cu) {
+    // On failure the next routed op waits for the last end marked, if any.
+    if (!ce.nccl_tail ||
+        cu.cuEventRecord(ce.nccl_tail, reinterpret_cast<CUstream>(stream)) != CUDA_SUCCESS)
+      return;
+    ce.nccl_pending = true;
+    ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL marks its end", st->rank);
+  });
 }
 
 CUresult order_routed_op(CommState& st, const CUstream* streams) {
