@@ -619,7 +619,7 @@ ncclResult_t RoutedAllGather::complete() {
   if (!x.hold)
     if (CUresult r = order_routed_op(st, streams); r != CUDA_SUCCESS)
       return fail(st, ncclUnhandledCudaError, "ordering it after NCCL's ops", cuda_error_string(r));
-  if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan); r != CUDA_SUCCESS)
+  if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan, !x.hold); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   if (!x.hold) routed_op_issued(st);
   // My peers in this process write into (and may read from) my buffers through their second

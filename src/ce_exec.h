@@ -12,11 +12,13 @@
 
 namespace zc {
 
-// Issues `plan` with kUser mapped to `user_stream`. Returns CUDA_SUCCESS or the first error
-// (the caller then poisons the communicator: peers may already depend on what was issued).
+// Issues `plan` with kUser mapped to `user_stream`; `batch_pushes` (not for a capture: the batch
+// API cannot be captured) issues the push stream's consecutive copies in one call where the
+// driver has it. Returns CUDA_SUCCESS or the first error (the caller then poisons the
+// communicator: peers may already depend on what was issued).
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
                     const CUevent events[kDirectEvents], CUstream user_stream,
-                    const std::vector<DirectOp>& plan);
+                    const std::vector<DirectOp>& plan, bool batch_pushes);
 
 // One rank's streams and events for a local group plan (local_group_plan.h).
 struct LocalGroupRankIssue {

@@ -18,10 +18,10 @@ using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
 constexpr int kAbiVersion = 12000;
 
 template <typename Fn>
-bool get(GetProcAddressFn gpa, const char* name, Fn* out) {
+bool get(GetProcAddressFn gpa, const char* name, Fn* out, int abi = kAbiVersion) {
   void* p = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (gpa(name, &p, kAbiVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
+  if (gpa(name, &p, abi, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS ||
       p == nullptr) {
     *out = nullptr;
     return false;
@@ -86,6 +86,12 @@ CudaDriver* load() {
   capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
+  // Asked for with the 13.0 ABI only where the driver has it: a 12.8 driver would answer that
+  // request with its 12.8 function, which takes one more argument.
+  int version = 0;
+  d.cuMemcpyBatchAsync = nullptr;
+  if (d.context_ok && d.cuDriverGetVersion(&version) == CUDA_SUCCESS && version >= 13000)
+    get(gpa, "cuMemcpyBatchAsync", &d.cuMemcpyBatchAsync, 13000);
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;
   if (!d.context_ok) return nullptr;

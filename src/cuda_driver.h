@@ -38,6 +38,10 @@ struct CudaDriver {
   // The route's flag waits and writes, a stream's consecutive ones in one call (ce_exec.cc).
   CUresult (*cuStreamBatchMemOp)(CUstream, unsigned, CUstreamBatchMemOpParams*, unsigned);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  // A push stream's copies to its peers in one call (ce_exec.cc): the 13.0 ABI (no failIdx),
+  // resolved only from a driver of 13.0 or later; null otherwise (one copy per call then).
+  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t,
+                                 CUmemcpyAttributes*, size_t*, size_t, CUstream);
   // Mapping the peers' exported allocations (route_memory.cc, peer_memory.cc); also part of
   // `ce_ok`.
   CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);

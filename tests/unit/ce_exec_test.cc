@@ -53,6 +53,17 @@ CUresult stub_copy(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
                     " " + std::to_string(bytes));
   return CUDA_SUCCESS;
 }
+CUresult stub_copy_batch(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t n,
+                         CUmemcpyAttributes* attrs, size_t* attr_idx, size_t nattrs, CUstream s) {
+  const bool ncclish = nattrs == 1 && attr_idx[0] == 0 &&
+                       attrs[0].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM &&
+                       attrs[0].flags == CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+  g_calls.push_back("copybatch " + name(s) + " n=" + std::to_string(n) + (ncclish ? "" : " ?"));
+  for (size_t k = 0; k < n; ++k)
+    g_calls.push_back(" " + std::to_string(srcs[k]) + "->" + std::to_string(dsts[k]) + " " +
+                      std::to_string(sizes[k]));
+  return CUDA_SUCCESS;
+}
 CUresult stub_record(CUevent e, CUstream s) {
   g_calls.push_back("record e" + std::to_string(reinterpret_cast<uintptr_t>(e)) + " " + name(s));
   return CUDA_SUCCESS;
@@ -79,8 +90,8 @@ class IssuePlan : public ::testing::Test {
                      uint64_t src = 0, uint64_t bytes = 0, uint8_t event = 0) {
     return DirectOp{s, k, event, 0, value, dst, src, bytes};
   }
-  CUresult issue(const std::vector<DirectOp>& plan) {
-    return issue_plan(cu_, streams_, events_, stream_id(9), plan);
+  CUresult issue(const std::vector<DirectOp>& plan, bool batch_pushes = false) {
+    return issue_plan(cu_, streams_, events_, stream_id(9), plan, batch_pushes);
   }
   CudaDriver cu_{};
   CUstream streams_[kDirectStreams];
@@ -106,6 +117,38 @@ TEST_F(IssuePlan, ConsecutiveFlagOpsOfAStreamGoInOneBatchInPlanOrder) {
       " wait32 @20 >=7", " wait32 @30 >=7",   "copy s1 2000->1000 64", "batch s1 n=2 flags=0",
       " write32 @40 =7", " wait64 @48 signal"};
   EXPECT_EQ(g_calls, want);
+}
+
+// An eager op's pushes to its peers go in one cuMemcpyBatchAsync with NCCL's attributes (stream
+// order, prefer overlap with compute); a lone push, pulls, and every copy of a captured op (the
+// batch API cannot be captured) or of a driver without the call go one by one.
+TEST_F(IssuePlan, APushStreamsConsecutiveCopiesGoInOneCopyBatch) {
+  cu_.cuMemcpyBatchAsync = stub_copy_batch;
+  const std::vector<DirectOp> plan = {
+      op(kPush, DirectOpKind::kWaitGeq, 20, 7),        op(kPush, DirectOpKind::kCopy, 100, 0, 1, 8),
+      op(kPush, DirectOpKind::kCopy, 200, 0, 1, 8),    op(kPush, DirectOpKind::kCopy, 300, 0, 1, 8),
+      op(kPull, DirectOpKind::kCopy, 400, 0, 2, 8),    op(kPull, DirectOpKind::kCopy, 500, 0, 3, 8),
+      op(kPush, DirectOpKind::kWrite, 40, 7),          op(kPush, DirectOpKind::kCopy, 600, 0, 4, 8)};
+  ASSERT_EQ(issue(plan, true), CUDA_SUCCESS);
+  const std::vector<std::string> batched = {
+      "batch s1 n=1 flags=0", " wait32 @20 >=7", "copybatch s1 n=3", " 1->100 8", " 1->200 8",
+      " 1->300 8",            "copy s2 2->400 8", "copy s2 3->500 8", "batch s1 n=1 flags=0",
+      " write32 @40 =7",      "copy s1 4->600 8"};
+  EXPECT_EQ(g_calls, batched);
+
+  g_calls.clear();
+  ASSERT_EQ(issue(plan, false), CUDA_SUCCESS);  // a captured op
+  const std::vector<std::string> one_by_one = {
+      "batch s1 n=1 flags=0", " wait32 @20 >=7",     "copy s1 1->100 8",
+      "copy s1 1->200 8",     "copy s1 1->300 8",    "copy s2 2->400 8",
+      "copy s2 3->500 8",     "batch s1 n=1 flags=0", " write32 @40 =7",
+      "copy s1 4->600 8"};
+  EXPECT_EQ(g_calls, one_by_one);
+
+  g_calls.clear();
+  cu_.cuMemcpyBatchAsync = nullptr;  // a driver before 13.0
+  ASSERT_EQ(issue(plan, true), CUDA_SUCCESS);
+  EXPECT_EQ(g_calls, one_by_one);
 }
 
 TEST_F(IssuePlan, AFlagOpOfAnotherStreamStartsANewBatch) {

@@ -85,13 +85,13 @@ std::vector<size_t> cumem_chunk_sizes(size_t bytes, size_t chunk, size_t granula
   return out;
 }
 
-CumemBuffer::CumemBuffer(int device, size_t bytes) {
+CumemBuffer::CumemBuffer(int device, size_t bytes, size_t chunk) {
   const CumemApi& a = api();
   const CUmemAllocationProp prop = chunk_properties(device);
   size_t gran = 0;
   check(a.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity");
-  sizes_ = cumem_chunk_sizes(bytes, kCumemChunkBytes, gran);
+  sizes_ = cumem_chunk_sizes(bytes, chunk, gran);
   for (size_t s : sizes_) reserved_ += s;
   CUdeviceptr base = 0;
   check(a.reserve(&base, reserved_, gran, 0, 0), "cuMemAddressReserve");

@@ -10,7 +10,8 @@
 
 namespace zcb {
 
-// PyTorch's expandable-segment size for large allocations.
+// PyTorch's expandable-segment size for large allocations (the test's reference; the bench
+// takes its chunk from --cumem-chunk).
 constexpr size_t kCumemChunkBytes = 20ull << 20;
 
 // The physical chunks of a `bytes` buffer: `chunk` rounded up to `granularity`, as many as
@@ -19,9 +20,9 @@ std::vector<size_t> cumem_chunk_sizes(size_t bytes, size_t chunk, size_t granula
 
 class CumemBuffer {
  public:
-  // Reserves, creates, maps and enables `bytes` on `device` (the current device); fatal() on
-  // any driver error.
-  CumemBuffer(int device, size_t bytes);
+  // Reserves, creates, maps and enables `bytes` on `device` (the current device) in physical
+  // allocations of `chunk` bytes; fatal() on any driver error.
+  CumemBuffer(int device, size_t bytes, size_t chunk);
   ~CumemBuffer();  // unmap, release, free the range: the reverse order
   CumemBuffer(const CumemBuffer&) = delete;
   CumemBuffer& operator=(const CumemBuffer&) = delete;

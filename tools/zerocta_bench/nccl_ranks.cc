@@ -148,7 +148,7 @@ std::vector<char*> NcclRanks::alloc(size_t bytes) {
     if (path_ == PathId::kNcclCe) {
       ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
     } else if (o_.alloc == BufferAlloc::kCuMem) {
-      b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes);
+      b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes, o_.cumem_chunk_bytes);
       b.ptr = b.cumem->ptr();
     } else {
       ZCB_CUDA(cudaMalloc(&b.ptr, bytes));

@@ -454,6 +454,10 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
     } else if (a == "--alloc") {
       if (!need(&v)) return false;
       if (!parse_alloc(v, &o->alloc)) return bad(v, "cudamalloc|cumem");
+    } else if (a == "--cumem-chunk") {
+      if (!need(&v)) return false;
+      if (!parse_size(v, &o->cumem_chunk_bytes) || o->cumem_chunk_bytes == 0)
+        return bad(v, "a size like 20M");
     } else if (a == "--one-process") {
       o->one_process = true;
     } else if (a == "--graph") {
@@ -596,6 +600,8 @@ Other options:
   --alloc A              buffers of the NCCL paths but nccl-ce: cudamalloc (default) or cumem
                          (PyTorch's expandable segments: one reserved VA range, 20 MiB
                          cuMemCreate chunks with POSIX fd handles, mapped back to back)
+  --cumem-chunk SIZE     the physical allocations of --alloc cumem buffers (default 20M; a
+                         size at least the buffer's gives one allocation, as ncclMemAlloc)
   --one-process          the NCCL paths as one process, one thread driving every GPU
                          (nccl-tests -g N); default: one process per rank
   --graph                the sweep's checked op and timed iterations are replays of a CUDA

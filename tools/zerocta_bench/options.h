@@ -99,6 +99,9 @@ struct Options {
   std::string paths_text;     // --paths as given ("" = default); resolved once --op is known
   std::string json_path;
   BufferAlloc alloc = BufferAlloc::kCudaMalloc;  // --alloc
+  // --cumem-chunk: the physical allocations of a --alloc cumem buffer (PyTorch's expandable
+  // segments: 20 MiB; a size at least the buffer's: one allocation, as ncclMemAlloc's).
+  uint64_t cumem_chunk_bytes = 20ull << 20;
   // --one-process: the NCCL-program paths run as one process whose one thread drives every
   // GPU (nccl-tests -g N); default: one process per rank.
   bool one_process = false;

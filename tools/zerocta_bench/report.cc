@@ -258,8 +258,10 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
           static_cast<unsigned long long>(b.o->step_factor), b.o->warmups, b.o->iters,
           b.o->check ? 1 : 0, r.timeout_s);
   const int procs = path_process_count(r.path, b.o->one_process, b.nranks);
-  fprintf(f, "# buffers: %s  processes: %d (%s)\n", path_alloc_label(r.path, b.o->alloc).c_str(),
-          procs, procs == 1 ? "one thread drives every GPU" : "one per rank");
+  std::string buffers = path_alloc_label(r.path, b.o->alloc);
+  if (buffers == "cumem") buffers += " in " + format_size(b.o->cumem_chunk_bytes) + " allocations";
+  fprintf(f, "# buffers: %s  processes: %d (%s)\n", buffers.c_str(), procs,
+          procs == 1 ? "one thread drives every GPU" : "one per rank");
   if (path_uses_shim(r.path)) fprintf(f, "# LD_PRELOAD=%s\n", b.shim_lib.c_str());
   fflush(f);
 }

@@ -513,6 +513,10 @@ void test_new_options() {
   EXPECT(parse({"--graph"}, &g) && g.graph && !g.one_process);
   Options it;
   EXPECT(parse({"--iter-times"}, &it) && it.iter_times && !g.iter_times);
+  Options chunk, chunk0;  // PyTorch's 20 MiB segments unless asked
+  EXPECT(g.cumem_chunk_bytes == (20ull << 20));
+  EXPECT(parse({"--cumem-chunk", "1G"}, &chunk) && chunk.cumem_chunk_bytes == (1ull << 30));
+  EXPECT(!parse({"--cumem-chunk", "0"}, &chunk0));
   EXPECT(o.contention_mode == ContentionMode::kSaturate && o.contention_ops == 12);
   EXPECT(o.repeats == 7 && o.contention_placement == "in");
   EXPECT(std::string(alloc_name(o.alloc)) == "cumem");

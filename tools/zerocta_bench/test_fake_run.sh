@@ -129,7 +129,8 @@ PATH=/nonexistent "$BENCH" --fake-gpus 2 --quick --one-process --alloc cumem \
 check "one-process run exits 0" test $? -eq 0
 check "header names the allocator" contains "$TMP/one.txt" \
   "using 2 rank(s), --alloc cumem, one process drives every GPU"
-check "banner names the buffers" contains "$TMP/one.txt" "# buffers: cumem  processes: 1"
+check "banner names the buffers" contains "$TMP/one.txt" \
+  "# buffers: cumem in 20 MiB allocations  processes: 1"
 check "nccl-ce keeps its own buffers" contains "$TMP/one.txt" "# buffers: ncclMemAlloc+window"
 check "only the in-place table" test "$(grep -c '^# Contention, in-place all-gathers (saturate mode)' \
   "$TMP/one.txt")" -eq 1

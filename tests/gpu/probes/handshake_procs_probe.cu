@@ -1,0 +1,383 @@
+// The all-gather handshake of handshake_probe.cu with one process per GPU, as the route runs:
+// each process owns its GPU's buffer (one exportable cuMem allocation), imports every peer's
+// from POSIX fds, and pushes its chunk into them; the flags are pinned host memory shared by
+// every process, or each waiter's GPU memory imported by its peers. One process per GPU is what
+// the route and NCCL's copy-engine path both run on, so a difference from the one-process probe
+// is the processes', and a difference between copy calls here is the call's.
+//
+//   nvcc -O2 -o handshake_procs_probe tests/gpu/probes/handshake_procs_probe.cu -lcuda
+//   ./handshake_procs_probe [gpus]        (default: every visible GPU, at most 8)
+//
+// Per op, process r: the user stream writes ready; the push stream (or the user stream, "1str")
+// waits for every rank's ready, pushes its chunk into every peer (r-1, r-2, ...), writes done to
+// every peer, waits for every peer's done; the user stream waits for its end event. Copies by
+//   memcpy     one cuMemcpyAsync per peer (the route)
+//   batch1     one cuMemcpyBatchAsync of one copy per peer (stream order, prefer overlap with
+//              compute: NCCL's attributes)
+//   batchall   one cuMemcpyBatchAsync of every peer's copy (NCCL's copy-engine all-gather)
+// Prints, per layout, the slowest process's time per op: median of 5 runs of 200 ops.
+// Closer to the route, by environment: PROBE_SLOTS=16 puts each op's host flags in one of 16
+// slots (the route's ring of posts); PROBE_QUERY_SPIN_US=N has the host ask cuStreamQuery of the
+// user stream for N us after issuing each op (the route's earlier rank while it waits for a
+// claim); PROBE_ONLY_BATCHALL=1 runs the two-stream batched cases only.
+#include <cuda.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "probe_check.h"
+#include "probe_fds.h"
+
+namespace {
+
+constexpr int kOps = 200;
+constexpr int kRuns = 5;
+constexpr int kMaxGpus = 8;
+constexpr size_t kBufBytes = 256ull << 20;
+constexpr size_t kFlagBytes = 2ull << 20;
+
+const unsigned g_slots =
+    getenv("PROBE_SLOTS") ? std::max(1, std::min(16, atoi(getenv("PROBE_SLOTS")))) : 1;
+const int g_spin_us = getenv("PROBE_QUERY_SPIN_US") ? atoi(getenv("PROBE_QUERY_SPIN_US")) : 0;
+const bool g_only_batchall = getenv("PROBE_ONLY_BATCHALL") != nullptr;
+
+// The route's earlier rank asks whether the op's stream drained while it waits for a claim.
+void query_spin(CUstream s) {
+  if (g_spin_us <= 0) return;
+  timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    (void)cuStreamQuery(s);
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < g_spin_us);
+}
+
+// kHost, kDevice: both handshakes' flags there. kDoneDevice: ready in host memory, done in the
+// waiter's GPU memory. kDoneCopied: host flags, done written by a 4-byte copy from a GPU word
+// after the pushes on the same stream (NCCL's way of writing its flags) instead of a write.
+// kDoneDeviceCopied: done in the waiter's GPU memory, written by such a copy: since CUDA 13.1 a
+// stream write to another GPU's memory is unsupported, so this is how a driver after 13.0 gets
+// kDoneDevice.
+enum class Flags { kHost, kDevice, kDoneDevice, kDoneCopied, kDoneDeviceCopied };
+enum class Copy { kMemcpy, kBatch1, kBatchAll };
+
+// Shared by every process (an anonymous shared mapping made before fork).
+struct Shared {
+  std::atomic<int> arrived, generation;  // a sense-reversing barrier
+  double us[64][kMaxGpus];   // per case, per rank
+  uint32_t ready[16][kMaxGpus * 16];  // host flags, a 64-byte line each, per slot
+  uint32_t done[16][kMaxGpus * kMaxGpus * 16];
+};
+
+struct Rank {
+  int r = 0, n = 0;
+  Shared* sh = nullptr;
+  CUdeviceptr buf[kMaxGpus] = {};    // every rank's buffer as this process addresses it
+  CUdeviceptr flags[kMaxGpus] = {};  // every rank's device flags: ready_in at [p], done_in at [64+p]
+  CUstream user, push;
+  CUevent end, t0, t1;
+  uint32_t seq = 0;
+  CUdeviceptr shared_dev = 0;  // `sh` as the GPU addresses it
+};
+
+void barrier(Rank& k) {
+  const int g = k.sh->generation.load();
+  if (k.sh->arrived.fetch_add(1) + 1 == k.n) {
+    k.sh->arrived.store(0);
+    k.sh->generation.fetch_add(1);
+  } else {
+    while (k.sh->generation.load() == g) {
+    }
+  }
+}
+
+// A host flag as the GPU addresses it.
+CUdeviceptr host_flag(Rank& k, const uint32_t* flag) {
+  return k.shared_dev + (reinterpret_cast<const char*>(flag) - reinterpret_cast<const char*>(k.sh));
+}
+CUdeviceptr ready_flag(Rank& k, Flags f, int waiter, int writer) {
+  if (f != Flags::kDevice) return host_flag(k, &k.sh->ready[k.seq % g_slots][writer * 16]);
+  return k.flags[waiter] + writer * 4;
+}
+CUdeviceptr done_flag(Rank& k, Flags f, int waiter, int writer) {
+  if (f == Flags::kHost || f == Flags::kDoneCopied)
+    return host_flag(k, &k.sh->done[k.seq % g_slots][(waiter * kMaxGpus + writer) * 16]);
+  return k.flags[waiter] + (64 + writer) * 4;
+}
+
+CUstreamBatchMemOpParams wait_op(CUdeviceptr a, uint32_t v) {
+  CUstreamBatchMemOpParams p = {};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  p.waitValue.address = a;
+  p.waitValue.value = v;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return p;
+}
+CUstreamBatchMemOpParams write_op(CUdeviceptr a, uint32_t v) {
+  CUstreamBatchMemOpParams p = {};
+  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  p.writeValue.address = a;
+  p.writeValue.value = v;
+  return p;
+}
+void batch(CUstream s, std::vector<CUstreamBatchMemOpParams>& ops) {
+  if (!ops.empty()) CU(cuStreamBatchMemOp(s, static_cast<unsigned>(ops.size()), ops.data(), 0));
+  ops.clear();
+}
+
+void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
+  const uint32_t s = ++k.seq;
+  const int r = k.r, n = k.n;
+  CUstream push = one_stream ? k.user : k.push;
+  std::vector<CUstreamBatchMemOpParams> ops;
+  if (f != Flags::kDevice) {
+    ops.push_back(write_op(ready_flag(k, f, r, r), s));
+  } else {
+    for (int p = 0; p < n; ++p) ops.push_back(write_op(ready_flag(k, f, p, r), s));
+  }
+  batch(k.user, ops);
+  for (int p = 0; p < n; ++p) ops.push_back(wait_op(ready_flag(k, f, r, p), s));
+  batch(push, ops);
+  std::vector<CUdeviceptr> dsts, srcs;
+  std::vector<size_t> sizes;
+  for (int i = 1; i < n && chunk; ++i) {
+    const int p = (r - i + n) % n;
+    dsts.push_back(k.buf[p] + r * chunk);
+    srcs.push_back(k.buf[r] + r * chunk);
+    sizes.push_back(chunk);
+  }
+  CUmemcpyAttributes attr{};
+  attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+  size_t attr_idx = 0;
+  if (c == Copy::kBatchAll && !dsts.empty()) {
+    CU(cuMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_idx,
+                          1, push));
+  } else {
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      if (c == Copy::kMemcpy)
+        CU(cuMemcpyAsync(dsts[i], srcs[i], sizes[i], push));
+      else
+        CU(cuMemcpyBatchAsync(&dsts[i], &srcs[i], &sizes[i], 1, &attr, &attr_idx, 1, push));
+    }
+  }
+  if (f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) {
+    const CUdeviceptr word = k.flags[r] + 1024 * 4;  // this op's number, in my GPU's memory
+    ops.push_back(write_op(word, s));
+    batch(push, ops);
+    for (int p = 0; p < n; ++p)
+      if (p != r) CU(cuMemcpyAsync(done_flag(k, f, p, r), word, 4, push));
+  } else {
+    for (int p = 0; p < n; ++p)
+      if (p != r) ops.push_back(write_op(done_flag(k, f, p, r), s));
+    batch(push, ops);
+  }
+  for (int p = 0; p < n; ++p)
+    if (p != r) ops.push_back(wait_op(done_flag(k, f, r, p), s));
+  batch(push, ops);
+  if (!one_stream) {
+    CU(cuEventRecord(k.end, push));
+    CU(cuStreamWaitEvent(k.user, k.end, 0));
+  }
+}
+
+// This rank's median microseconds per op over kRuns, every rank starting each run together.
+double time_ops(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
+  for (int i = 0; i < 20; ++i) issue_op(k, f, c, one_stream, chunk);
+  CU(cuCtxSynchronize());
+  std::vector<double> us;
+  for (int run = 0; run < kRuns; ++run) {
+    barrier(k);
+    CU(cuEventRecord(k.t0, k.user));
+    for (int i = 0; i < kOps; ++i) {
+      issue_op(k, f, c, one_stream, chunk);
+      query_spin(k.user);
+    }
+    CU(cuEventRecord(k.t1, k.user));
+    CU(cuEventSynchronize(k.t1));
+    float ms = 0;
+    CU(cuEventElapsedTime(&ms, k.t0, k.t1));
+    us.push_back(ms * 1000.0 / kOps);
+  }
+  return median_of(us);
+}
+
+// One exportable allocation of `bytes` on this rank's GPU, mapped with access for it; its fd.
+CUdeviceptr own_allocation(int dev, size_t bytes, int* fd) {
+  CUmemAllocationProp p = prop(dev);
+  CUmemGenericAllocationHandle h;
+  CU(cuMemCreate(&h, bytes, &p, 0));
+  CUdeviceptr va;
+  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CU(cuMemMap(va, bytes, 0, h, 0));
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = dev;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU(cuMemSetAccess(va, bytes, &a, 1));
+  CU(cuMemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return va;
+}
+
+CUdeviceptr import_allocation(int dev, int fd, size_t bytes) {
+  CUmemGenericAllocationHandle h;
+  CU(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  close(fd);
+  CUdeviceptr va;
+  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CU(cuMemMap(va, bytes, 0, h, 0));
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = dev;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU(cuMemSetAccess(va, bytes, &a, 1));
+  return va;
+}
+
+const char* flag_names[] = {"host", "device", "done-dev", "done-cpy", "done-dev-cpy"};
+
+// The cases run: every layout at 0 bytes with one copy per call only; the mixed flags on two
+// streams only.
+bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
+  if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
+  if (total == 0 && c != Copy::kMemcpy) return true;
+  return (f == Flags::kDoneDevice || f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) &&
+         (one_stream || c == Copy::kBatch1);
+}
+
+void rank_main(int r, int n, int sock, Shared* sh) {
+  Rank k;
+  k.r = r;
+  k.n = n;
+  k.sh = sh;
+  CU(cuInit(0));
+  CUdevice dev;
+  CU(cuDeviceGet(&dev, r));
+  CUcontext ctx;
+  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU(cuCtxSetCurrent(ctx));
+  int fds[2];
+  k.buf[r] = own_allocation(r, kBufBytes, &fds[0]);
+  k.flags[r] = own_allocation(r, kFlagBytes, &fds[1]);
+  CU(cuMemsetD8(k.buf[r], 1, kBufBytes));
+  CU(cuMemsetD8(k.flags[r], 0, kFlagBytes));
+  send_fds(sock, {fds[0], fds[1]});
+  close(fds[0]);
+  close(fds[1]);
+  std::vector<int> all = recv_fds(sock, 2 * n);  // the parent's relay: every rank's pair
+  for (int p = 0; p < n; ++p) {
+    if (p == r) {
+      close(all[2 * p]);
+      close(all[2 * p + 1]);
+      continue;
+    }
+    k.buf[p] = import_allocation(r, all[2 * p], kBufBytes);
+    k.flags[p] = import_allocation(r, all[2 * p + 1], kFlagBytes);
+  }
+  CU(cuMemHostRegister(sh, sizeof(Shared), CU_MEMHOSTREGISTER_DEVICEMAP));
+  CU(cuMemHostGetDevicePointer(&k.shared_dev, sh, 0));
+  CU(cuStreamCreate(&k.user, CU_STREAM_NON_BLOCKING));
+  CU(cuStreamCreate(&k.push, CU_STREAM_NON_BLOCKING));
+  CU(cuEventCreate(&k.end, CU_EVENT_DISABLE_TIMING));
+  CU(cuEventCreate(&k.t0, 0));
+  CU(cuEventCreate(&k.t1, 0));
+  CU(cuCtxSynchronize());
+  barrier(k);
+
+  int c = 0;
+  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20}) {
+    const size_t chunk = total / n / 4096 * 4096;
+    for (Flags f : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
+                    Flags::kDoneDeviceCopied})
+      for (bool one : {false, true})
+        for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll}) {
+          if (skipped(total, f, one, cp)) continue;
+          sh->us[c++][r] = time_ops(k, f, cp, one, chunk);
+        }
+  }
+  barrier(k);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  int n = argc > 1 ? atoi(argv[1]) : 0;
+  if (n == 0) {  // count GPUs in a child: the parent never touches CUDA
+    int p[2];
+    if (pipe(p) != 0) return 1;
+    if (fork() == 0) {
+      int c = 0;
+      if (cuInit(0) == CUDA_SUCCESS) cuDeviceGetCount(&c);
+      if (write(p[1], &c, sizeof c) != sizeof c) _exit(1);
+      _exit(0);
+    }
+    if (read(p[0], &n, sizeof n) != sizeof n) return 1;
+    wait(nullptr);
+  }
+  if (n < 2) {
+    printf("handshake_procs_probe: needs 2 GPUs, found %d: skipped\n", n);
+    return 0;
+  }
+  if (n > kMaxGpus) n = kMaxGpus;
+  auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
+                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::vector<int> socks(n);
+  std::vector<pid_t> pids(n);
+  for (int r = 0; r < n; ++r) {
+    int sv[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      close(sv[0]);
+      rank_main(r, n, sv[1], sh);
+      _exit(0);
+    }
+    close(sv[1]);
+    socks[r] = sv[0];
+  }
+  std::vector<int> all;
+  for (int r = 0; r < n; ++r)
+    for (int fd : recv_fds(socks[r], 2)) all.push_back(fd);
+  for (int r = 0; r < n; ++r) send_fds(socks[r], all);
+  int failed = 0;
+  for (int r = 0; r < n; ++r) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    failed |= !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  if (failed) {
+    printf("handshake_procs_probe: a rank failed\n");
+    return 1;
+  }
+  printf("%d processes, one GPU each; us per op, slowest rank (median of %d runs of %d ops)\n", n,
+         kRuns, kOps);
+  printf("%8s %-12s %-5s %-9s %8s\n", "total", "flags", "strs", "copy", "us/op");
+  const char* copies[] = {"memcpy", "batch1", "batchall"};
+  int c = 0;
+  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20})
+    for (Flags fl : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
+                    Flags::kDoneDeviceCopied})
+      for (bool one : {false, true})
+        for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll}) {
+          if (skipped(total, fl, one, cpy)) continue;
+          const char* f = flag_names[static_cast<int>(fl)];
+          const char* s = one ? "1" : "2";
+          const int cp = static_cast<int>(cpy);
+          double worst = 0;
+          for (int r = 0; r < n; ++r) worst = std::max(worst, sh->us[c][r]);
+          ++c;
+          printf("%7zuM %-12s %-5s %-9s %8.1f\n", total >> 20, f, s, copies[cp], worst);
+        }
+  return 0;
+}
