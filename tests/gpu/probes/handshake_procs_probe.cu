@@ -19,7 +19,10 @@
 // Closer to the route, by environment: PROBE_SLOTS=16 puts each op's host flags in one of 16
 // slots (the route's ring of posts); PROBE_QUERY_SPIN_US=N has the host ask cuStreamQuery of the
 // user stream for N us after issuing each op (the route's earlier rank while it waits for a
-// claim); PROBE_ONLY_BATCHALL=1 runs the two-stream batched cases only.
+// claim); PROBE_OP_EVENTS=1 records an event on the user stream before each op (what
+// zerocta-bench does to time each op); PROBE_ONE_DONE_BATCH=1 puts the done writes and waits in
+// one batch (as the route's plan does); PROBE_ONLY_BATCHALL=1 runs the two-stream batched cases
+// only.
 #include <cuda.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -49,6 +52,8 @@ const unsigned g_slots =
     getenv("PROBE_SLOTS") ? std::max(1, std::min(16, atoi(getenv("PROBE_SLOTS")))) : 1;
 const int g_spin_us = getenv("PROBE_QUERY_SPIN_US") ? atoi(getenv("PROBE_QUERY_SPIN_US")) : 0;
 const bool g_only_batchall = getenv("PROBE_ONLY_BATCHALL") != nullptr;
+const bool g_op_events = getenv("PROBE_OP_EVENTS") != nullptr;
+const bool g_one_done_batch = getenv("PROBE_ONE_DONE_BATCH") != nullptr;
 
 // The route's earlier rank asks whether the op's stream drained while it waits for a claim.
 void query_spin(CUstream s) {
@@ -85,6 +90,7 @@ struct Rank {
   CUdeviceptr flags[kMaxGpus] = {};  // every rank's device flags: ready_in at [p], done_in at [64+p]
   CUstream user, push;
   CUevent end, t0, t1;
+  CUevent op_events[kOps];  // PROBE_OP_EVENTS
   uint32_t seq = 0;
   CUdeviceptr shared_dev = 0;  // `sh` as the GPU addresses it
 };
@@ -179,7 +185,7 @@ void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
   } else {
     for (int p = 0; p < n; ++p)
       if (p != r) ops.push_back(write_op(done_flag(k, f, p, r), s));
-    batch(push, ops);
+    if (!g_one_done_batch) batch(push, ops);
   }
   for (int p = 0; p < n; ++p)
     if (p != r) ops.push_back(wait_op(done_flag(k, f, r, p), s));
@@ -199,6 +205,7 @@ double time_ops(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
     barrier(k);
     CU(cuEventRecord(k.t0, k.user));
     for (int i = 0; i < kOps; ++i) {
+      if (g_op_events) CU(cuEventRecord(k.op_events[i], k.user));
       issue_op(k, f, c, one_stream, chunk);
       query_spin(k.user);
     }
@@ -291,6 +298,7 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   CU(cuEventCreate(&k.end, CU_EVENT_DISABLE_TIMING));
   CU(cuEventCreate(&k.t0, 0));
   CU(cuEventCreate(&k.t1, 0));
+  for (CUevent& e : k.op_events) CU(cuEventCreate(&e, 0));
   CU(cuCtxSynchronize());
   barrier(k);
 
