@@ -9,33 +9,46 @@
 namespace zc {
 namespace {
 
-// Whether the operation on `stream` is ordered with the routed ones: a prepared route, no group
-// (NCCL launches grouped operations at the group's end), no capture (a graph's nodes are ordered
-// by the graph).
-bool ordered(const CommState* st, cudaStream_t stream) {
+// Whether an op on `stream` can keep the order with the routed ones: a committed route, not one
+// of the ops a group's end runs on the route's behalf (inside an NCCL group of zerocta's own,
+// some while holding the issue lock), no capture (a graph's nodes are ordered by the graph).
+bool orderable(const CommState* st, cudaStream_t stream) {
   if (!st || st->route.load(std::memory_order_acquire) != RouteState::kCommitted) return false;
-  const GroupState& g = group_state();
-  if (g.depth > 0 || g.running_deferred) return false;
+  if (group_state().running_deferred) return false;
   return !stream_is_capturing(reinterpret_cast<CUstream>(stream));
 }
 
-// Runs fn(ce, cu) for an op on `stream` that keeps the order, once the route is prepared: under
-// the communicator's issue lock, its device current.
+// Runs fn(ce, cu) once the route is prepared: under the communicator's issue lock, its device
+// current. Whether it ran.
 template <typename Fn>
-void on_prepared_route(CommState* st, cudaStream_t stream, Fn fn) {
-  if (!ordered(st, stream)) return;
-  std::lock_guard<std::mutex> lock(st->issue_mu);
-  CeComm* ce = st->ce.get();
+bool on_prepared_route(CommState& st, Fn fn) {
+  std::lock_guard<std::mutex> lock(st.issue_mu);
+  CeComm* ce = st.ce.get();
   const CudaDriver* cu = cuda_driver();
-  if (!ce || !ce->prepared || !cu) return;
-  ScopedDevice dev(st->device);
-  if (dev.ok()) fn(*ce, *cu);
+  if (!ce || !ce->prepared || !cu) return false;
+  ScopedDevice dev(st.device);
+  if (!dev.ok()) return false;
+  fn(*ce, *cu);
+  return true;
+}
+
+// The end of what NCCL enqueued on `stream`, which the next routed op waits for.
+void mark_nccl_end(CommState& st, cudaStream_t stream) {
+  on_prepared_route(st, [&](CeComm& ce, const CudaDriver& cu) {
+    // On failure the next routed op waits for the last end marked, if any.
+    if (!ce.nccl_tail ||
+        cu.cuEventRecord(ce.nccl_tail, reinterpret_cast<CUstream>(stream)) != CUDA_SUCCESS)
+      return;
+    ce.nccl_pending = true;
+    ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL marks its end", st.rank);
+  });
 }
 
 }  // namespace
 
-void order_before_nccl_op(CommState* st, cudaStream_t stream) {
-  on_prepared_route(st, stream, [&](CeComm& ce, const CudaDriver& cu) {
+void order_before_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream) {
+  if (!orderable(st.get(), stream)) return;
+  const bool prepared = on_prepared_route(*st, [&](CeComm& ce, const CudaDriver& cu) {
     // The end event of the last routed op: re-recorded by every routed op, so this waits for
     // the latest one, as NCCL's launch waits for the communicator's previous kernel.
     if (!ce.routed_pending || cu.cuStreamWaitEvent(reinterpret_cast<CUstream>(stream),
@@ -45,17 +58,31 @@ void order_before_nccl_op(CommState* st, cudaStream_t stream) {
     ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL waits for routed all-gather %llu",
              st->rank, static_cast<unsigned long long>(ce.seq));
   });
+  GroupState& g = group_state();
+  if (!prepared || g.depth == 0) return;
+  // Its end is marked at the group's end, on the stream of the communicator's last op in it.
+  for (auto& [comm, last_stream] : g.ordered_forwards)
+    if (comm == st) {
+      last_stream = stream;
+      return;
+    }
+  g.ordered_forwards.emplace_back(st, stream);
 }
 
-void order_after_nccl_op(CommState* st, cudaStream_t stream) {
-  on_prepared_route(st, stream, [&](CeComm& ce, const CudaDriver& cu) {
-    // On failure the next routed op waits for the last end marked, if any.
-    if (!ce.nccl_tail ||
-        cu.cuEventRecord(ce.nccl_tail, reinterpret_cast<CUstream>(stream)) != CUDA_SUCCESS)
-      return;
-    ce.nccl_pending = true;
-    ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL marks its end", st->rank);
-  });
+void order_after_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream) {
+  // Grouped, NCCL has enqueued nothing yet: order_after_group_end marks it.
+  if (group_state().depth > 0 || !orderable(st.get(), stream)) return;
+  mark_nccl_end(*st, stream);
+}
+
+void order_after_group_end(ncclResult_t r) {
+  GroupState& g = group_state();
+  auto grouped = std::move(g.ordered_forwards);
+  g.ordered_forwards.clear();
+  // In progress (a non-blocking communicator's group), NCCL may launch later than an event
+  // recorded now would say: no mark, as on failure.
+  if (r != ncclSuccess) return;
+  for (auto& [st, stream] : grouped) mark_nccl_end(*st, stream);
 }
 
 CUresult order_routed_op(CommState& st, const CUstream* streams) {

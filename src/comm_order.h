@@ -8,28 +8,39 @@
 // all-gathers NCCL's reduce-scatter kernels took 62-94 ms a step against 56 ms alone (both
 // share the links), which ate most of what the faster all-gathers gained (docs/PERFORMANCE.md).
 //
-// So, on a communicator whose route is committed and prepared, outside groups and captures:
+// So, on a communicator whose route is committed and prepared, outside captures:
 //   - an operation forwarded to NCCL first makes its stream wait for the communicator's last
 //     routed all-gather (the event its push stream records at the op's end), and records an
 //     event on its stream after NCCL enqueued it;
 //   - a routed all-gather's own streams first wait for that event of the last operation
 //     forwarded since the previous routed one.
+// Inside an application's group NCCL enqueues its kernels only at the outermost ncclGroupEnd,
+// behind what the group's streams hold by then: the wait goes on the stream at the call, and
+// the event is recorded once NCCL's outermost end returned (on the stream of the
+// communicator's last grouped op: NCCL's launch joins every stream of the group). The
+// all-gathers the group's end routes (group_calls.cc) then come after the group's NCCL ops.
 // Only events, on the application's stream too (it waits for nothing else): the dependencies
 // are those NCCL's own kernel path has between the same operations, so no program that NCCL
-// completes can hang on them. Inside a group NCCL launches at the group's end, on streams we
-// do not see then: grouped operations keep no order with the route (as before).
+// completes can hang on them. What the group's end forwards on the route's behalf (an
+// all-gather whose verdict sent it to NCCL) and what a non-blocking group leaves in progress
+// keep no order with the route.
 #pragma once
 
 #include <cuda.h>
 #include <nccl.h>
+
+#include <memory>
 
 #include "comm_state.h"
 
 namespace zc {
 
 // Around an operation forwarded to NCCL on `stream` (any but a routed all-gather).
-void order_before_nccl_op(CommState* st, cudaStream_t stream);
-void order_after_nccl_op(CommState* st, cudaStream_t stream);
+void order_before_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream);
+void order_after_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream);
+// At the outermost ncclGroupEnd, once NCCL's returned `r`: marks the end of the grouped ops
+// forwarded inside it (an event per communicator), where NCCL launched them (ncclSuccess).
+void order_after_group_end(ncclResult_t r);
 
 // Before a routed all-gather's plan is issued on `streams` (kDirectStreams, index 0 unused):
 // they wait for the communicator's last forwarded operation, if one came since the previous
@@ -40,7 +51,7 @@ void routed_op_issued(CommState& st);
 
 // Forwards `call` to NCCL in the communicator's order (the two calls above around it).
 template <typename Call>
-ncclResult_t in_comm_order(CommState* st, cudaStream_t stream, Call call) {
+ncclResult_t in_comm_order(const std::shared_ptr<CommState>& st, cudaStream_t stream, Call call) {
   order_before_nccl_op(st, stream);
   const ncclResult_t r = call();
   if (r == ncclSuccess || r == ncclInProgress) order_after_nccl_op(st, stream);

@@ -2,6 +2,7 @@
 
 #include "comm_children.h"
 #include "comm_create.h"
+#include "comm_order.h"
 #include "group_state.h"
 #include "local_group_allgather.h"
 
@@ -24,6 +25,7 @@ ncclResult_t group_end(const RealNccl& real) {
   for (auto& [st, plan] : joins) route_join(*st, plan);
   ncclResult_t r = real.ncclGroupEnd();
   g.depth = 0;
+  order_after_group_end(r);
   auto after_end = std::move(g.after_end);
   g.after_end.clear();
   for (auto& read : after_end) read();

@@ -127,7 +127,7 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
   const zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;
   stats_count(zerocta_op_allgather, route, total);
   NvtxRange range(zerocta_op_allgather, route, total);
-  return in_comm_order(st.get(), stream, [&] {
+  return in_comm_order(st, stream, [&] {
     if (needs_detour(nccl_ce, stream))
       return on_side_stream(*st, stream, [&](cudaStream_t side) {
         return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
@@ -174,13 +174,13 @@ using namespace zc;
   if (poison != ncclSuccess) return poison
 
 // A forwarded collective, counted, in NCCL's order with the routed all-gathers (comm_order.h).
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)                   \
-  ZC_EXPORT ncclResult_t name params {                                         \
-    ZC_COLLECTIVE_HEAD(name, args);                                            \
-    uint64_t bytes = (BYTES);                                                  \
-    stats_count(OP, zerocta_route_passthrough, bytes);                         \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);                     \
-    return in_comm_order(st.get(), stream, [&] { return e.real->name args; }); \
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)             \
+  ZC_EXPORT ncclResult_t name params {                                   \
+    ZC_COLLECTIVE_HEAD(name, args);                                      \
+    uint64_t bytes = (BYTES);                                            \
+    stats_count(OP, zerocta_route_passthrough, bytes);                   \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);               \
+    return in_comm_order(st, stream, [&] { return e.real->name args; }); \
   }
 
 // Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
@@ -193,7 +193,7 @@ using namespace zc;
     zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;     \
     stats_count(OP, route, bytes);                                                           \
     NvtxRange range(OP, route, bytes);                                                       \
-    return in_comm_order(st.get(), stream_arg, [&] {                                         \
+    return in_comm_order(st, stream_arg, [&] {                                               \
       if (needs_detour(nccl_ce, stream_arg))                                                 \
         return on_side_stream(*st, stream_arg,                                               \
                               [&](cudaStream_t side) { return e.real->name args_on_side; }); \

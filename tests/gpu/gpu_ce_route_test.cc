@@ -5,7 +5,8 @@
 // and be counted under the copy-engine route. Where the route does not apply the op must go to
 // NCCL on every rank alike (kernels, counted as pass-through): cudaMalloc buffers (not
 // reachable from another process) and ops captured into a CUDA graph. CUPTI activity records
-// are the evidence; graph node types alone would not say which engine ran.
+// are the evidence; graph node types alone would not say which engine ran. All-gathers grouped
+// with ops NCCL runs keep NCCL's order among the communicator's ops: data and sums checked.
 //
 // With ZEROCTA_CE_TRACE=FILE the test also writes every copy of a few large all-gathers
 // (ZEROCTA_CE_TRACE_BYTES per rank, default 256 MiB) as CSV lines, FILE.rank<N>: the timeline
@@ -221,6 +222,60 @@ void probe_local_copy_engine(int rank) {
   ZG_CUDA(cudaSetDevice(dev));
 }
 
+// An all-gather grouped with an op NCCL runs (an all-reduce on another stream, as a framework's
+// bucketed reduce-scatters), then an all-reduce in a group of its own: NCCL launches the
+// grouped all-reduce at the group's end, the routed all-gather waits for it, and the next
+// all-reduce for the all-gather (comm_order.h). The all-gathers' data and the sums checked,
+// every all-gather routed, no hang.
+bool grouped_with_nccl_ops(ncclComm_t comm, int rank, int n, cudaStream_t stream,
+                           const Buffers& b) {
+  constexpr int kRounds = 4;
+  constexpr size_t kSum = 1024;
+  cudaStream_t other;
+  ZG_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  float* sum = nullptr;
+  ZG_CUDA(cudaMalloc(&sum, kSum * sizeof(float)));
+  const uint64_t before = ce_route_calls();
+  bool ok = true;
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  for (int i = 0; i < kRounds; ++i) {
+    ZG_CUDA(cudaMemset(b.recv, kPoison, b.chunk * n));
+    const std::vector<float> mine(kSum, static_cast<float>(rank + 1));
+    ZG_CUDA(cudaMemcpy(sum, mine.data(), kSum * sizeof(float), cudaMemcpyHostToDevice));
+    ZG_NCCL(ncclGroupStart());
+    ZG_NCCL(ncclAllGather(b.send, b.recv, b.count, ncclFloat32, comm, stream));
+    ZG_NCCL(ncclAllReduce(sum, sum, kSum, ncclFloat32, ncclSum, comm, other));
+    ZG_NCCL(ncclGroupEnd());
+    ZG_NCCL(ncclGroupStart());
+    ZG_NCCL(ncclAllReduce(sum, sum, kSum, ncclFloat32, ncclSum, comm, other));
+    ZG_NCCL(ncclGroupEnd());
+    wait_stream(stream, "grouped all-gather");
+    wait_stream(other, "grouped all-reduces");
+    heartbeat();
+    expect_gathered(b, n, "grouped-with-nccl-op");
+    std::vector<float> got(kSum);
+    ZG_CUDA(cudaMemcpy(got.data(), sum, kSum * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float v : got)
+      if (v != ranks_sum * static_cast<float>(n)) {
+        report("grouped-with-nccl-op: all-reduces gave " + std::to_string(v) + ", not " +
+               std::to_string(ranks_sum * static_cast<float>(n)));
+        ok = false;
+        break;
+      }
+  }
+  const uint64_t routed = ce_route_calls() - before;
+  printf("ce-route case=grouped-with-nccl-op rank=%d routed=%llu/%d\n", rank,
+         static_cast<unsigned long long>(routed), kRounds);
+  if (routed != kRounds) {
+    report("grouped-with-nccl-op: " + std::to_string(routed) + " of " + std::to_string(kRounds) +
+           " grouped all-gathers took the copy-engine route");
+    ok = false;
+  }
+  ZG_CUDA(cudaFree(sum));
+  ZG_CUDA(cudaStreamDestroy(other));
+  return ok;
+}
+
 int ce_route_rank(const RankContext& ctx) {
   const int rank = ctx.rank, n = ctx.nranks;
   ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig, 0);
@@ -273,6 +328,7 @@ int ce_route_rank(const RankContext& ctx) {
   expect_gathered(b, n, "graph-replay");
   ZG_CUDA(cudaGraphExecDestroy(exec));
   ZG_CUDA(cudaGraphDestroy(graph));
+  ok &= grouped_with_nccl_ops(comm, rank, n, stream, b);
   free_buffers(&b);
 
   // cudaMalloc buffers cannot be reached from another process: NCCL runs the op on every rank.

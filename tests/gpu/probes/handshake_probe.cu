@@ -57,28 +57,6 @@ CUdeviceptr done_flag(World& w, Flags f, int waiter, int writer) {
   return reinterpret_cast<CUdeviceptr>(w.gpu[waiter].dev_flags + 64 + writer);
 }
 
-CUstreamBatchMemOpParams wait_op(CUdeviceptr a, uint32_t v) {
-  CUstreamBatchMemOpParams p = {};
-  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  p.waitValue.address = a;
-  p.waitValue.value = v;
-  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-  return p;
-}
-CUstreamBatchMemOpParams write_op(CUdeviceptr a, uint32_t v) {
-  CUstreamBatchMemOpParams p = {};
-  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-  p.writeValue.address = a;
-  p.writeValue.value = v;
-  return p;
-}
-void batch(cudaStream_t s, std::vector<CUstreamBatchMemOpParams>& ops) {
-  if (!ops.empty())
-    CU(cuStreamBatchMemOp(reinterpret_cast<CUstream>(s), static_cast<unsigned>(ops.size()),
-                          ops.data(), 0));
-  ops.clear();
-}
-
 // Issues one op of every GPU, for ranks 0..n-1, phase by phase across the GPUs: a wait only
 // depends on writes of an earlier phase, so a host call that blocks on a full queue never waits
 // for work not yet issued.

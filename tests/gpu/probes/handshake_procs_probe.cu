@@ -120,25 +120,6 @@ CUdeviceptr done_flag(Rank& k, Flags f, int waiter, int writer) {
   return k.flags[waiter] + (64 + writer) * 4;
 }
 
-CUstreamBatchMemOpParams wait_op(CUdeviceptr a, uint32_t v) {
-  CUstreamBatchMemOpParams p = {};
-  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  p.waitValue.address = a;
-  p.waitValue.value = v;
-  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-  return p;
-}
-CUstreamBatchMemOpParams write_op(CUdeviceptr a, uint32_t v) {
-  CUstreamBatchMemOpParams p = {};
-  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-  p.writeValue.address = a;
-  p.writeValue.value = v;
-  return p;
-}
-void batch(CUstream s, std::vector<CUstreamBatchMemOpParams>& ops) {
-  if (!ops.empty()) CU(cuStreamBatchMemOp(s, static_cast<unsigned>(ops.size()), ops.data(), 0));
-  ops.clear();
-}
 
 void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
   const uint32_t s = ++k.seq;
@@ -224,13 +205,7 @@ CUdeviceptr own_allocation(int dev, size_t bytes, int* fd) {
   CUmemGenericAllocationHandle h;
   CU(cuMemCreate(&h, bytes, &p, 0));
   CUdeviceptr va;
-  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
-  CU(cuMemMap(va, bytes, 0, h, 0));
-  CUmemAccessDesc a{};
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = dev;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CU(cuMemSetAccess(va, bytes, &a, 1));
+  CU(map_for_device(h, bytes, dev, &va));
   CU(cuMemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   return va;
 }
@@ -241,13 +216,7 @@ CUdeviceptr import_allocation(int dev, int fd, size_t bytes) {
                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   close(fd);
   CUdeviceptr va;
-  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
-  CU(cuMemMap(va, bytes, 0, h, 0));
-  CUmemAccessDesc a{};
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = dev;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CU(cuMemSetAccess(va, bytes, &a, 1));
+  CU(map_for_device(h, bytes, dev, &va));
   return va;
 }
 

@@ -33,13 +33,7 @@ std::vector<CUdeviceptr> map_each(const std::vector<CUmemGenericAllocationHandle
   std::vector<CUdeviceptr> out;
   for (auto h : handles) {
     CUdeviceptr va;
-    CU(cuMemAddressReserve(&va, piece, 0, 0, 0));
-    CU(cuMemMap(va, piece, 0, h, 0));
-    CUmemAccessDesc a{};
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = dev;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CU(cuMemSetAccess(va, piece, &a, 1));
+    CU(map_for_device(h, piece, dev, &va));
     out.push_back(va);
   }
   return out;

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -28,6 +29,28 @@
       exit(1);                                                                  \
     }                                                                           \
   } while (0)
+
+// Stream memory operations on 32-bit flags, as the route's plan issues them: a wait until the
+// flag, a wrapping counter, is >= v, and a write of v; batch() issues and clears `ops`.
+inline CUstreamBatchMemOpParams wait_op(CUdeviceptr a, uint32_t v) {
+  CUstreamBatchMemOpParams p = {};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  p.waitValue.address = a;
+  p.waitValue.value = v;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return p;
+}
+inline CUstreamBatchMemOpParams write_op(CUdeviceptr a, uint32_t v) {
+  CUstreamBatchMemOpParams p = {};
+  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  p.writeValue.address = a;
+  p.writeValue.value = v;
+  return p;
+}
+inline void batch(CUstream s, std::vector<CUstreamBatchMemOpParams>& ops) {
+  if (!ops.empty()) CU(cuStreamBatchMemOp(s, static_cast<unsigned>(ops.size()), ops.data(), 0));
+  ops.clear();
+}
 
 // The median of `v` (sorted in place; not empty).
 inline double median_of(std::vector<double>& v) {

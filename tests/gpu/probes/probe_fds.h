@@ -41,6 +41,20 @@ inline std::vector<int> recv_fds(int sock, size_t n) {
   return fds;
 }
 
+// Maps allocation `h` (`bytes`, whole) at a new address *va with read/write access for device
+// `dev`. The first failing driver call's result, or CUDA_SUCCESS.
+inline CUresult map_for_device(CUmemGenericAllocationHandle h, size_t bytes, int dev,
+                               CUdeviceptr* va) {
+  CUresult r = cuMemAddressReserve(va, bytes, 0, 0, 0);
+  if (r == CUDA_SUCCESS) r = cuMemMap(*va, bytes, 0, h, 0);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = dev;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return cuMemSetAccess(*va, bytes, &a, 1);
+}
+
 inline CUmemAllocationProp prop(int dev) {
   CUmemAllocationProp p{};
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -36,7 +36,9 @@
 //             DRV_SLEEP_EACH_AG_MS: a sleep before every one, which orders the ranks' arrivals;
 //             DRV_AG_BARRIER=1: every rank first meets the others, its buffers ready, so that
 //             the sleeps alone order them; DRV_AG_INTERLEAVE=1: after each one, an
-//             ncclAllReduce on another stream of the rank, as FSDP2's reduce-scatters),
+//             ncclAllReduce on another stream of the rank, as FSDP2's reduce-scatters; =2: the
+//             same all-reduce inside a group of its own; =3: inside the all-gather's group, a
+//             group of both),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them),
 //             DRV_SUSPEND=1 (then ncclCommSuspend(NCCL_SUSPEND_MEM), ncclCommResume and an
 //             all-gather "after": suspend_and_resume()).
@@ -463,10 +465,16 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   const bool grow = env_long("DRV_AG_GROW", 0) == 1;
   const long sleep_each_ms = env_long("DRV_SLEEP_EACH_AG_MS", 0);
   const bool barrier = env_long("DRV_AG_BARRIER", 0) == 1 && g_barrier != nullptr;
-  CUstream other = nullptr;  // DRV_AG_INTERLEAVE=1's stream
-  if (env_long("DRV_AG_INTERLEAVE", 0) == 1 &&
+  CUstream other = nullptr;  // DRV_AG_INTERLEAVE's stream
+  const long interleave = env_long("DRV_AG_INTERLEAVE", 0);
+  if (interleave >= 1 && interleave <= 3 &&
       cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
     other = nullptr;
+  const bool with_ag = interleave == 3;  // the all-reduce in the all-gather's group
+  auto all_reduce = [&](Gather& g) {
+    return ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
+                         reinterpret_cast<cudaStream_t>(other));
+  };
   for (long i = 0, repeat = env_long("DRV_AG_REPEAT", 1); i < repeat; ++i) {
     // The old buffers are freed before the new ones exist, as a caching allocator's
     // empty_cache() and a fresh allocation would.
@@ -479,15 +487,21 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
     g.fill();  // poison in the receive buffer, this rank's pattern where it sends from
     if (barrier) barrier_of_ranks();
     if (sleep_each_ms > 0) usleep(static_cast<useconds_t>(sleep_each_ms) * 1000);
-    if (grouped) ncclGroupStart();
+    if (grouped || with_ag) ncclGroupStart();
     ncclResult_t op = g.issue(c);
-    if (grouped) {
+    if (other && with_ag && op == ncclSuccess) op = all_reduce(g);
+    if (grouped || with_ag) {
       ncclResult_t end = ncclGroupEnd();
       if (op == ncclSuccess) op = end;
     }
-    if (other && op == ncclSuccess)
-      op = ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
-                         reinterpret_cast<cudaStream_t>(other));
+    if (other && !with_ag && op == ncclSuccess) {
+      if (interleave == 2) ncclGroupStart();
+      op = all_reduce(g);
+      if (interleave == 2) {
+        ncclResult_t end = ncclGroupEnd();
+        if (op == ncclSuccess) op = end;
+      }
+    }
     if (g.stream) cuStreamSynchronize(g.stream);
     if (other) cuStreamSynchronize(other);
     if (rc == ncclSuccess) rc = op;
