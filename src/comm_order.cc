@@ -44,11 +44,10 @@ void mark_nccl_end(CommState& st, cudaStream_t stream) {
   });
 }
 
-}  // namespace
-
-void order_before_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream) {
-  if (!orderable(st.get(), stream)) return;
-  const bool prepared = on_prepared_route(*st, [&](CeComm& ce, const CudaDriver& cu) {
+// The wait of an op forwarded to NCCL on `stream` for the communicator's last routed op. Whether
+// the route is prepared (else there is nothing to order).
+bool wait_for_routed_op(CommState& st, cudaStream_t stream) {
+  return on_prepared_route(st, [&](CeComm& ce, const CudaDriver& cu) {
     // The end event of the last routed op: re-recorded by every routed op, so this waits for
     // the latest one, as NCCL's launch waits for the communicator's previous kernel.
     if (!ce.routed_pending || cu.cuStreamWaitEvent(reinterpret_cast<CUstream>(stream),
@@ -56,23 +55,45 @@ void order_before_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t str
       return;
     ce.routed_pending = false;
     ZC_DEBUG("comm order on rank %d: an op forwarded to NCCL waits for routed all-gather %llu",
-             st->rank, static_cast<unsigned long long>(ce.seq));
+             st.rank, static_cast<unsigned long long>(ce.seq));
   });
+}
+
+}  // namespace
+
+void order_before_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream) {
   GroupState& g = group_state();
-  if (!prepared || g.depth == 0) return;
-  // Its end is marked at the group's end, on the stream of the communicator's last op in it.
-  for (auto& [comm, last_stream] : g.ordered_forwards)
-    if (comm == st) {
-      last_stream = stream;
-      return;
-    }
-  g.ordered_forwards.emplace_back(st, stream);
+  if (g.depth > 0 && !g.running_deferred) {
+    // Grouped: nothing now (no call inside the application's group); the group's end orders
+    // it, on the stream of the communicator's last op in the group.
+    if (!st || st->route.load(std::memory_order_acquire) != RouteState::kCommitted) return;
+    for (auto& [comm, last_stream] : g.ordered_forwards)
+      if (comm == st) {
+        last_stream = stream;
+        return;
+      }
+    g.ordered_forwards.emplace_back(st, stream);
+    return;
+  }
+  if (orderable(st.get(), stream)) wait_for_routed_op(*st, stream);
 }
 
 void order_after_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream) {
   // Grouped, NCCL has enqueued nothing yet: order_after_group_end marks it.
   if (group_state().depth > 0 || !orderable(st.get(), stream)) return;
   mark_nccl_end(*st, stream);
+}
+
+void order_before_group_end() {
+  GroupState& g = group_state();
+  auto grouped = std::move(g.ordered_forwards);
+  g.ordered_forwards.clear();
+  // NCCL's launch at its end joins every stream of the group: a wait on one of the
+  // communicator's streams orders all of its grouped ops.
+  for (auto& entry : grouped)
+    if (orderable(entry.first.get(), entry.second) &&
+        wait_for_routed_op(*entry.first, entry.second))
+      g.ordered_forwards.push_back(std::move(entry));
 }
 
 void order_after_group_end(ncclResult_t r) {

@@ -14,11 +14,12 @@
 //     event on its stream after NCCL enqueued it;
 //   - a routed all-gather's own streams first wait for that event of the last operation
 //     forwarded since the previous routed one.
-// Inside an application's group NCCL enqueues its kernels only at the outermost ncclGroupEnd,
-// behind what the group's streams hold by then: the wait goes on the stream at the call, and
-// the event is recorded once NCCL's outermost end returned (on the stream of the
-// communicator's last grouped op: NCCL's launch joins every stream of the group). The
-// all-gathers the group's end routes (group_calls.cc) then come after the group's NCCL ops.
+// Inside an application's group NCCL enqueues its kernels only at the outermost ncclGroupEnd:
+// there, before NCCL's, the stream of the communicator's last grouped op waits (NCCL's launch
+// joins every stream of the group; a wait at the call would also hold the application's own
+// work issued after it inside the group), and the event is recorded once NCCL's end returned.
+// Nothing is called inside the group. The all-gathers the group's end routes (group_calls.cc)
+// then come after the group's NCCL ops.
 // Only events, on the application's stream too (it waits for nothing else): the dependencies
 // are those NCCL's own kernel path has between the same operations, so no program that NCCL
 // completes can hang on them. What the group's end forwards on the route's behalf (an
@@ -38,8 +39,11 @@ namespace zc {
 // Around an operation forwarded to NCCL on `stream` (any but a routed all-gather).
 void order_before_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream);
 void order_after_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stream);
-// At the outermost ncclGroupEnd, once NCCL's returned `r`: marks the end of the grouped ops
-// forwarded inside it (an event per communicator), where NCCL launched them (ncclSuccess).
+// At the outermost ncclGroupEnd, around NCCL's: before it, the grouped ops forwarded inside the
+// group wait for their communicator's last routed op (on one stream per communicator); once
+// NCCL's returned `r`, their end is marked (an event per communicator), where NCCL launched
+// them (ncclSuccess).
+void order_before_group_end();
 void order_after_group_end(ncclResult_t r);
 
 // Before a routed all-gather's plan is issued on `streams` (kDirectStreams, index 0 unused):

@@ -23,6 +23,7 @@ ncclResult_t group_end(const RealNccl& real) {
   auto joins = std::move(g.pending_joins);
   g.pending_joins.clear();
   for (auto& [st, plan] : joins) route_join(*st, plan);
+  order_before_group_end();  // the grouped ops NCCL launches now, after the routed ones before
   ncclResult_t r = real.ncclGroupEnd();
   g.depth = 0;
   order_after_group_end(r);

@@ -51,8 +51,8 @@ struct GroupState {
   // What NCCL hands out only at the group's end (a window registered inside the group), read
   // right after it.
   std::vector<std::function<void()>> after_end;
-  // Communicators with a prepared route whose ops the group forwarded to NCCL, each with the
-  // stream of its last one: their end is marked after NCCL's outermost end (comm_order.h).
+  // Communicators with a committed route whose ops the group forwarded to NCCL, each with the
+  // stream of its last one: ordered around NCCL's outermost end (comm_order.h).
   std::vector<std::pair<std::shared_ptr<CommState>, cudaStream_t>> ordered_forwards;
 };
 
