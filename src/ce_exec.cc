@@ -121,8 +121,7 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
           r = push_batch(cu, plan, i, s, &i);
           break;
         }
-        r = stream_op(cu, op, s, events[op.event]);
-        break;
+        [[fallthrough]];
       default:
         r = stream_op(cu, op, s, events[op.event]);
         break;
