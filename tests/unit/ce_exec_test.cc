@@ -125,24 +125,30 @@ TEST_F(IssuePlan, ConsecutiveFlagOpsOfAStreamGoInOneBatchInPlanOrder) {
 TEST_F(IssuePlan, APushStreamsConsecutiveCopiesGoInOneCopyBatch) {
   cu_.cuMemcpyBatchAsync = stub_copy_batch;
   const std::vector<DirectOp> plan = {
-      op(kPush, DirectOpKind::kWaitGeq, 20, 7),        op(kPush, DirectOpKind::kCopy, 100, 0, 1, 8),
-      op(kPush, DirectOpKind::kCopy, 200, 0, 1, 8),    op(kPush, DirectOpKind::kCopy, 300, 0, 1, 8),
-      op(kPull, DirectOpKind::kCopy, 400, 0, 2, 8),    op(kPull, DirectOpKind::kCopy, 500, 0, 3, 8),
-      op(kPush, DirectOpKind::kWrite, 40, 7),          op(kPush, DirectOpKind::kCopy, 600, 0, 4, 8)};
+      op(kPush, DirectOpKind::kWaitGeq, 20, 7),     op(kPush, DirectOpKind::kCopy, 100, 0, 1, 8),
+      op(kPush, DirectOpKind::kCopy, 200, 0, 1, 8), op(kPush, DirectOpKind::kCopy, 300, 0, 1, 8),
+      op(kPull, DirectOpKind::kCopy, 400, 0, 2, 8), op(kPull, DirectOpKind::kCopy, 500, 0, 3, 8),
+      op(kPush, DirectOpKind::kWrite, 40, 7),       op(kPush, DirectOpKind::kCopy, 600, 0, 4, 8)};
   ASSERT_EQ(issue(plan, true), CUDA_SUCCESS);
-  const std::vector<std::string> batched = {
-      "batch s1 n=1 flags=0", " wait32 @20 >=7", "copybatch s1 n=3", " 1->100 8", " 1->200 8",
-      " 1->300 8",            "copy s2 2->400 8", "copy s2 3->500 8", "batch s1 n=1 flags=0",
-      " write32 @40 =7",      "copy s1 4->600 8"};
+  const std::vector<std::string> batched = {"batch s1 n=1 flags=0",
+                                            " wait32 @20 >=7",
+                                            "copybatch s1 n=3",
+                                            " 1->100 8",
+                                            " 1->200 8",
+                                            " 1->300 8",
+                                            "copy s2 2->400 8",
+                                            "copy s2 3->500 8",
+                                            "batch s1 n=1 flags=0",
+                                            " write32 @40 =7",
+                                            "copy s1 4->600 8"};
   EXPECT_EQ(g_calls, batched);
 
   g_calls.clear();
   ASSERT_EQ(issue(plan, false), CUDA_SUCCESS);  // a captured op
   const std::vector<std::string> one_by_one = {
-      "batch s1 n=1 flags=0", " wait32 @20 >=7",     "copy s1 1->100 8",
-      "copy s1 1->200 8",     "copy s1 1->300 8",    "copy s2 2->400 8",
-      "copy s2 3->500 8",     "batch s1 n=1 flags=0", " write32 @40 =7",
-      "copy s1 4->600 8"};
+      "batch s1 n=1 flags=0", " wait32 @20 >=7",  "copy s1 1->100 8", "copy s1 1->200 8",
+      "copy s1 1->300 8",     "copy s2 2->400 8", "copy s2 3->500 8", "batch s1 n=1 flags=0",
+      " write32 @40 =7",      "copy s1 4->600 8"};
   EXPECT_EQ(g_calls, one_by_one);
 
   g_calls.clear();

@@ -189,14 +189,15 @@ int main() {
   }
   printf("\nper op, slowest GPU (us, median of %d runs of %d ops; total bytes = chunk x n):\n",
          kRuns, kOps);
-  printf("%5s %10s %12s %12s %12s %12s\n", "gpus", "total", "host,2str", "device,2str",
-         "host,1str", "device,1str");
+  printf("%5s %10s %12s %12s %12s %12s\n", "gpus", "total", "host,2str", "device,2str", "host,1str",
+         "device,1str");
   for (int n = 2; n <= w.n; ++n) {
     for (size_t total : {size_t(0), size_t(16) << 20, max_bytes}) {
       const size_t chunk = total / n / 4096 * 4096;
-      printf("%5d %9zuM %12.1f %12.1f %12.1f %12.1f\n", n, total >> 20,
-             time_ops(w, n, Flags::kHost, false, chunk), time_ops(w, n, Flags::kDevice, false, chunk),
-             time_ops(w, n, Flags::kHost, true, chunk), time_ops(w, n, Flags::kDevice, true, chunk));
+      printf(
+          "%5d %9zuM %12.1f %12.1f %12.1f %12.1f\n", n, total >> 20,
+          time_ops(w, n, Flags::kHost, false, chunk), time_ops(w, n, Flags::kDevice, false, chunk),
+          time_ops(w, n, Flags::kHost, true, chunk), time_ops(w, n, Flags::kDevice, true, chunk));
       fflush(stdout);
     }
   }

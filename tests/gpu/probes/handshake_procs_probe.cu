@@ -78,16 +78,17 @@ enum class Copy { kMemcpy, kBatch1, kBatchAll };
 // Shared by every process (an anonymous shared mapping made before fork).
 struct Shared {
   std::atomic<int> arrived, generation;  // a sense-reversing barrier
-  double us[64][kMaxGpus];   // per case, per rank
-  uint32_t ready[16][kMaxGpus * 16];  // host flags, a 64-byte line each, per slot
+  double us[64][kMaxGpus];               // per case, per rank
+  uint32_t ready[16][kMaxGpus * 16];     // host flags, a 64-byte line each, per slot
   uint32_t done[16][kMaxGpus * kMaxGpus * 16];
 };
 
 struct Rank {
   int r = 0, n = 0;
   Shared* sh = nullptr;
-  CUdeviceptr buf[kMaxGpus] = {};    // every rank's buffer as this process addresses it
-  CUdeviceptr flags[kMaxGpus] = {};  // every rank's device flags: ready_in at [p], done_in at [64+p]
+  CUdeviceptr buf[kMaxGpus] = {};  // every rank's buffer as this process addresses it
+  CUdeviceptr flags[kMaxGpus] =
+      {};  // every rank's device flags: ready_in at [p], done_in at [64+p]
   CUstream user, push;
   CUevent end, t0, t1;
   CUevent op_events[kOps];  // PROBE_OP_EVENTS
@@ -120,7 +121,6 @@ CUdeviceptr done_flag(Rank& k, Flags f, int waiter, int writer) {
   return k.flags[waiter] + (64 + writer) * 4;
 }
 
-
 void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
   const uint32_t s = ++k.seq;
   const int r = k.r, n = k.n;
@@ -147,8 +147,8 @@ void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
   attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
   size_t attr_idx = 0;
   if (c == Copy::kBatchAll && !dsts.empty()) {
-    CU(cuMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_idx,
-                          1, push));
+    CU(cuMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_idx, 1,
+                          push));
   } else {
     for (size_t i = 0; i < dsts.size(); ++i) {
       if (c == Copy::kMemcpy)
@@ -307,8 +307,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (n > kMaxGpus) n = kMaxGpus;
-  auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* sh = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   std::vector<int> socks(n);
   std::vector<pid_t> pids(n);
   for (int r = 0; r < n; ++r) {
@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
   int c = 0;
   for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20})
     for (Flags fl : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
-                    Flags::kDoneDeviceCopied})
+                     Flags::kDoneDeviceCopied})
       for (bool one : {false, true})
         for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll}) {
           if (skipped(total, fl, one, cpy)) continue;
