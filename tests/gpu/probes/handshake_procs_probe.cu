@@ -15,6 +15,9 @@
 //   batch1     one cuMemcpyBatchAsync of one copy per peer (stream order, prefer overlap with
 //              compute: NCCL's attributes)
 //   batchall   one cuMemcpyBatchAsync of every peer's copy (NCCL's copy-engine all-gather)
+//   lanes      each peer's copy on a stream of its own ("lane"), which waits for its own and
+//              that peer's ready, copies, writes that peer's done and records an event the push
+//              stream waits for: a batch runs its copies one after the other, lanes at once
 // Prints, per layout, the slowest process's time per op: median of 5 runs of 200 ops.
 // Closer to the route, by environment: PROBE_SLOTS=16 puts each op's host flags in one of 16
 // slots (the route's ring of posts); PROBE_QUERY_SPIN_US=N has the host ask cuStreamQuery of the
@@ -22,19 +25,25 @@
 // claim); PROBE_OP_EVENTS=1 records an event on the user stream before each op (what
 // zerocta-bench does to time each op); PROBE_ONE_DONE_BATCH=1 puts the done writes and waits in
 // one batch (as the route's plan does); PROBE_ONLY_BATCHALL=1 runs the two-stream batched cases
-// only.
+// only. Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all to NUMA node N;
+// PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its ready flag (which
+// its own user stream writes) there too; unset, the kernel's first touch decides.
 #include <cuda.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "probe_check.h"
@@ -45,7 +54,7 @@ namespace {
 constexpr int kOps = 200;
 constexpr int kRuns = 5;
 constexpr int kMaxGpus = 8;
-constexpr size_t kBufBytes = 256ull << 20;
+constexpr size_t kBufBytes = 1024ull << 20;
 constexpr size_t kFlagBytes = 2ull << 20;
 
 const unsigned g_slots =
@@ -73,14 +82,20 @@ void query_spin(CUstream s) {
 // stream write to another GPU's memory is unsupported, so this is how a driver after 13.0 gets
 // kDoneDevice.
 enum class Flags { kHost, kDevice, kDoneDevice, kDoneCopied, kDoneDeviceCopied };
-enum class Copy { kMemcpy, kBatch1, kBatchAll };
+enum class Copy { kMemcpy, kBatch1, kBatchAll, kLanes };
+
+// One waiter's host flags, on pages of their own (PROBE_FLAGS_NODE binds them to a node).
+struct alignas(4096) WaiterFlags {
+  uint32_t ready[16][16];            // per slot: the waiter's own ready, a 64-byte line
+  uint32_t done[16][kMaxGpus * 16];  // per slot: done from each writer, a 64-byte line each
+};
 
 // Shared by every process (an anonymous shared mapping made before fork).
 struct Shared {
+  WaiterFlags flags[kMaxGpus];           // first: the pages no one touches before binding
   std::atomic<int> arrived, generation;  // a sense-reversing barrier
   double us[64][kMaxGpus];               // per case, per rank
-  uint32_t ready[16][kMaxGpus * 16];     // host flags, a 64-byte line each, per slot
-  uint32_t done[16][kMaxGpus * kMaxGpus * 16];
+  int node[kMaxGpus];                    // each rank's GPU's NUMA node
 };
 
 struct Rank {
@@ -90,6 +105,8 @@ struct Rank {
   CUdeviceptr flags[kMaxGpus] =
       {};  // every rank's device flags: ready_in at [p], done_in at [64+p]
   CUstream user, push;
+  CUstream lanes[kMaxGpus];    // Copy::kLanes: one per peer
+  CUevent lane_end[kMaxGpus];  // ... each lane's end, which the push stream waits for
   CUevent end, t0, t1;
   CUevent op_events[kOps];  // PROBE_OP_EVENTS
   uint32_t seq = 0;
@@ -112,12 +129,12 @@ CUdeviceptr host_flag(Rank& k, const uint32_t* flag) {
   return k.shared_dev + (reinterpret_cast<const char*>(flag) - reinterpret_cast<const char*>(k.sh));
 }
 CUdeviceptr ready_flag(Rank& k, Flags f, int waiter, int writer) {
-  if (f != Flags::kDevice) return host_flag(k, &k.sh->ready[k.seq % g_slots][writer * 16]);
+  if (f != Flags::kDevice) return host_flag(k, &k.sh->flags[writer].ready[k.seq % g_slots][0]);
   return k.flags[waiter] + writer * 4;
 }
 CUdeviceptr done_flag(Rank& k, Flags f, int waiter, int writer) {
   if (f == Flags::kHost || f == Flags::kDoneCopied)
-    return host_flag(k, &k.sh->done[k.seq % g_slots][(waiter * kMaxGpus + writer) * 16]);
+    return host_flag(k, &k.sh->flags[waiter].done[k.seq % g_slots][writer * 16]);
   return k.flags[waiter] + (64 + writer) * 4;
 }
 
@@ -132,6 +149,26 @@ void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
     for (int p = 0; p < n; ++p) ops.push_back(write_op(ready_flag(k, f, p, r), s));
   }
   batch(k.user, ops);
+  if (c == Copy::kLanes) {
+    for (int i = 1; i < n; ++i) {
+      const int p = (r - i + n) % n;
+      CUstream lane = k.lanes[i];
+      ops.push_back(wait_op(ready_flag(k, f, r, r), s));
+      ops.push_back(wait_op(ready_flag(k, f, r, p), s));
+      batch(lane, ops);
+      if (chunk) CU(cuMemcpyAsync(k.buf[p] + r * chunk, k.buf[r] + r * chunk, chunk, lane));
+      ops.push_back(write_op(done_flag(k, f, p, r), s));
+      batch(lane, ops);
+      CU(cuEventRecord(k.lane_end[i], lane));
+      CU(cuStreamWaitEvent(push, k.lane_end[i], 0));
+    }
+    for (int p = 0; p < n; ++p)
+      if (p != r) ops.push_back(wait_op(done_flag(k, f, r, p), s));
+    batch(push, ops);
+    CU(cuEventRecord(k.end, push));
+    CU(cuStreamWaitEvent(k.user, k.end, 0));
+    return;
+  }
   for (int p = 0; p < n; ++p) ops.push_back(wait_op(ready_flag(k, f, r, p), s));
   batch(push, ops);
   std::vector<CUdeviceptr> dsts, srcs;
@@ -225,10 +262,33 @@ const char* flag_names[] = {"host", "device", "done-dev", "done-cpy", "done-dev-
 // The cases run: every layout at 0 bytes with one copy per call only; the mixed flags on two
 // streams only.
 bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
+  if (c == Copy::kLanes) return one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
   if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
   if (total == 0 && c != Copy::kMemcpy) return true;
   return (f == Flags::kDoneDevice || f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) &&
          (one_stream || c == Copy::kBatch1);
+}
+
+// The NUMA node of device `dev`'s PCI function (-1 where unknown).
+int gpu_node(CUdevice dev) {
+  char bus[32] = {}, path[96];
+  if (cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS) return -1;
+  for (char* c = bus; *c; ++c) *c = static_cast<char>(tolower(*c));
+  snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", bus);
+  FILE* f = fopen(path, "r");
+  int node = -1;
+  if (f && fscanf(f, "%d", &node) != 1) node = -1;
+  if (f) fclose(f);
+  return node;
+}
+
+// Binds [p, p + bytes) to NUMA node `node` before anything touches it (MPOL_BIND).
+void bind_to_node(void* p, size_t bytes, int node) {
+  if (node < 0) return;
+  unsigned long mask[4] = {};
+  mask[node / 64] |= 1ul << (node % 64);
+  if (syscall(SYS_mbind, p, bytes, 2 /* MPOL_BIND */, mask, 256ul, 0u) != 0)
+    fprintf(stderr, "mbind to node %d: %s\n", node, strerror(errno));
 }
 
 void rank_main(int r, int n, int sock, Shared* sh) {
@@ -239,6 +299,12 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   CU(cuInit(0));
   CUdevice dev;
   CU(cuDeviceGet(&dev, r));
+  sh->node[r] = gpu_node(dev);
+  if (const char* where = getenv("PROBE_FLAGS_NODE"); where && !strcmp(where, "waiter"))
+    bind_to_node(&sh->flags[r], sizeof(WaiterFlags), sh->node[r]);
+  else if (where && r == 0)
+    bind_to_node(sh->flags, sizeof sh->flags, atoi(where));
+  barrier(k);  // every binding before the registration below touches the pages
   CUcontext ctx;
   CU(cuDevicePrimaryCtxRetain(&ctx, dev));
   CU(cuCtxSetCurrent(ctx));
@@ -264,6 +330,10 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   CU(cuMemHostGetDevicePointer(&k.shared_dev, sh, 0));
   CU(cuStreamCreate(&k.user, CU_STREAM_NON_BLOCKING));
   CU(cuStreamCreate(&k.push, CU_STREAM_NON_BLOCKING));
+  for (int i = 0; i < n; ++i) {
+    CU(cuStreamCreate(&k.lanes[i], CU_STREAM_NON_BLOCKING));
+    CU(cuEventCreate(&k.lane_end[i], CU_EVENT_DISABLE_TIMING));
+  }
   CU(cuEventCreate(&k.end, CU_EVENT_DISABLE_TIMING));
   CU(cuEventCreate(&k.t0, 0));
   CU(cuEventCreate(&k.t1, 0));
@@ -272,12 +342,12 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   barrier(k);
 
   int c = 0;
-  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20}) {
+  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20}) {
     const size_t chunk = total / n / 4096 * 4096;
     for (Flags f : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
                     Flags::kDoneDeviceCopied})
       for (bool one : {false, true})
-        for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll}) {
+        for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
           if (skipped(total, f, one, cp)) continue;
           sh->us[c++][r] = time_ops(k, f, cp, one, chunk);
         }
@@ -339,14 +409,18 @@ int main(int argc, char** argv) {
   }
   printf("%d processes, one GPU each; us per op, slowest rank (median of %d runs of %d ops)\n", n,
          kRuns, kOps);
+  printf("GPU NUMA nodes:");
+  for (int r = 0; r < n; ++r) printf(" %d", sh->node[r]);
+  printf("; host flags: %s\n",
+         getenv("PROBE_FLAGS_NODE") ? getenv("PROBE_FLAGS_NODE") : "first touch");
   printf("%8s %-12s %-5s %-9s %8s\n", "total", "flags", "strs", "copy", "us/op");
-  const char* copies[] = {"memcpy", "batch1", "batchall"};
+  const char* copies[] = {"memcpy", "batch1", "batchall", "lanes"};
   int c = 0;
-  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20})
+  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20})
     for (Flags fl : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
                      Flags::kDoneDeviceCopied})
       for (bool one : {false, true})
-        for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll}) {
+        for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
           if (skipped(total, fl, one, cpy)) continue;
           const char* f = flag_names[static_cast<int>(fl)];
           const char* s = one ? "1" : "2";
