@@ -27,7 +27,8 @@
 // one batch (as the route's plan does); PROBE_ONLY_BATCHALL=1 runs the two-stream batched cases
 // only. Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all to NUMA node N;
 // PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its ready flag (which
-// its own user stream writes) there too; unset, the kernel's first touch decides.
+// its own user stream writes) there too; unset, the kernel's first touch decides. Sizes 0,
+// 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024; the lanes only with PROBE_LANES=1.
 #include <cuda.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -63,6 +64,9 @@ const int g_spin_us = getenv("PROBE_QUERY_SPIN_US") ? atoi(getenv("PROBE_QUERY_S
 const bool g_only_batchall = getenv("PROBE_ONLY_BATCHALL") != nullptr;
 const bool g_op_events = getenv("PROBE_OP_EVENTS") != nullptr;
 const bool g_one_done_batch = getenv("PROBE_ONE_DONE_BATCH") != nullptr;
+const bool g_lanes = getenv("PROBE_LANES") != nullptr;
+const size_t g_max_bytes =
+    (getenv("PROBE_MAX_MIB") ? std::max(0, atoi(getenv("PROBE_MAX_MIB"))) : 256) * size_t{1 << 20};
 
 // The route's earlier rank asks whether the op's stream drained while it waits for a claim.
 void query_spin(CUstream s) {
@@ -262,7 +266,9 @@ const char* flag_names[] = {"host", "device", "done-dev", "done-cpy", "done-dev-
 // The cases run: every layout at 0 bytes with one copy per call only; the mixed flags on two
 // streams only.
 bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
-  if (c == Copy::kLanes) return one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
+  if (total > g_max_bytes) return true;
+  if (c == Copy::kLanes)
+    return !g_lanes || one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
   if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
   if (total == 0 && c != Copy::kMemcpy) return true;
   return (f == Flags::kDoneDevice || f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) &&
