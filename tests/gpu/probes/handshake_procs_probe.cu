@@ -23,12 +23,16 @@
 // slots (the route's ring of posts); PROBE_QUERY_SPIN_US=N has the host ask cuStreamQuery of the
 // user stream for N us after issuing each op (the route's earlier rank while it waits for a
 // claim); PROBE_OP_EVENTS=1 records an event on the user stream before each op (what
-// zerocta-bench does to time each op); PROBE_ONE_DONE_BATCH=1 puts the done writes and waits in
-// one batch (as the route's plan does); PROBE_ONLY_BATCHALL=1 runs the two-stream batched cases
-// only. Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all to NUMA node N;
-// PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its ready flag (which
-// its own user stream writes) there too; unset, the kernel's first touch decides. Sizes 0,
-// 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024; the lanes only with PROBE_LANES=1.
+// zerocta-bench does to time each op; =notiming, one without timing); PROBE_ONE_DONE_BATCH=1 puts
+// the done writes and waits in one batch (as the route's plan does); PROBE_ONLY_BATCHALL=1 runs the
+// two-stream batched cases only. Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all
+// to NUMA node N; PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its
+// ready flag (which its own user stream writes) there too; unset, the kernel's first touch decides.
+// Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024; the lanes only with PROBE_LANES=1.
+// PROBE_USER_WARMUP=copy|wait|both has the user stream issue one peer copy and/or one flag wait
+// before any case. Mind the order of a full run: its one-stream cases copy on the user stream,
+// so every two-stream case after them runs on a user stream that has copied (9-13 us an op
+// faster on 4 ranks: docs/PERFORMANCE.md), the ones before on one that has not.
 #include <cuda.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -343,7 +347,26 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   CU(cuEventCreate(&k.end, CU_EVENT_DISABLE_TIMING));
   CU(cuEventCreate(&k.t0, 0));
   CU(cuEventCreate(&k.t1, 0));
-  for (CUevent& e : k.op_events) CU(cuEventCreate(&e, 0));
+  // PROBE_OP_EVENTS=notiming: events without timing, as PyTorch's per-collective ones by default.
+  const char* oe = getenv("PROBE_OP_EVENTS");
+  const unsigned op_event_flags = oe && !strcmp(oe, "notiming") ? CU_EVENT_DISABLE_TIMING : 0;
+  for (CUevent& e : k.op_events) CU(cuEventCreate(&e, op_event_flags));
+  // PROBE_USER_WARMUP=copy|wait|both: the user stream issues one batched peer copy and/or one
+  // flag wait before any case, as the one-stream cases have it do.
+  if (const char* w = getenv("PROBE_USER_WARMUP")) {
+    if (strcmp(w, "wait") != 0) {
+      CUdeviceptr dst = k.buf[(r + 1) % n] + kBufBytes - (1 << 20), src = k.buf[r];
+      size_t bytes = 1 << 20, attr_idx = 0;
+      CUmemcpyAttributes attr{};
+      attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+      attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+      CU(cuMemcpyBatchAsync(&dst, &src, &bytes, 1, &attr, &attr_idx, 1, k.user));
+    }
+    if (strcmp(w, "copy") != 0) {
+      std::vector<CUstreamBatchMemOpParams> ops{wait_op(k.flags[r] + 2048 * 4, 0)};
+      batch(k.user, ops);
+    }
+  }
   CU(cuCtxSynchronize());
   barrier(k);
 
