@@ -31,7 +31,7 @@
 // Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024; the lanes only with PROBE_LANES=1.
 // PROBE_USER_WARMUP=copy|wait|both has the user stream issue one peer copy and/or one flag wait
 // before any case. Mind the order of a full run: its one-stream cases copy on the user stream,
-// so every two-stream case after them runs on a user stream that has copied (9-13 us an op
+// so every two-stream case after them runs on a user stream that has copied (8-15 us an op
 // faster on 4 ranks: docs/PERFORMANCE.md), the ones before on one that has not.
 #include <cuda.h>
 #include <sys/mman.h>
