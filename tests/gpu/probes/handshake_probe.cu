@@ -116,10 +116,7 @@ double time_ops(World& w, int n, Flags f, bool one_stream, size_t chunk) {
     }
     for (int r = 0; r < n; ++r) {
       CK(cudaSetDevice(r));
-      CK(cudaEventSynchronize(w.gpu[r].t1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, w.gpu[r].t0, w.gpu[r].t1));
-      worst = std::max(worst, ms * 1000.0 / kOps);
+      worst = std::max(worst, us_per_op(w.gpu[r].t0, w.gpu[r].t1, kOps));
     }
     us.push_back(worst);
   }
@@ -141,10 +138,7 @@ double satisfied_waits(World& w, Flags f, int k) {
       batch(g.user, ops);
     }
     CK(cudaEventRecord(g.t1, g.user));
-    CK(cudaEventSynchronize(g.t1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, g.t0, g.t1));
-    us.push_back(ms * 1000.0 / kOps);
+    us.push_back(us_per_op(g.t0, g.t1, kOps));
   }
   return median_of(us);
 }

@@ -236,10 +236,7 @@ double time_ops(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
       query_spin(k.user);
     }
     CU(cuEventRecord(k.t1, k.user));
-    CU(cuEventSynchronize(k.t1));
-    float ms = 0;
-    CU(cuEventElapsedTime(&ms, k.t0, k.t1));
-    us.push_back(ms * 1000.0 / kOps);
+    us.push_back(us_per_op(k.t0, k.t1, kOps));
   }
   return median_of(us);
 }

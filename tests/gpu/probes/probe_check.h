@@ -52,6 +52,15 @@ inline void batch(CUstream s, std::vector<CUstreamBatchMemOpParams>& ops) {
   ops.clear();
 }
 
+// Microseconds per op of a timed run of `ops` ops between events t0 and t1 (recorded already;
+// waits for t1). Runtime events are driver events (cudaEvent_t is a CUevent).
+inline double us_per_op(CUevent t0, CUevent t1, int ops) {
+  CU(cuEventSynchronize(t1));
+  float ms = 0;
+  CU(cuEventElapsedTime(&ms, t0, t1));
+  return ms * 1000.0 / ops;
+}
+
 // The median of `v` (sorted in place; not empty).
 inline double median_of(std::vector<double>& v) {
   std::sort(v.begin(), v.end());
