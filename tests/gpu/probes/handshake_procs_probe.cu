@@ -29,10 +29,16 @@
 // to NUMA node N; PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its
 // ready flag (which its own user stream writes) there too; unset, the kernel's first touch decides.
 // Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024; the lanes only with PROBE_LANES=1.
-// PROBE_USER_WARMUP=copy|wait|both has the user stream issue one peer copy and/or one flag wait
-// before any case. Mind the order of a full run: its one-stream cases copy on the user stream,
-// so every two-stream case after them runs on a user stream that has copied (8-15 us an op
-// faster on 4 ranks: docs/PERFORMANCE.md), the ones before on one that has not.
+// PROBE_USER_WARMUP=copy|wait|both has the user stream issue copies and/or one flag wait before
+// any case (which copies: PROBE_WARMUP_PATH, _BYTES, _CALL, at warm_user_stream); per op:
+// PROBE_PER_OP_DIRTY, PROBE_PER_OP_PRIME, PROBE_READY_BY_EVENT (at their flags). What they
+// showed (docs/PERFORMANCE.md, "How the bench times an op"): a user stream whose last work was a
+// copy touching a peer GPU's memory, even 4 bytes read, runs the handshake 5-10 us faster; any
+// later work on it (a memset, a copy within the GPU or from the host) undoes that; the ready
+// said from the push stream after an event is faster still, unless a timed event comes between
+// every two ops. Mind the order of a full run: its one-stream cases copy on the user stream,
+// so every two-stream case after them runs on a user stream that has copied, the ones before on
+// one that has not.
 #include <cuda.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -69,6 +75,14 @@ const bool g_only_batchall = getenv("PROBE_ONLY_BATCHALL") != nullptr;
 const bool g_op_events = getenv("PROBE_OP_EVENTS") != nullptr;
 const bool g_one_done_batch = getenv("PROBE_ONE_DONE_BATCH") != nullptr;
 const bool g_lanes = getenv("PROBE_LANES") != nullptr;
+// Per op, two-stream cases: PROBE_PER_OP_DIRTY=1 puts a 4-byte memset on the user stream before
+// each op (other work between ops, as a framework's stream has); PROBE_PER_OP_PRIME=1 a 4-byte
+// read of the next rank's buffer into pinned host memory right before the ready write;
+// PROBE_READY_BY_EVENT=1 has the user stream record an event instead of writing ready, and the
+// push stream wait for it and write ready itself.
+const bool g_per_op_dirty = getenv("PROBE_PER_OP_DIRTY") != nullptr;
+const bool g_per_op_prime = getenv("PROBE_PER_OP_PRIME") != nullptr;
+const bool g_ready_by_event = getenv("PROBE_READY_BY_EVENT") != nullptr;
 const size_t g_max_bytes =
     (getenv("PROBE_MAX_MIB") ? std::max(0, atoi(getenv("PROBE_MAX_MIB"))) : 256) * size_t{1 << 20};
 
@@ -115,7 +129,8 @@ struct Rank {
   CUstream user, push;
   CUstream lanes[kMaxGpus];    // Copy::kLanes: one per peer
   CUevent lane_end[kMaxGpus];  // ... each lane's end, which the push stream waits for
-  CUevent end, t0, t1;
+  CUevent end, t0, t1, start;
+  CUdeviceptr pinned = 0;  // 64 bytes of pinned host memory (PROBE_PER_OP_PRIME's target)
   CUevent op_events[kOps];  // PROBE_OP_EVENTS
   uint32_t seq = 0;
   CUdeviceptr shared_dev = 0;  // `sh` as the GPU addresses it
@@ -151,12 +166,21 @@ void issue_op(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
   const int r = k.r, n = k.n;
   CUstream push = one_stream ? k.user : k.push;
   std::vector<CUstreamBatchMemOpParams> ops;
+  const bool two = !one_stream && c != Copy::kLanes;
+  if (two && g_per_op_dirty) CU(cuMemsetD32Async(k.buf[r] + kBufBytes - 4096, s, 1, k.user));
+  if (two && g_per_op_prime)
+    CU(cuMemcpyAsync(k.pinned, k.buf[(r + 1) % n] + kBufBytes - 4096, 4, k.user));
   if (f != Flags::kDevice) {
     ops.push_back(write_op(ready_flag(k, f, r, r), s));
   } else {
     for (int p = 0; p < n; ++p) ops.push_back(write_op(ready_flag(k, f, p, r), s));
   }
-  batch(k.user, ops);
+  if (two && g_ready_by_event) {
+    CU(cuEventRecord(k.start, k.user));
+    CU(cuStreamWaitEvent(push, k.start, 0));  // the writes go in the push stream's first batch
+  } else {
+    batch(k.user, ops);
+  }
   if (c == Copy::kLanes) {
     for (int i = 1; i < n; ++i) {
       const int p = (r - i + n) % n;
@@ -298,6 +322,56 @@ void bind_to_node(void* p, size_t bytes, int node) {
     fprintf(stderr, "mbind to node %d: %s\n", node, strerror(errno));
 }
 
+// PROBE_USER_WARMUP=copy|wait|both: the user stream issues copies and/or one flag wait before
+// any case, as the one-stream cases have it do. The copies: PROBE_WARMUP_PATH, a comma-separated
+// sequence issued in order of peer (this rank's buffer into the next rank's, the default),
+// peerread (the next rank's into this one's), peer2host (the next rank's into pinned host
+// memory), own (within this GPU's buffer), h2d (from pinned host memory) or memset
+// (cuMemsetD32Async within this GPU's buffer); PROBE_WARMUP_BYTES each (1 MiB at most, the
+// default); PROBE_WARMUP_CALL=batch (one cuMemcpyBatchAsync with NCCL's attributes, the default)
+// or memcpy (cuMemcpyAsync).
+void warm_user_stream(Rank& k, const char* w) {
+  const int r = k.r, n = k.n;
+  if (strcmp(w, "wait") != 0) {
+    const char* paths = getenv("PROBE_WARMUP_PATH") ? getenv("PROBE_WARMUP_PATH") : "peer";
+    const char* call = getenv("PROBE_WARMUP_CALL") ? getenv("PROBE_WARMUP_CALL") : "batch";
+    size_t bytes = getenv("PROBE_WARMUP_BYTES") ? strtoull(getenv("PROBE_WARMUP_BYTES"), 0, 0)
+                                                : size_t{1} << 20;
+    bytes = std::min(bytes, size_t{1} << 20);
+    void* host = nullptr;
+    CU(cuMemHostAlloc(&host, 1 << 20, 0));
+    const CUdeviceptr own = k.buf[r] + kBufBytes - (2 << 20),
+                      peer = k.buf[(r + 1) % n] + kBufBytes - (2 << 20),
+                      pinned = reinterpret_cast<CUdeviceptr>(host);
+    for (const char* path = paths; *path;) {
+      const size_t len = strcspn(path, ",");
+      auto is = [&](const char* name) { return len == strlen(name) && !strncmp(path, name, len); };
+      CUdeviceptr dst = peer, src = k.buf[r];
+      if (is("peerread")) dst = own, src = peer;
+      if (is("peer2host")) dst = pinned, src = peer;
+      if (is("own")) dst = own;
+      if (is("h2d")) dst = own, src = pinned;
+      if (is("memset")) {
+        CU(cuMemsetD32Async(own, 0, std::max<size_t>(bytes / 4, 1), k.user));
+      } else if (!strcmp(call, "memcpy")) {
+        CU(cuMemcpyAsync(dst, src, bytes, k.user));
+      } else {
+        size_t attr_idx = 0;
+        CUmemcpyAttributes attr{};
+        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+        CU(cuMemcpyBatchAsync(&dst, &src, &bytes, 1, &attr, &attr_idx, 1, k.user));
+      }
+      path += len + (path[len] ? 1 : 0);
+    }
+    if (r == 0) printf("# user stream warmed by %zu-byte copies: %s (%s)\n", bytes, paths, call);
+  }
+  if (strcmp(w, "copy") != 0) {
+    std::vector<CUstreamBatchMemOpParams> ops{wait_op(k.flags[r] + 2048 * 4, 0)};
+    batch(k.user, ops);
+  }
+}
+
 void rank_main(int r, int n, int sock, Shared* sh) {
   Rank k;
   k.r = r;
@@ -342,28 +416,19 @@ void rank_main(int r, int n, int sock, Shared* sh) {
     CU(cuEventCreate(&k.lane_end[i], CU_EVENT_DISABLE_TIMING));
   }
   CU(cuEventCreate(&k.end, CU_EVENT_DISABLE_TIMING));
+  CU(cuEventCreate(&k.start, CU_EVENT_DISABLE_TIMING));
+  {
+    void* h = nullptr;
+    CU(cuMemHostAlloc(&h, 64, CU_MEMHOSTALLOC_DEVICEMAP));
+    CU(cuMemHostGetDevicePointer(&k.pinned, h, 0));
+  }
   CU(cuEventCreate(&k.t0, 0));
   CU(cuEventCreate(&k.t1, 0));
   // PROBE_OP_EVENTS=notiming: events without timing, as PyTorch's per-collective ones by default.
   const char* oe = getenv("PROBE_OP_EVENTS");
   const unsigned op_event_flags = oe && !strcmp(oe, "notiming") ? CU_EVENT_DISABLE_TIMING : 0;
   for (CUevent& e : k.op_events) CU(cuEventCreate(&e, op_event_flags));
-  // PROBE_USER_WARMUP=copy|wait|both: the user stream issues one batched peer copy and/or one
-  // flag wait before any case, as the one-stream cases have it do.
-  if (const char* w = getenv("PROBE_USER_WARMUP")) {
-    if (strcmp(w, "wait") != 0) {
-      CUdeviceptr dst = k.buf[(r + 1) % n] + kBufBytes - (1 << 20), src = k.buf[r];
-      size_t bytes = 1 << 20, attr_idx = 0;
-      CUmemcpyAttributes attr{};
-      attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-      attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
-      CU(cuMemcpyBatchAsync(&dst, &src, &bytes, 1, &attr, &attr_idx, 1, k.user));
-    }
-    if (strcmp(w, "copy") != 0) {
-      std::vector<CUstreamBatchMemOpParams> ops{wait_op(k.flags[r] + 2048 * 4, 0)};
-      batch(k.user, ops);
-    }
-  }
+  if (const char* w = getenv("PROBE_USER_WARMUP")) warm_user_stream(k, w);
   CU(cuCtxSynchronize());
   barrier(k);
 
