@@ -55,7 +55,7 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
   const int elem = o.dtype.bytes;
   cudaStream_t stream;
   ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  IterTimer timer(o.iters);
+  IterTimer timer(o.iters, events_every(o, o.iters));
   WrongCounter wrong;
 
   std::vector<uint64_t> sizes = sweep_sizes(o);
@@ -97,8 +97,8 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
         timer.record(i + 1, stream);
       }
       ZCB_CUDA(cudaStreamSynchronize(stream));
-      pr.mean_us = timer.mean_us(o.iters);
-      pr.median_us = timer.median_us(o.iters);
+      pr.mean_us = timer.mean_us();
+      pr.median_us = timer.median_us();
       barrier->wait();  // nobody poisons a buffer a peer may still be writing
     }
     ch->send(kMsgRow, &row, sizeof(row));

@@ -70,7 +70,8 @@ struct GpuWork {
   std::unique_ptr<Gemm> gemm;
 };
 
-// One event timer per GPU for a phase of n operations, each on its GPU's device.
+// One event timer per GPU for a phase of n operations, each on its GPU's device, timing each
+// one: the overlapped phase needs each all-gather's end, and its time alone is timed alike.
 std::vector<std::unique_ptr<IterTimer>> make_timers(const std::vector<GpuWork>& gpus, int n) {
   std::vector<std::unique_ptr<IterTimer>> t;
   for (const GpuWork& g : gpus) {
@@ -146,9 +147,9 @@ std::vector<ContentionMsg> measure_placement(const ContentionGpus& c,
   uint64_t want = 0;
   for (size_t i = 0; i < gpus.size(); ++i) {
     ZCB_CUDA(cudaSetDevice(gpus[i].device));
-    out[i].gemm_alone_ms = tg[i]->mean_us(m_gemm) / 1000.0;
-    out[i].ag_alone_ms = ta[i]->mean_us(n_alone) / 1000.0;
-    if (o.iter_times) print_iter_times(out[i].rank, c.ag_bytes, in_place, "alone", *ta[i], n_alone);
+    out[i].gemm_alone_ms = tg[i]->mean_us() / 1000.0;
+    out[i].ag_alone_ms = ta[i]->mean_us() / 1000.0;
+    if (o.iter_times) print_iter_times(out[i].rank, c.ag_bytes, in_place, "alone", *ta[i]);
     want = std::max(want, overlap_op_count(m_gemm, out[i].gemm_alone_ms, out[i].ag_alone_ms));
   }
 
@@ -192,8 +193,8 @@ std::vector<ContentionMsg> measure_placement(const ContentionGpus& c,
       ++in_count;
     }
     m.ag_in_window = in_count;
-    const double ag_all = oc[g]->mean_us(n_ag) / 1000.0;
-    if (o.iter_times) print_iter_times(m.rank, c.ag_bytes, in_place, "overlapped", *oc[g], n_ag);
+    const double ag_all = oc[g]->mean_us() / 1000.0;
+    if (o.iter_times) print_iter_times(m.rank, c.ag_bytes, in_place, "overlapped", *oc[g]);
     m.ag_overlap_ms = fixed || in_count == 0 ? ag_all : in_sum / in_count;
     const double ag_start = elapsed_ms(g0, oc[g]->event(0));
     const double ag_end = elapsed_ms(g0, oc[g]->event(n_ag));

@@ -308,6 +308,11 @@ std::string format_size(uint64_t bytes) {
   return buf;
 }
 
+int events_every(const Options& o, int n) {
+  if (o.events_every > 0) return o.events_every;
+  return std::max(1, (n + 4) / 5);
+}
+
 std::vector<uint64_t> sweep_sizes(const Options& o) {
   std::vector<uint64_t> out;
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) return out;
@@ -464,6 +469,10 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       o->graph = true;
     } else if (a == "--iter-times") {
       o->iter_times = true;
+    } else if (a == "--events-every") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
+      o->events_every = static_cast<int>(n);
     } else if (a == "--gemm-iters") {
       if (!need(&v)) return false;
       if (!parse_int(v, 1, 100000, &n)) return bad(v, "1..100000");
@@ -607,9 +616,13 @@ Other options:
   --graph                the sweep's checked op and timed iterations are replays of a CUDA
                          graph that captured the op once per size and placement (global
                          capture mode); the first-op column stays eager
-  --iter-times           print each timed op's time on each rank (stderr, "# iter-times"
-                         lines; the sweep's, and --contention's all-gathers alone and
-                         overlapped): what the mean and median columns summarize
+  --events-every K       a timed event every K ops of a timed loop (default: the loop in 5
+                         runs, so the median columns are the median run's time per op); 1
+                         times each op, which lengthens a route's op on a stream that only
+                         waits on and records events by 4-6 us (docs/PERFORMANCE.md)
+  --iter-times           print each timed interval's time per op on each rank (stderr,
+                         "# iter-times" lines; the sweep's, and --contention's all-gathers
+                         alone and overlapped): what the mean and median columns summarize
   --contention           (allgather only) after the sweep, a cuBLAS bf16 GEMM loop overlapped
                          with all-gathers on another stream, against both alone (default paths:
                          nccl-kernel, nccl-ce, zerocta, bare-ce)

@@ -111,6 +111,9 @@ struct Options {
   // --iter-times: each worker prints every timed op's time per rank (stderr), to see what a
   // mean and a median hide (bimodal latencies, the first ops of a loop).
   bool iter_times = false;
+  // --events-every K: a timed event every K ops of a timed loop; 0: five runs (timing.h says
+  // why not after every op).
+  int events_every = 0;
   std::string zerocta_lib;  // resolved by the parent; "" = not given
   bool allow_fallback = false;
   uint64_t seed = 0x5a3c7e11ull;
@@ -176,6 +179,9 @@ std::string format_size(uint64_t bytes);
 
 // The sweep sizes, nccl-tests style: min, min*f, ... while <= max (min alone if f <= 1).
 std::vector<uint64_t> sweep_sizes(const Options& o);
+
+// Ops between two timed events of a loop of n ops: --events-every, else a fifth of n (at least 1).
+int events_every(const Options& o, int n);
 
 // The contention run order of repeat `repeat` (0-based): `paths` rotated left by `repeat`, so
 // every path runs at every position over the repeats (interleaved, not path after path).

@@ -252,11 +252,11 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
   fprintf(f, "#\n# Path %s: %s\n", path_name(r.path), path_description(r.path, b.o->op).c_str());
   fprintf(f,
           "# op %s  nranks %d  minBytes %llu  maxBytes %llu  step: %llu(factor)  warmup iters: %d  "
-          "iters: %d  validation: %d  timeout: %d s\n",
+          "iters: %d (a timed event every %d)  validation: %d  timeout: %d s\n",
           op_name(b.o->op), b.nranks, static_cast<unsigned long long>(b.o->min_bytes),
           static_cast<unsigned long long>(b.o->max_bytes),
           static_cast<unsigned long long>(b.o->step_factor), b.o->warmups, b.o->iters,
-          b.o->check ? 1 : 0, r.timeout_s);
+          events_every(*b.o, b.o->iters), b.o->check ? 1 : 0, r.timeout_s);
   const int procs = path_process_count(r.path, b.o->one_process, b.nranks);
   std::string buffers = path_alloc_label(r.path, b.o->alloc);
   if (buffers == "cumem") buffers += " in " + format_size(b.o->cumem_chunk_bytes) + " allocations";

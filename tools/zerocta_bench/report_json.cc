@@ -60,6 +60,7 @@ void write_options(JsonWriter& w, const BenchReport& b) {
   w.kv("root", o.op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   w.kv("min_bytes", o.min_bytes).kv("max_bytes", o.max_bytes).kv("step_factor", o.step_factor);
   w.kv("iters", o.iters).kv("warmups", o.warmups).kv("check", o.check);
+  w.kv("events_every", events_every(o, o.iters));
   w.kv("dtype", o.dtype.name).kv("dtype_bytes", o.dtype.bytes);
   w.kv("quick", o.quick).kv("seed", o.seed).kv("zerocta_lib", b.shim_lib);
   w.kv("alloc", alloc_name(o.alloc)).kv("one_process", o.one_process).kv("graph", o.graph);

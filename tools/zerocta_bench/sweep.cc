@@ -259,10 +259,10 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
   w.nr.check_async_error();
   for (size_t i = 0; i < w.local.size(); ++i) {
     w.nr.set_device(static_cast<int>(i));
-    out[i]->mean_us = w.local[i].timer->mean_us(o.iters);
-    out[i]->median_us = w.local[i].timer->median_us(o.iters);
+    out[i]->mean_us = w.local[i].timer->mean_us();
+    out[i]->median_us = w.local[i].timer->median_us();
     if (o.iter_times)
-      print_iter_times(w.local[i].rank, s.bytes, in_place, "sweep", *w.local[i].timer, o.iters);
+      print_iter_times(w.local[i].rank, s.bytes, in_place, "sweep", *w.local[i].timer);
   }
   const RouteCounts d = shim_routes(counter) - before;
   for (int r = 0; r < zerocta_route_count; ++r) out[0]->route_calls[r] = d.calls[r];
@@ -278,7 +278,7 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
     nr.set_device(i);
     LocalRank l;
     l.rank = nr.rank(i);
-    l.timer = std::make_unique<IterTimer>(o.iters);  // events on this rank's device
+    l.timer = std::make_unique<IterTimer>(o.iters, events_every(o, o.iters));  // on its device
     l.wrong = std::make_unique<WrongCounter>();
     w.local.push_back(std::move(l));
     cudaStream_t stream;

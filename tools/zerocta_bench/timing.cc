@@ -9,16 +9,19 @@
 
 namespace zcb {
 
-IterTimer::IterTimer(int max_iters) : events_(static_cast<size_t>(max_iters) + 1) {
-  for (cudaEvent_t& e : events_) ZCB_CUDA(cudaEventCreate(&e));
+IterTimer::IterTimer(int max_iters, int every)
+    : max_iters_(max_iters), every_(every < 1 ? 1 : every), events_(static_cast<size_t>(max_iters) + 1) {
+  for (int i = 0; i <= max_iters_; ++i)
+    if (recorded(i)) ZCB_CUDA(cudaEventCreate(&events_[static_cast<size_t>(i)]));
 }
 
 IterTimer::~IterTimer() {
-  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : events_)
+    if (e) cudaEventDestroy(e);
 }
 
 void IterTimer::record(int i, cudaStream_t stream) {
-  ZCB_CUDA(cudaEventRecord(events_[i], stream));
+  if (recorded(i)) ZCB_CUDA(cudaEventRecord(events_[static_cast<size_t>(i)], stream));
 }
 
 float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
@@ -27,24 +30,29 @@ float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
   return ms;
 }
 
-double IterTimer::mean_us(int n) const {
-  if (n <= 0) return 0;
-  return 1000.0 * elapsed_ms(events_[0], events_[n]) / n;
+double IterTimer::mean_us() const {
+  if (max_iters_ <= 0) return 0;
+  return 1000.0 * elapsed_ms(events_[0], events_[static_cast<size_t>(max_iters_)]) / max_iters_;
 }
 
-std::vector<double> IterTimer::times_us(int n) const {
+std::vector<double> IterTimer::times_us() const {
   std::vector<double> d;
-  d.reserve(static_cast<size_t>(std::max(n, 0)));
-  for (int i = 0; i < n; ++i) d.push_back(1000.0 * elapsed_ms(events_[i], events_[i + 1]));
+  for (int i = 0; i < max_iters_;) {
+    const int next = std::min(i + every_, max_iters_);
+    d.push_back(1000.0 *
+                elapsed_ms(events_[static_cast<size_t>(i)], events_[static_cast<size_t>(next)]) /
+                (next - i));
+    i = next;
+  }
   return d;
 }
 
-double IterTimer::median_us(int n) const { return median_of(times_us(n)); }
+double IterTimer::median_us() const { return median_of(times_us()); }
 
 void print_iter_times(int rank, uint64_t bytes, bool in_place, const char* phase,
-                      const IterTimer& t, int n) {
+                      const IterTimer& t) {
   std::string line;
-  for (double us : t.times_us(n)) line += " " + std::to_string(std::lround(us));
+  for (double us : t.times_us()) line += " " + std::to_string(std::lround(us));
   fprintf(stderr, "# iter-times rank %d bytes %llu %s %s (us):%s\n", rank,
           static_cast<unsigned long long>(bytes), in_place ? "in-place" : "out-of-place", phase,
           line.c_str());
