@@ -54,38 +54,25 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   };
 
   // An eager op says ready where a peer copies to or from this rank's buffers (the last rank,
-  // doing both copies of all its pairs, has no one to tell). Unstaged, the user's stream itself
-  // says it: one flag write, no wait (a write neither holds the stream's hardware queue nor
-  // touches the application's memory). Said from the push stream, it waited for the event hop
-  // from the user's stream first: on 4 H200s back to back, from the last peer's done to a rank's
-  // next ready took 18.4 us that way and 15.0 us this way, and a 64 MiB in-place op 174 us
-  // against 171.5 (docs/PERFORMANCE.md). A staged rank says it after staging its chunk.
+  // doing both copies of all its pairs, has no one to tell). The push stream says it, once the
+  // event the user's stream records at the op's start has come (and after staging my chunk):
+  // the user's stream then holds nothing but event records and waits. Measured on 2 H100s, two
+  // processes, back to back without a timed event between ops (tools/zerocta-bench's default,
+  // nccl-tests' way, and what an application's stream sees): a 64 MiB in-place op 103.6-103.9
+  // us this way against 109.4-111.9 with the user's stream writing ready itself, 256 MiB
+  // 352.5-358.8 against 363.1-366.0; the handshake probe (PROBE_READY_BY_EVENT) 98.5 against
+  // 108.2. Only with a timed event recorded between every two ops is the write on the user's
+  // stream ahead (110.6 against 113.7 us; 171.5 against 174 on 4 H200s): docs/PERFORMANCE.md,
+  // "How the bench times an op".
   bool peers_copy = false;
   for (int p = 0; p < v.nranks; ++p) peers_copy |= p != v.rank && v.peers[p].peer_copies;
   const bool eager_ready = !v.captured && peers_copy;
-  // Where the user's stream says ready itself, that flag also starts my own streams: the push
-  // stream waits for it in the same batch as the peers' ready flags, instead of an event the
-  // user's stream records and the push stream waits for (one command on the user's stream and
-  // one event hop less per op).
-  const bool start_from_ready = eager_ready && !v.stage;
-  auto start = [&](S s) {
-    if (start_from_ready)
-      w.wait_geq(s, v.ready[v.rank], v.seq);
-    else
-      w.wait_event(s, kEvStart);
-  };
-  bool pushes = false;
-  for (int p = 0; p < v.nranks; ++p) pushes |= p != v.rank && v.peers[p].push;
-  if (start_from_ready)
-    w.write(S::kUser, v.ready[v.rank], v.seq);
-  else
-    w.record(S::kUser, kEvStart);
-  // A push stream without pushes (the earlier rank of pairs whose later rank does both) only
-  // waits for its peers' done, each of which came after my ready: it needs no start.
-  if (!start_from_ready || pushes) start(S::kPush);
+  auto start = [&](S s) { w.wait_event(s, kEvStart); };
+  w.record(S::kUser, kEvStart);
+  start(S::kPush);
   if (v.captured) w.write(S::kPush, v.started, 1);
   if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
-  if (eager_ready && v.stage) w.write(S::kPush, v.ready[v.rank], v.seq);
+  if (eager_ready) w.write(S::kPush, v.ready[v.rank], v.seq);
   // A peer that touches my buffers pushes into them; it also pulls from them where it does
   // both copies of the pair (then I push nothing to it).
   for (int p = 0; v.captured && p < v.nranks; ++p)

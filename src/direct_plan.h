@@ -16,23 +16,21 @@
 // peer pushed into the stage out into its receive buffer last (same-GPU copies, on the push
 // stream, which orders them with the flags).
 //
-//   user   eager, unstaged and a peer copies with me: write ready[me]=seq; else record
-//          kEvStart                                                       ... wait kEvEnd
-//   (each of my streams below starts with "wait kEvStart", or where the user's stream wrote
-//   ready, with "wait ready[me]>=seq" — on the push stream in one batch with its peers' waits)
-//   push   wait kEvStart; [staged: copy my chunk into the stage; write ready[me]=seq]; wait
-//          ready[p]>=seq for every peer p I push to; my pushes; [wait kEvPulled]; write
-//          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
-//          that copies to or from me; [staged: copy the chunks of the peers that reached me
-//          through the stage out of it]; [wait kEvLocal]; record kEvEnd
+//   user   record kEvStart                                               ... wait kEvEnd
+//   (each of my streams below starts with "wait kEvStart")
+//   push   wait kEvStart; [staged: copy my chunk into the stage]; [eager, a peer copies with
+//          me: write ready[me]=seq]; wait ready[p]>=seq for every peer p I push to; my
+//          pushes; [wait kEvPulled]; write done[p][me]=seq for every p I copied to or from;
+//          wait done[me][p]>=seq for every p that copies to or from me; [staged: copy the
+//          chunks of the peers that reached me through the stage out of it]; [wait kEvLocal];
+//          record kEvEnd
 //   pull   (where I pull) wait kEvStart; wait ready[p]>=seq for every peer p I pull from; my
 //          pulls; record kEvPulled (its own flag waits: the pulls start as soon as their peers
 //          are ready, with no event hop from the push stream on the way)
 //   local  (out of place) wait kEvStart; copy my chunk; record kEvLocal
 //
-// No copy and no flag wait sits on the user's stream: besides its events, its only command is
-// the ready write, which waits for nothing (a staged rank says ready from the push stream,
-// after staging its chunk).
+// The user's stream holds nothing but the two events: no copy, no flag wait, no flag write
+// (direct_plan.cc says what the ready write there cost).
 //
 // A captured op (captured_ops.h) has the same plan over its own flag block (capture_blocks.h):
 // a graph replays the values it captured, so its flags are signals, consumed and reset by

@@ -399,26 +399,28 @@ TEST_P(DirectPlanSim, CapturedReplaysGatherCorrectly) {
   }
 }
 
-// No copy and no flag wait sits on the user's stream: besides events, an eager op's only
-// command there is its ready write, made where a peer copies this rank's buffers.
-TEST(DirectPlan, TheUsersStreamOnlyWritesReadyAndRecordsAndWaitsOnEvents) {
+// The user's stream holds the op's start event and its wait for the end, nothing else: the push
+// stream starts from that event and says ready itself (direct_plan.cc says why).
+TEST(DirectPlan, TheUsersStreamOnlyRecordsTheStartAndWaitsForTheEnd) {
   for (bool captured : {false, true})
-    for (const char* modes : {"mixed", "later"}) {
+    for (const char* modes : {"mixed", "later", "each"}) {
       Scenario s = scenario(3, false, modes);
       s.captured = captured;
       s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1, 2}; };
       Sim sim(s, 7);
       sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
-        int writes = 0;
+        std::vector<std::pair<DirectOpKind, int>> user;
+        const DirectOp* first_push = nullptr;
         for (const DirectOp& o : *plan) {
-          if (o.stream != DirectStream::kUser) continue;
-          writes += o.kind == DirectOpKind::kWrite;
-          EXPECT_TRUE(o.kind == DirectOpKind::kRecord || o.kind == DirectOpKind::kWaitEvent ||
-                      o.kind == DirectOpKind::kWrite);
+          if (o.stream == DirectStream::kUser) user.push_back({o.kind, o.event});
+          if (o.stream == DirectStream::kPush && !first_push) first_push = &o;
         }
-        // Arriving last with "later does both" everywhere, rank 2 has no one to tell.
-        const bool told = !captured && !(rank == 2 && std::string(modes) == "later");
-        EXPECT_EQ(writes, told ? 1 : 0) << modes << ", rank " << rank;
+        const std::vector<std::pair<DirectOpKind, int>> want = {
+            {DirectOpKind::kRecord, kEvStart}, {DirectOpKind::kWaitEvent, kEvEnd}};
+        EXPECT_EQ(user, want) << modes << ", rank " << rank;
+        ASSERT_NE(first_push, nullptr);
+        EXPECT_EQ(first_push->kind, DirectOpKind::kWaitEvent);
+        EXPECT_EQ(first_push->event, kEvStart);
       });
     }
 }
