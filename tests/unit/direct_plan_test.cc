@@ -415,8 +415,8 @@ TEST(DirectPlan, TheUsersStreamOnlyRecordsTheStartAndWaitsForTheEnd) {
           if (o.stream == DirectStream::kUser) user.push_back({o.kind, o.event});
           if (o.stream == DirectStream::kPush && !first_push) first_push = &o;
         }
-        const std::vector<std::pair<DirectOpKind, int>> want = {
-            {DirectOpKind::kRecord, kEvStart}, {DirectOpKind::kWaitEvent, kEvEnd}};
+        const std::vector<std::pair<DirectOpKind, int>> want = {{DirectOpKind::kRecord, kEvStart},
+                                                                {DirectOpKind::kWaitEvent, kEvEnd}};
         EXPECT_EQ(user, want) << modes << ", rank " << rank;
         ASSERT_NE(first_push, nullptr);
         EXPECT_EQ(first_push->kind, DirectOpKind::kWaitEvent);

@@ -10,7 +10,9 @@
 namespace zcb {
 
 IterTimer::IterTimer(int max_iters, int every)
-    : max_iters_(max_iters), every_(every < 1 ? 1 : every), events_(static_cast<size_t>(max_iters) + 1) {
+    : max_iters_(max_iters),
+      every_(every < 1 ? 1 : every),
+      events_(static_cast<size_t>(max_iters) + 1) {
   for (int i = 0; i <= max_iters_; ++i)
     if (recorded(i)) ZCB_CUDA(cudaEventCreate(&events_[static_cast<size_t>(i)]));
 }

@@ -130,7 +130,7 @@ struct Rank {
   CUstream lanes[kMaxGpus];    // Copy::kLanes: one per peer
   CUevent lane_end[kMaxGpus];  // ... each lane's end, which the push stream waits for
   CUevent end, t0, t1, start;
-  CUdeviceptr pinned = 0;  // 64 bytes of pinned host memory (PROBE_PER_OP_PRIME's target)
+  CUdeviceptr pinned = 0;   // 64 bytes of pinned host memory (PROBE_PER_OP_PRIME's target)
   CUevent op_events[kOps];  // PROBE_OP_EVENTS
   uint32_t seq = 0;
   CUdeviceptr shared_dev = 0;  // `sh` as the GPU addresses it
