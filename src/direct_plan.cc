@@ -67,9 +67,8 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   bool peers_copy = false;
   for (int p = 0; p < v.nranks; ++p) peers_copy |= p != v.rank && v.peers[p].peer_copies;
   const bool eager_ready = !v.captured && peers_copy;
-  auto start = [&](S s) { w.wait_event(s, kEvStart); };
   w.record(S::kUser, kEvStart);
-  start(S::kPush);
+  w.wait_event(S::kPush, kEvStart);
   if (v.captured) w.write(S::kPush, v.started, 1);
   if (v.stage) w.copy(S::kPush, slot(v.stage, v.rank), v.send, v.chunk);
   if (eager_ready) w.write(S::kPush, v.ready[v.rank], v.seq);
@@ -95,7 +94,7 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   // The pull and local streams join the op only where they have a copy: fewer driver calls,
   // and no event wait on the push stream for a stream that did nothing.
   if (pulls) {
-    start(S::kPull);
+    w.wait_event(S::kPull, kEvStart);
     for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
       if (v.peers[p].pull) await(S::kPull, v.captured ? v.ready_pull_in[p] : v.ready[p]);
     for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
@@ -103,7 +102,7 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
     w.record(S::kPull, kEvPulled);
   }
   if (!in_place) {
-    start(S::kLocal);
+    w.wait_event(S::kLocal, kEvStart);
     w.copy(S::kLocal, own, v.send, v.chunk);
     w.record(S::kLocal, kEvLocal);
   }

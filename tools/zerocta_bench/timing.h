@@ -23,7 +23,7 @@ class IterTimer {
   // Records event i (0 before the first op, i after op i) on stream where i is 0, a multiple of
   // `every` or max_iters; else nothing.
   void record(int i, cudaStream_t stream);
-  cudaEvent_t event(int i) const { return events_[i]; }
+  cudaEvent_t event(int i) const { return events_[i]; }  // null where i is never recorded
 
   // After the stream has synchronized: statistics of the max_iters ops, in microseconds.
   double mean_us() const;
