@@ -1,38 +1,166 @@
 // How close one process can bring an in-place all-gather to the copy engines' ceiling when it
-// holds every rank (nccl-tests -g N: one thread, a group over every GPU's communicator) and so
-// synchronizes the ranks with events instead of flags in host memory.
+// holds every rank (nccl-tests -g N: one thread, a group over every GPU's communicator), by how
+// the GPUs hand each op over to each other.
 //
 //   nvcc -O2 -o local_group_probe tests/gpu/probes/local_group_probe.cu -lcuda &&
 //   ./local_group_probe
 //
-// Per GPU a "user" stream and a "push" stream; an op is: every user stream records its start;
-// every push stream waits for every start (the peers' buffers are free, its own chunk written),
-// pushes its chunk into every peer's buffer and records its end; every user stream waits for
-// every end. Against the bare pushes back to back with no synchronization (the bench's ceiling).
-// Prints per chunk size the median time per op of 5 runs of 20 ops, and busbw.
+// Per GPU a "user" stream and a "push" stream; each plan below pushes every GPU's chunk into
+// every peer's buffer on the push stream, and differs in how the GPUs agree that the peers'
+// buffers are free (start) and that every write into a buffer has landed (end):
+//   bare          no agreement: the pushes back to back (the bench's ceiling)
+//   events        every user stream records its start; every push stream waits for every
+//                 start; every user stream waits for every push stream's end (the library's
+//                 local group plan until it moved to flags: two hand-overs between GPUs on the
+//                 way, one of them on the user's stream)
+//   push-events   the hand-overs between GPUs move to the push streams: a push stream waits for
+//                 its own user stream's start, records "ready", waits for its peers' ready;
+//                 after its pushes records "copied", waits for its peers', records the end its
+//                 own user stream waits for (the user's stream waits only on its own GPU)
+//   host-flags    as push-events, the hand-overs between push streams through flags in pinned
+//                 host memory (the route's plan, direct_plan.cc, in one process and across)
+//   device-flags  the same with each flag in the memory of the GPU that waits on it, written
+//                 by its peers over NVLink
+// Prints per chunk size the median time per op of 7 runs of 50 ops (one event pair around the
+// loop, as nccl-tests times it), and busbw.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "probe_check.h"
 
 namespace {
 
-constexpr int kOps = 20;
-constexpr int kRuns = 5;
+constexpr int kOps = 50;
+constexpr int kRuns = 7;
 constexpr int kMaxGpus = 8;
+
+enum class Plan { kBare, kEvents, kPushEvents, kHostFlags, kDeviceFlags };
+constexpr Plan kPlans[] = {Plan::kBare, Plan::kEvents, Plan::kPushEvents, Plan::kHostFlags,
+                           Plan::kDeviceFlags};
+const char* plan_name(Plan p) {
+  switch (p) {
+    case Plan::kBare:
+      return "bare";
+    case Plan::kEvents:
+      return "events";
+    case Plan::kPushEvents:
+      return "push-events";
+    case Plan::kHostFlags:
+      return "host-flags";
+    case Plan::kDeviceFlags:
+      return "device-flags";
+  }
+  return "?";
+}
+
+// A flag word per (waiter, writer, kind): ready and done.
+enum FlagKind { kReady = 0, kDone = 1, kFlagKinds = 2 };
 
 struct Gpu {
   cudaStream_t user = nullptr, push = nullptr;
-  cudaEvent_t start = nullptr, end = nullptr;
-  char* buf = nullptr;  // n chunks: the receive buffer, own chunk in place
+  cudaEvent_t start = nullptr, ready = nullptr, copied = nullptr, end = nullptr;
+  char* buf = nullptr;            // n chunks: the receive buffer, own chunk in place
+  uint32_t* dev_flags = nullptr;  // [writer][kind], in this GPU's memory: this GPU waits on them
 };
 
-// Median microseconds per op. `synced`: with the events; else bare pushes.
-double run(std::vector<Gpu>& g, size_t chunk, bool synced) {
+struct Flags {
+  uint32_t* host = nullptr;  // [waiter][writer][kind], pinned, mapped
+  CUdeviceptr at(const std::vector<Gpu>& g, bool device, int waiter, int writer, int kind) const {
+    const size_t n = g.size();
+    if (device)
+      return reinterpret_cast<CUdeviceptr>(g[waiter].dev_flags + writer * kFlagKinds + kind);
+    return reinterpret_cast<CUdeviceptr>(host + (waiter * n + writer) * kFlagKinds + kind);
+  }
+};
+
+CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
+
+// One op of `plan`, every GPU's part; `seq` numbers the op (flags are counters).
+void issue_op(std::vector<Gpu>& g, const Flags& f, size_t chunk, Plan plan, uint32_t seq) {
+  const int n = static_cast<int>(g.size());
+  auto push_all = [&](int r) {
+    for (int i = 1; i < n; ++i) {
+      const int q = (r + n - i) % n;
+      CK(cudaMemcpyAsync(g[q].buf + r * chunk, g[r].buf + r * chunk, chunk,
+                         cudaMemcpyDeviceToDevice, g[r].push));
+    }
+  };
+  if (plan == Plan::kBare) {
+    for (int r = 0; r < n; ++r) {
+      CK(cudaSetDevice(r));
+      push_all(r);
+      CK(cudaEventRecord(g[r].end, g[r].push));
+      CK(cudaStreamWaitEvent(g[r].user, g[r].end, 0));
+    }
+    return;
+  }
+  for (int r = 0; r < n; ++r) {
+    CK(cudaSetDevice(r));
+    CK(cudaEventRecord(g[r].start, g[r].user));
+  }
+  if (plan == Plan::kEvents) {
+    for (int r = 0; r < n; ++r) {
+      CK(cudaSetDevice(r));
+      for (int q = 0; q < n; ++q) CK(cudaStreamWaitEvent(g[r].push, g[q].start, 0));
+      push_all(r);
+      CK(cudaEventRecord(g[r].end, g[r].push));
+    }
+    for (int r = 0; r < n; ++r) {
+      CK(cudaSetDevice(r));
+      for (int q = 0; q < n; ++q) CK(cudaStreamWaitEvent(g[r].user, g[q].end, 0));
+    }
+    return;
+  }
+  if (plan == Plan::kPushEvents) {
+    for (int r = 0; r < n; ++r) {
+      CK(cudaSetDevice(r));
+      CK(cudaStreamWaitEvent(g[r].push, g[r].start, 0));
+      CK(cudaEventRecord(g[r].ready, g[r].push));
+    }
+    for (int r = 0; r < n; ++r) {
+      CK(cudaSetDevice(r));
+      for (int q = 0; q < n; ++q)
+        if (q != r) CK(cudaStreamWaitEvent(g[r].push, g[q].ready, 0));
+      push_all(r);
+      CK(cudaEventRecord(g[r].copied, g[r].push));
+    }
+    for (int r = 0; r < n; ++r) {
+      CK(cudaSetDevice(r));
+      for (int q = 0; q < n; ++q)
+        if (q != r) CK(cudaStreamWaitEvent(g[r].push, g[q].copied, 0));
+      CK(cudaEventRecord(g[r].end, g[r].push));
+      CK(cudaStreamWaitEvent(g[r].user, g[r].end, 0));
+    }
+    return;
+  }
+  const bool device = plan == Plan::kDeviceFlags;
+  std::vector<CUstreamBatchMemOpParams> ops;
+  for (int r = 0; r < n; ++r) {
+    CK(cudaSetDevice(r));
+    CK(cudaStreamWaitEvent(g[r].push, g[r].start, 0));
+    for (int q = 0; q < n; ++q)
+      if (q != r) ops.push_back(write_op(f.at(g, device, q, r, kReady), seq));
+    for (int q = 0; q < n; ++q)
+      if (q != r) ops.push_back(wait_op(f.at(g, device, r, q, kReady), seq));
+    batch(cu(g[r].push), ops);
+    push_all(r);
+    for (int q = 0; q < n; ++q)
+      if (q != r) ops.push_back(write_op(f.at(g, device, q, r, kDone), seq));
+    for (int q = 0; q < n; ++q)
+      if (q != r) ops.push_back(wait_op(f.at(g, device, r, q, kDone), seq));
+    batch(cu(g[r].push), ops);
+    CK(cudaEventRecord(g[r].end, g[r].push));
+    CK(cudaStreamWaitEvent(g[r].user, g[r].end, 0));
+  }
+}
+
+// Median microseconds per op of `plan`.
+double run(std::vector<Gpu>& g, const Flags& f, size_t chunk, Plan plan, uint32_t* seq) {
   const int n = static_cast<int>(g.size());
   cudaEvent_t t0, t1;
   CK(cudaSetDevice(0));
@@ -47,50 +175,27 @@ double run(std::vector<Gpu>& g, size_t chunk, bool synced) {
     }
     CK(cudaSetDevice(0));
     CK(cudaEventRecord(t0, g[0].user));
-    for (int r = 1; r < n; ++r) {  // every stream starts after t0
+    for (int r = 0; r < n; ++r) {  // every stream starts after t0
       CK(cudaSetDevice(r));
       CK(cudaStreamWaitEvent(g[r].user, t0, 0));
-    }
-    for (int r = 0; r < n; ++r) {
-      CK(cudaSetDevice(r));
       CK(cudaStreamWaitEvent(g[r].push, t0, 0));
     }
-    for (int op = 0; op < kOps; ++op) {
-      if (synced)
-        for (int r = 0; r < n; ++r) {
-          CK(cudaSetDevice(r));
-          CK(cudaEventRecord(g[r].start, g[r].user));
-        }
-      for (int r = 0; r < n; ++r) {
-        CK(cudaSetDevice(r));
-        if (synced)
-          for (int q = 0; q < n; ++q) CK(cudaStreamWaitEvent(g[r].push, g[q].start, 0));
-        for (int i = 1; i < n; ++i) {
-          const int q = (r + n - i) % n;
-          CK(cudaMemcpyAsync(g[q].buf + r * chunk, g[r].buf + r * chunk, chunk,
-                             cudaMemcpyDeviceToDevice, g[r].push));
-        }
-        CK(cudaEventRecord(g[r].end, g[r].push));
-      }
-      for (int r = 0; r < n; ++r) {
-        CK(cudaSetDevice(r));
-        if (synced)
-          for (int q = 0; q < n; ++q) CK(cudaStreamWaitEvent(g[r].user, g[q].end, 0));
-        else
-          CK(cudaStreamWaitEvent(g[r].user, g[r].end, 0));
-      }
-    }
+    for (int op = 0; op < kOps; ++op) issue_op(g, f, chunk, plan, ++*seq);
     for (int r = 1; r < n; ++r) {  // t1 after every stream's last op
+      CK(cudaSetDevice(r));
+      CK(cudaEventRecord(g[r].end, g[r].user));
       CK(cudaSetDevice(0));
       CK(cudaStreamWaitEvent(g[0].user, g[r].end, 0));
     }
     CK(cudaSetDevice(0));
     CK(cudaEventRecord(t1, g[0].user));
-    CK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, t0, t1));
-    if (run >= 0) us.push_back(ms * 1000.0 / kOps);
+    if (run >= 0)
+      us.push_back(us_per_op(reinterpret_cast<CUevent>(t0), reinterpret_cast<CUevent>(t1), kOps));
+    else
+      CK(cudaEventSynchronize(t1));
   }
+  CK(cudaEventDestroy(t0));
+  CK(cudaEventDestroy(t1));
   return median_of(us);
 }
 
@@ -101,6 +206,12 @@ int main() {
   if (n == 0) return 0;
   n = std::min(n, kMaxGpus);
   const size_t max_total = size_t{1} << 30;  // each GPU's receive buffer
+  Flags f;
+  const size_t host_words = size_t{kMaxGpus} * kMaxGpus * kFlagKinds;
+  CK(cudaHostAlloc(&f.host, host_words * sizeof(uint32_t),
+                   cudaHostAllocPortable | cudaHostAllocMapped));
+  memset(f.host, 0, host_words * sizeof(uint32_t));
+  uint32_t seq = 0;
   for (int gpus = 2; gpus <= n; gpus *= 2) {
     std::vector<Gpu> g(static_cast<size_t>(gpus));
     for (int r = 0; r < gpus; ++r) {
@@ -113,26 +224,35 @@ int main() {
         }
       CK(cudaStreamCreateWithFlags(&g[r].user, cudaStreamNonBlocking));
       CK(cudaStreamCreateWithFlags(&g[r].push, cudaStreamNonBlocking));
-      CK(cudaEventCreateWithFlags(&g[r].start, cudaEventDisableTiming));
-      CK(cudaEventCreateWithFlags(&g[r].end, cudaEventDisableTiming));
+      for (cudaEvent_t* e : {&g[r].start, &g[r].ready, &g[r].copied, &g[r].end})
+        CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       CK(cudaMalloc(&g[r].buf, max_total));
+      CK(cudaMalloc(&g[r].dev_flags, kMaxGpus * kFlagKinds * sizeof(uint32_t)));
+      CK(cudaMemset(g[r].dev_flags, 0, kMaxGpus * kFlagKinds * sizeof(uint32_t)));
+      CK(cudaDeviceSynchronize());
     }
     printf("%d GPUs, in place, one process (median us per op of %d runs of %d ops; busbw GB/s)\n",
            gpus, kRuns, kOps);
-    printf("%12s %12s %10s %12s %10s %8s\n", "size (B)", "bare us", "busbw", "events us", "busbw",
-           "ratio");
+    printf("%12s", "size (B)");
+    for (Plan p : kPlans) printf(" %13s %6s", plan_name(p), "busbw");
+    printf("\n");
     for (size_t total = size_t{64} << 20; total <= max_total; total *= 4) {
       const size_t chunk = total / gpus;
-      const double bare = run(g, chunk, false), synced = run(g, chunk, true);
       const double moved = static_cast<double>(chunk) * (gpus - 1);
-      printf("%12zu %12.1f %10.1f %12.1f %10.1f %8.3f\n", total, bare, moved / bare / 1e3, synced,
-             moved / synced / 1e3, bare / synced);
+      printf("%12zu", total);
+      for (Plan p : kPlans) {
+        const double us = run(g, f, chunk, p, &seq);
+        printf(" %13.1f %6.1f", us, moved / us / 1e3);
+      }
+      printf("\n");
     }
     for (int r = 0; r < gpus; ++r) {
       CK(cudaSetDevice(r));
       CK(cudaDeviceSynchronize());
       CK(cudaFree(g[r].buf));
+      CK(cudaFree(g[r].dev_flags));
     }
   }
+  CK(cudaFreeHost(f.host));
   return 0;
 }
