@@ -311,20 +311,14 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
                 uint64_t stage) {
   CeComm& ce = *st.ce;
   DirectOpView& v = ce.view;
-  const uint32_t me = static_cast<uint32_t>(st.rank);
   v.rank = st.rank;
   v.nranks = st.nranks;
-  v.seq = static_cast<uint32_t>(a.seq);
   v.chunk = chunk;
   v.send = reinterpret_cast<uint64_t>(send);
   v.recv = reinterpret_cast<uint64_t>(recv);
   v.stage = stage;
   v.captured = false;
-  for (uint32_t r = 0; r < static_cast<uint32_t>(st.nranks); ++r) {
-    v.ready[r] = ce.dev(ce.ops->ready_flag(r, a.seq));
-    v.done_to[r] = ce.dev(ce.ops->done_flag(r, me, a.seq));
-    v.done_from[r] = ce.dev(ce.ops->done_flag(me, r, a.seq));
-  }
+  set_ring_flags(ce, st.rank, st.nranks, a.seq, &v);
 }
 
 // Housekeeping after a routed op: mappings of peers' allocations that their owners freed, or
@@ -646,6 +640,16 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
   if (op.begin(&r)) r = op.complete();
   *to_nccl = op.to_nccl();
   return r;
+}
+
+void set_ring_flags(const CeComm& ce, int me, int nranks, uint64_t seq, DirectOpView* v) {
+  v->seq = static_cast<uint32_t>(seq);
+  const uint32_t um = static_cast<uint32_t>(me);
+  for (uint32_t r = 0; r < static_cast<uint32_t>(nranks); ++r) {
+    v->ready[r] = ce.dev(ce.ops->ready_flag(r, seq));
+    v->done_to[r] = ce.dev(ce.ops->done_flag(r, um, seq));
+    v->done_from[r] = ce.dev(ce.ops->done_flag(um, r, seq));
+  }
 }
 
 void check_captured_replays(CommState& st) {

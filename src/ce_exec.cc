@@ -1,7 +1,5 @@
 #include "ce_exec.h"
 
-#include <optional>
-
 #include "capture_blocks.h"
 #include "stream_phase_times.h"
 
@@ -130,28 +128,6 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
     phase_after(cu, plan, i, s);
   }
   phase_end();
-  return CUDA_SUCCESS;
-}
-
-CUresult issue_local_group_plan(const CudaDriver& cu, const LocalGroupRankIssue* ranks,
-                                const std::vector<LocalGroupStep>& plan) {
-  std::optional<ScopedDevice> dev;
-  int current = -1;
-  for (const LocalGroupStep& step : plan) {
-    const LocalGroupRankIssue& r = ranks[step.rank];
-    if (step.rank != current) {
-      dev.reset();  // back to the caller's context first: each scope restores what it found
-      dev.emplace(r.device);
-      if (!dev->ok()) return CUDA_ERROR_INVALID_CONTEXT;
-      current = step.rank;
-    }
-    const DirectOp& op = step.op;
-    CUstream s = op.stream == DirectStream::kUser ? r.user : r.streams[static_cast<int>(op.stream)];
-    // No flags in it: stream_op refuses them.
-    if (CUresult res = stream_op(cu, op, s, ranks[step.event_rank].events[op.event]);
-        res != CUDA_SUCCESS)
-      return res;
-  }
   return CUDA_SUCCESS;
 }
 

@@ -8,7 +8,6 @@
 
 #include "cuda_driver.h"
 #include "direct_plan.h"
-#include "local_group_plan.h"
 
 namespace zc {
 
@@ -19,18 +18,5 @@ namespace zc {
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
                     const CUevent events[kDirectEvents], CUstream user_stream,
                     const std::vector<DirectOp>& plan, bool batch_pushes);
-
-// One rank's streams and events for a local group plan (local_group_plan.h).
-struct LocalGroupRankIssue {
-  int device = -1;
-  const CUstream* streams = nullptr;  // kDirectStreams, index 0 unused
-  const CUevent* events = nullptr;    // kDirectEvents
-  CUstream user = nullptr;            // the stream the application passed for this rank's op
-};
-
-// Issues `plan` over the ranks' streams, each step with its rank's device current (the caller's
-// is restored). Returns CUDA_SUCCESS or the first error.
-CUresult issue_local_group_plan(const CudaDriver& cu, const LocalGroupRankIssue* ranks,
-                                const std::vector<LocalGroupStep>& plan);
 
 }  // namespace zc

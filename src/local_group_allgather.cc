@@ -8,7 +8,10 @@
 
 #include "ce_allgather.h"
 #include "ce_exec.h"
+#include "comm_order.h"
+#include "direct_plan.h"
 #include "local_aliases.h"
+#include "local_group_plan.h"
 #include "log.h"
 #include "nvtx_ranges.h"
 #include "peer_memory.h"
@@ -120,7 +123,9 @@ bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
         route_prepare(st) != ncclSuccess || route_peer_poison(st) != ncclSuccess ||
         st.poisoned.load() != ncclSuccess)
       return false;  // alone, the op reports what is wrong
-    if (!st.ce->all_local()) return false;
+    // Only sets number the ops of a communicator whose ranks are all here, so the ranks' counts
+    // move in step; a rank out of step (a guard) sends the sets to NCCL.
+    if (!st.ce->all_local() || st.ce->seq != ag(ops, set->by_rank[0]).st->ce->seq) return false;
     const CUstream stream = reinterpret_cast<CUstream>(a.stream);
     if (stream_is_capturing(stream)) return false;
     ScopedDevice dev(st.device);
@@ -141,40 +146,57 @@ bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
   return true;
 }
 
-// Issues a qualifying set. A failure after the first step poisons every rank's communicator
-// (a peer's stream may already wait on an event of this op).
+// Issues a qualifying set: each rank's direct plan in turn, on its device, every rank under
+// its communicator's lock. A failure poisons every rank's communicator: a peer's stream may
+// already wait on a flag of this op, which the poison releases.
 ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
   const int n = static_cast<int>(set.by_rank.size());
+  const CudaDriver& cu = *cuda_driver();
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(set.by_rank.size());
   LocalGroupView view;
   view.nranks = n;
-  LocalGroupRankIssue ranks[kMaxRanks];
   uint64_t bytes = 0;
+  auto st_of = [&](int r) -> CommState& {
+    return *ag(ops, set.by_rank[static_cast<size_t>(r)]).st;
+  };
   for (int r = 0; r < n; ++r) {
     const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
-    CommState& st = *a.st;
-    locks.emplace_back(st.issue_mu);
+    locks.emplace_back(a.st->issue_mu);
     view.chunk = a.count * nccl_type_size(a.datatype);
     view.ranks[r] = {reinterpret_cast<uint64_t>(a.send), reinterpret_cast<uint64_t>(a.recv),
                      set.recv_for_peers[static_cast<size_t>(r)]};
-    ranks[r] = {st.device, st.ce->streams, st.ce->events, reinterpret_cast<CUstream>(a.stream)};
     bytes += a.total;
   }
-  thread_local std::vector<LocalGroupStep> plan;
-  plan.clear();
-  build_local_group_plan(view, &plan);
-  CUresult res;
+  const uint64_t seq = st_of(0).ce->seq + 1;  // alike on every rank (qualifies)
+  CUresult res = CUDA_SUCCESS;
   {
     NvtxRange range(zerocta_op_allgather, zerocta_route_ce, bytes);
-    res = issue_local_group_plan(*cuda_driver(), ranks, plan);
+    for (int r = 0; r < n && res == CUDA_SUCCESS; ++r) {
+      const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
+      CommState& st = *a.st;
+      CeComm& ce = *st.ce;
+      ce.seq = seq;
+      local_group_rank_view(view, r, &ce.view);
+      set_ring_flags(ce, r, n, seq, &ce.view);
+      ce.plan.clear();
+      build_direct_plan(ce.view, &ce.plan);
+      ScopedDevice dev(st.device);
+      if (!dev.ok()) res = CUDA_ERROR_INVALID_CONTEXT;
+      if (res == CUDA_SUCCESS) res = order_routed_op(st, ce.streams);
+      if (res == CUDA_SUCCESS)
+        res = issue_plan(cu, ce.streams, ce.events, reinterpret_cast<CUstream>(a.stream), ce.plan,
+                         true);
+      if (res == CUDA_SUCCESS) routed_op_issued(st);
+    }
   }
-  // The copies into a second mapping have finished once every writer's push stream passed them.
+  // The copies into a second mapping have finished once every writer's push stream passed its
+  // done waits, which every writer's own end follows.
   for (int q = 0; q < n && res == CUDA_SUCCESS; ++q)
     for (int r = 0; r < n && set.recv_for_peers[static_cast<size_t>(q)]; ++r)
-      if (r != q && !local_alias_used(*cuda_driver(), set.recv_for_peers[static_cast<size_t>(q)],
-                                      ranks[r].device,
-                                      ranks[r].streams[static_cast<int>(DirectStream::kPush)]))
+      if (r != q &&
+          !local_alias_used(cu, set.recv_for_peers[static_cast<size_t>(q)], st_of(r).device,
+                            st_of(r).ce->streams[static_cast<int>(DirectStream::kPush)]))
         res = CUDA_ERROR_UNKNOWN;
   for (int r = 0; r < n; ++r) {
     const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
@@ -191,8 +213,8 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
       st.ce->told_local_group = true;
       ZC_INFO(
           "zero-copy all-gather on rank %d/%d: this thread issues every rank of the "
-          "communicator in one group, so its all-gathers go as one plan over every GPU, "
-          "synchronized by events (each GPU pushes its chunk; no flags)",
+          "communicator in one group, so their all-gathers go together, no op exchange (each "
+          "GPU pushes its chunk; flags in host memory hand over between the GPUs)",
           st.rank, n);
     }
     stats_count(zerocta_op_allgather, zerocta_route_ce, a.total);

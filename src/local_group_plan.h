@@ -1,32 +1,24 @@
 // The zero-copy all-gather of every rank of a communicator at once, when one thread issues all
 // of them in one group (nccl-tests -g N, ncclCommInitAll programs: a group over every local
-// GPU). That thread holds every rank's buffers and streams, so it synchronizes the ranks with
-// events, where ranks in separate calls need flags in host memory and the exchange of
-// op_exchange.h. Pure (addresses are integers), like direct_plan.h; ce_exec.cc issues it.
+// GPU). That thread holds every rank's buffers, so no exchange is needed to learn them: each
+// rank's part is a direct plan (direct_plan.h) in which every pair "each pushes" — every rank
+// writes its own chunk into every peer's receive buffer (every GPU's copy engines at work) and
+// out of place also copies it into its own. The ranks hand over through the ring flags of the
+// communicator's op region in host memory (op_exchange.h: ready, done), as ranks in separate
+// processes do.
 //
-// Every rank writes its own chunk into every peer's receive buffer (each pushes: every GPU's
-// copy engines at work); out of place, it also copies its chunk into its own receive buffer,
-// on its local stream:
+// Flags rather than events between the GPUs, though an event round trip between two GPUs is
+// the shorter one alone (8.4 against 13.3 us, tests/gpu/probes/flag_latency_probe.cu): within
+// an op the flags' plan is ahead. Measured on 2 H200s, one process, in place, 50 ops back to
+// back (tests/gpu/probes/local_group_probe.cu, two runs): 97.1-97.4 us an op at 64 MiB
+// against 102.5-102.9 with every push stream waiting for every rank's start event and every
+// user stream for every push stream's end; 356.4-357.9 against 359.0-359.3 at 256 MiB (the
+// unsynchronized pushes: 89.8 and 346.3).
 //
-//   user r   record kEvStart                                  ... wait kEvEnd of every rank
-//                                                                 [wait kEvLocal]
-//   push r   wait kEvStart of every rank; my pushes; record kEvEnd
-//   local r  (out of place) wait kEvStart; copy my chunk; record kEvLocal
-//
-// A push waits for every rank's start: its source is written by its own rank's work before the
-// op, its destination is read by the peer's work before it. Every user stream waits for every
-// rank's end: each writes into its buffer, and its own push reads its send buffer. No flag, no
-// exchange: measured on 2 H200s (tests/gpu/probes/flag_latency_probe.cu), a hand-over between
-// two GPUs through events takes 8.4 us a round trip where flags in host memory take 13.3 us,
-// and both GPUs push instead of the later rank doing both copies.
-//
-// The steps come in the order they must be issued: every start first (a wait on an event binds
-// to its last record issued before it), then each rank's push and local streams, then the user
-// streams' waits.
+// Pure (addresses are integers), like direct_plan.h.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "direct_plan.h"
 
@@ -45,14 +37,8 @@ struct LocalGroupView {
   LocalGroupRank ranks[kMaxRanks];
 };
 
-// One step: `op` on rank `rank`'s streams; a record or an event wait names event `op.event` of
-// rank `event_rank`.
-struct LocalGroupStep {
-  uint8_t rank = 0, event_rank = 0;
-  DirectOp op{};
-};
-
-// Appends the plan (clears nothing: the caller reuses one vector).
-void build_local_group_plan(const LocalGroupView& v, std::vector<LocalGroupStep>* plan);
+// Rank `me`'s view of the set's op, but for its number and flags (the caller's: the ring's,
+// as for any eager op). Every field it sets is overwritten; the rest is left alone.
+void local_group_rank_view(const LocalGroupView& g, int me, DirectOpView* v);
 
 }  // namespace zc

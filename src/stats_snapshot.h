@@ -31,7 +31,7 @@ struct RouteStats {
   uint64_t peer_unmapped_bytes = 0;
   uint64_t staged_ops = 0;
   uint64_t captured_ops = 0;  // all-gathers captured into CUDA graphs on the route
-  uint64_t local_group_ops = 0;  // ... issued with every rank at once by one thread (events)
+  uint64_t local_group_ops = 0;  // ... issued with every rank at once by one thread
   // Host time of the routed ops (stats.h HostTimes), summed over host_ops ops.
   uint64_t host_ops = 0, host_post_micros = 0, host_arrive_micros = 0,
            host_pair_wait_micros = 0, host_reach_micros = 0, host_issue_micros = 0;

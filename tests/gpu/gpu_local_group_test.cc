@@ -1,11 +1,11 @@
 // One thread driving every GPU's communicator in one group (nccl-tests -g N): with the shim and
-// ZEROCTA_ALLGATHER=zerocta each round's all-gathers go as one local group plan
+// ZEROCTA_ALLGATHER=zerocta each round's all-gathers go as local group sets
 // (src/local_group_allgather.h). Each round: fresh random inputs, odd sizes, every datatype, in
 // place or out of place, a non-blocking stream or the legacy default one, buffers freed and
 // allocated again now and then, outputs poisoned with guard bytes around them; checked bitwise
 // against the inputs and against NCCL's own all-gather (pncclAllGather, which the shim does not
-// see) on the same communicators. Some rounds hold two all-gathers per rank (those go through
-// the op exchange one by one) or an all-reduce beside them (NCCL's).
+// see) on the same communicators. Some rounds hold two all-gathers per rank (two sets) or an
+// all-reduce beside them (NCCL's).
 //
 // ZEROCTA_LOCAL_GROUP_ROUNDS (default 200) rounds over min(8, visible) GPUs, every
 // ZEROCTA_LOCAL_GROUP_TWO_EVERY-th (default 7) with two all-gathers per rank. ZEROCTA_EXPECT_CE=1

@@ -626,11 +626,14 @@ TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
   EXPECT_EQ(nccl_collective_lines(r), 0) << r.describe();
 }
 
-// Both ranks' all-gathers in one thread's group go as one plan synchronized by events: each
-// rank pushes its chunk and copies its own (out of place), no flag is waited on or written.
-TEST(RouteSetup, OneThreadsGroupOverEveryRankIssuesOnePlanWithoutFlags) {
+// Both ranks' all-gathers in one thread's group go together, without the op exchange: each
+// rank pushes its chunk into the other's buffer and copies its own (out of place), and the
+// ranks hand over through the ring's flags: each writes its ready and its done and waits for
+// its peer's.
+TEST(RouteSetup, OneThreadsGroupOverEveryRankGoesTogetherOnTheRingsFlags) {
   for (const char* in_place : {"0", "1"}) {
     SCOPED_TRACE(std::string("in place ") + in_place);
+    const bool ip = std::string(in_place) == "1";
     Scratch s, chan, rdv;
     RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_IN_PLACE", in_place}});
     ASSERT_EQ(r.exit_code, 0) << r.describe();
@@ -644,12 +647,12 @@ TEST(RouteSetup, OneThreadsGroupOverEveryRankIssuesOnePlanWithoutFlags) {
               0)
         << json;
     for (const char* flag_op : {"cuStreamWaitValue32", "cuStreamWriteValue32"})
-      EXPECT_EQ(cuda_lines(r, flag_op, pid), 0) << flag_op << "\n" << r.describe();
+      EXPECT_EQ(cuda_lines(r, flag_op, pid), 4) << flag_op << "\n" << r.describe();
     // Two pushes, and out of place each rank's own chunk.
-    EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid), std::string(in_place) == "1" ? 2 : 4)
-        << r.describe();
-    // Every push stream waits for both starts, every user stream for both ends.
-    EXPECT_GE(cuda_calls(r, "cuStreamWaitEvent", pid), 8) << r.describe();
+    EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid), ip ? 2 : 4) << r.describe();
+    // Per rank the push stream waits for the start and the user's stream for the end; out of
+    // place the local stream waits for the start and the push stream for the local copy.
+    EXPECT_EQ(cuda_calls(r, "cuStreamWaitEvent", pid), ip ? 4 : 8) << r.describe();
     EXPECT_TRUE(any_contains(r.err_lines(), "issues every rank of the communicator in one group"))
         << r.describe();
   }
@@ -706,8 +709,8 @@ TEST(RouteSetup, OneThreadsGroupThatCannotGoAsOnePlanGoesOpByOp) {
   EXPECT_EQ(json_number(stats_file(s, r.kv()["pid"]), "local_group_ops"), 0);
 }
 
-// Two all-gathers per rank in one group: the first of each rank's go as one plan, then the
-// second of each rank's.
+// Two all-gathers per rank in one group: the first of each rank's go together, then the second
+// of each rank's.
 TEST(RouteSetup, OneThreadsGroupWithTwoAllGathersPerRankIssuesTwoPlans) {
   Scratch s, chan, rdv;
   RunResult r = run_grouped_init(s, chan, rdv, {{"DRV_AG_GROUP_OPS", "2"}});
@@ -719,7 +722,8 @@ TEST(RouteSetup, OneThreadsGroupWithTwoAllGathersPerRankIssuesTwoPlans) {
   const std::string json = stats_file(s, pid);
   EXPECT_EQ(json_number(json, "local_group_ops"), 4) << json;
   EXPECT_EQ(json_number(json, "pairs_later_does_both"), 0) << json;
-  EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 0) << r.describe();
+  // Two sets, each rank waiting for its peer's ready and done in each.
+  EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 8) << r.describe();
 }
 
 // Every rank in one process: one thread's group over all of them goes as one plan; the same ops

@@ -18,9 +18,6 @@
 #include "direct_plan.h"
 
 #include <gtest/gtest.h>
-
-#include <map>
-#include <set>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -28,17 +25,27 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "local_group_plan.h"
 #include "op_exchange.h"
-#include "plan_sim_bytes.h"
 
 namespace zc {
 namespace {
+
+// A byte per (rank, op, offset) that differs between neighbouring ranks, ops and offsets.
+uint8_t pattern(int rank, uint64_t op, uint64_t i) {
+  return static_cast<uint8_t>(rank * 59 + op * 13 + i * 7 + 1);
+}
+
+// Host pointers as the plans' integer addresses.
+uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // One simulated stream operation: a plan op, or the application's work around an op.
 struct SimOp {
@@ -61,6 +68,9 @@ struct Scenario {
   std::vector<bool> unreachable;
   // Captured into a graph of `ops` ops, replayed `replays` times.
   bool captured = false;
+  // One thread's group over every rank (local_group_plan.h): every pair each pushes, no
+  // exchange (order, mode and unreachable do not apply).
+  bool local_group = false;
   int replays = 1;
 };
 
@@ -95,56 +105,30 @@ class Sim {
     return -1;
   }
 
-  // The views of every rank for op k, as ce_allgather builds them; captured ops' plans are kept
-  // for replay() rather than enqueued.
+  // The views of every rank for op k, as ce_allgather builds them (local_group_allgather for a
+  // local group); captured ops' plans are kept for replay() rather than enqueued.
   void build(int k, const std::function<void(int rank, std::vector<DirectOp>*)>& mutate) {
     const uint64_t seq = static_cast<uint64_t>(k) + 1;
     std::vector<CaptureRef> block(static_cast<size_t>(s_.nranks));
     for (int r = 0; s_.captured && r < s_.nranks; ++r)
       EXPECT_TRUE(ex_->blocks().claim(static_cast<uint32_t>(r), &block[r]));
-    std::vector<int> order = s_.order(k, rng_);
-    while (s_.unreachable[order[0]]) std::rotate(order.begin(), order.begin() + 1, order.end());
-    std::vector<int> position(static_cast<size_t>(s_.nranks));
-    for (int i = 0; i < s_.nranks; ++i) position[static_cast<size_t>(order[i])] = i;
-    std::vector<bool> staged(s_.nranks);
-    for (int r = 0; r < s_.nranks; ++r)
-      staged[r] = s_.unreachable[r] && position[r] != 0 && position[r] != s_.nranks - 1;
-    std::vector<std::vector<PairMode>> mode(s_.nranks, std::vector<PairMode>(s_.nranks));
-    for (int a = 0; a < s_.nranks; ++a)
-      for (int b = 0; b < s_.nranks; ++b)
-        if (a != b && position[a] < position[b]) {
-          // A later rank whose buffers cannot be reached does both copies of the pair.
-          mode[a][b] = mode[b][a] =
-              s_.unreachable[b] ? PairMode::kLaterDoesBoth : s_.mode(a, b, k, rng_);
-        }
+    const ArrivalShape shape = arrival_shape(k);
+    LocalGroupView group;
+    group.nranks = s_.nranks;
+    group.chunk = s_.chunk;
+    for (int r = 0; r < s_.nranks; ++r) group.ranks[r] = {send_of(r), recv_of(r)};
     for (int me = 0; me < s_.nranks; ++me) {
       DirectOpView v;
-      v.rank = me;
-      v.nranks = s_.nranks;
+      if (s_.local_group)
+        local_group_rank_view(group, me, &v);
+      else
+        exchange_view(me, shape, &v);
       v.seq = static_cast<uint32_t>(seq);
-      v.chunk = s_.chunk;
-      v.send = send_of(me);
-      v.recv = recv_of(me);
-      v.stage = staged[me] ? stage_of(me) : 0;
       for (int p = 0; p < s_.nranks; ++p) {
         const uint32_t up = static_cast<uint32_t>(p), um = static_cast<uint32_t>(me);
         v.ready[p] = addr(ex_->ready_flag(up, seq));
         v.done_to[p] = addr(ex_->done_flag(up, um, seq));
         v.done_from[p] = addr(ex_->done_flag(um, up, seq));
-        if (p == me) continue;
-        PeerPart& part = v.peers[p];
-        const bool later = position[me] > position[p];
-        const PairMode m = mode[me][p];
-        part.push = later || m == PairMode::kEachPushes;
-        part.pull = later && m == PairMode::kLaterDoesBoth;
-        part.peer_copies = !later || m == PairMode::kEachPushes;
-        part.staged = !later && staged[me];
-        // A staged peer is reached through its stage, laid out like its receive buffer.
-        const uint64_t peer_recv = staged[p] ? stage_of(p) : recv_of(p);
-        const uint64_t peer_send =
-            staged[p] ? stage_of(p) + static_cast<uint64_t>(p) * s_.chunk : send_of(p);
-        if (part.push) part.to = Span{peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk};
-        if (part.pull) part.from = Span{peer_send, s_.chunk};
       }
       if (s_.captured) captured_words(me, block, &v);
       std::vector<DirectOp> plan;
@@ -156,6 +140,59 @@ class Sim {
         continue;
       }
       enqueue(me, seq, plan);
+    }
+  }
+
+  // Who arrived when at op k, whose buffers go through a stage, and how each pair moves its
+  // chunks (op_exchange.h).
+  struct ArrivalShape {
+    std::vector<int> position;
+    std::vector<bool> staged;
+    std::vector<std::vector<PairMode>> mode;
+  };
+  ArrivalShape arrival_shape(int k) {
+    ArrivalShape a;
+    std::vector<int> order = s_.order(k, rng_);
+    while (s_.unreachable[order[0]]) std::rotate(order.begin(), order.begin() + 1, order.end());
+    a.position.resize(static_cast<size_t>(s_.nranks));
+    for (int i = 0; i < s_.nranks; ++i) a.position[static_cast<size_t>(order[i])] = i;
+    a.staged.resize(static_cast<size_t>(s_.nranks));
+    for (int r = 0; r < s_.nranks; ++r)
+      a.staged[r] = s_.unreachable[r] && a.position[r] != 0 && a.position[r] != s_.nranks - 1;
+    a.mode.assign(s_.nranks, std::vector<PairMode>(s_.nranks));
+    for (int e = 0; e < s_.nranks; ++e)
+      for (int l = 0; l < s_.nranks; ++l)
+        if (e != l && a.position[e] < a.position[l]) {
+          // A later rank whose buffers cannot be reached does both copies of the pair.
+          a.mode[e][l] = a.mode[l][e] =
+              s_.unreachable[l] ? PairMode::kLaterDoesBoth : s_.mode(e, l, k, rng_);
+        }
+    return a;
+  }
+
+  // Rank me's view through the op exchange, but for its number and flags.
+  void exchange_view(int me, const ArrivalShape& a, DirectOpView* v) {
+    v->rank = me;
+    v->nranks = s_.nranks;
+    v->chunk = s_.chunk;
+    v->send = send_of(me);
+    v->recv = recv_of(me);
+    v->stage = a.staged[me] ? stage_of(me) : 0;
+    for (int p = 0; p < s_.nranks; ++p) {
+      if (p == me) continue;
+      PeerPart& part = v->peers[p];
+      const bool later = a.position[me] > a.position[p];
+      const PairMode m = a.mode[me][p];
+      part.push = later || m == PairMode::kEachPushes;
+      part.pull = later && m == PairMode::kLaterDoesBoth;
+      part.peer_copies = !later || m == PairMode::kEachPushes;
+      part.staged = !later && a.staged[me];
+      // A staged peer is reached through its stage, laid out like its receive buffer.
+      const uint64_t peer_recv = a.staged[p] ? stage_of(p) : recv_of(p);
+      const uint64_t peer_send =
+          a.staged[p] ? stage_of(p) + static_cast<uint64_t>(p) * s_.chunk : send_of(p);
+      if (part.push) part.to = Span{peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk};
+      if (part.pull) part.from = Span{peer_send, s_.chunk};
     }
   }
 
@@ -463,12 +500,13 @@ size_t expect_every_guard_matters(
   return dropped;
 }
 
-// An eager plan's flag waits and flag writes (its ready, on the user's stream or, staged, the
-// push stream, and its done signals).
-void expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
-  expect_every_guard_matters(s, victim, label, [](const std::vector<DirectOp>& plan, size_t i) {
-    return plan[i].kind == DirectOpKind::kWaitGeq || plan[i].kind == DirectOpKind::kWrite;
-  });
+// An eager plan's flag waits and flag writes (its ready, on the push stream, and its done
+// signals); returns how many were dropped.
+size_t expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
+  return expect_every_guard_matters(
+      s, victim, label, [](const std::vector<DirectOp>& plan, size_t i) {
+        return plan[i].kind == DirectOpKind::kWaitGeq || plan[i].kind == DirectOpKind::kWrite;
+      });
 }
 
 TEST(DirectPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
@@ -585,6 +623,76 @@ TEST(DirectPlan, AStagedRankCopiesItsChunkInBeforeReadyAndThePeersChunksOutAfter
     EXPECT_EQ((*plan)[static_cast<size_t>(push_copies[0])].bytes, s.chunk);
     EXPECT_EQ((*plan)[static_cast<size_t>(push_copies[2])].bytes, s.chunk);
   });
+}
+
+// One thread's group over every rank (local_group_plan.h): the same plans with every pair
+// pushing, every interleaving, every ring slot reused.
+TEST(LocalGroupPlan, EveryInterleavingGathersCorrectly) {
+  for (int n : {2, 3, 4, 8})
+    for (bool in_place : {false, true}) {
+      Scenario s = scenario(n, in_place, "each");
+      s.local_group = true;
+      for (uint64_t seed = 1; seed <= 30; ++seed)
+        ASSERT_EQ(run(s, seed), "") << n << " ranks, in place " << in_place << ", seed " << seed;
+    }
+}
+
+TEST(LocalGroupPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
+  for (bool in_place : {false, true}) {
+    Scenario s = scenario(3, in_place, "each");
+    s.local_group = true;
+    s.ops = 3;
+    // Each rank's ready write, its waits for both peers' ready, its two done writes and its
+    // waits for both peers' done.
+    for (int victim = 0; victim < 3; ++victim)
+      EXPECT_EQ(
+          expect_every_wait_matters(s, victim, in_place ? "local group, in place" : "local group"),
+          7u);
+  }
+}
+
+TEST(LocalGroupPlan, EveryRankPushesToEveryPeerAndCopiesOnlyItsOwnChunk) {
+  for (bool in_place : {false, true}) {
+    Scenario s = scenario(3, in_place, "each");
+    s.local_group = true;
+    Sim sim(s, 1);
+    sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
+      std::set<int> pushed_to;
+      int local = 0;
+      for (const DirectOp& o : *plan) {
+        if (o.kind != DirectOpKind::kCopy) continue;
+        EXPECT_EQ(o.src, sim.send_of(rank)) << "a rank copies only its own chunk";
+        EXPECT_NE(o.stream, DirectStream::kUser) << "no copy on the application's stream";
+        if (o.stream == DirectStream::kPush) pushed_to.insert(sim.owner_of(o.dst));
+        local += o.stream == DirectStream::kLocal;
+      }
+      EXPECT_EQ(pushed_to.size(), 2u) << "rank " << rank;
+      EXPECT_EQ(pushed_to.count(rank), 0u);
+      EXPECT_EQ(local, in_place ? 0 : 1);
+    });
+  }
+}
+
+// A rank reached through a second mapping (local_aliases.h): the peers push into that; its
+// own copy still goes to its receive buffer as its GPU addresses it.
+TEST(LocalGroupPlan, PeersWriteThroughTheSecondMappingWhereThereIsOne) {
+  LocalGroupView g;
+  g.nranks = 2;
+  g.chunk = 16;
+  g.ranks[0] = {0x1000, 0x2000, 0};
+  g.ranks[1] = {0x3000, 0x4000, 0x9000};
+  auto copies_of = [&](int me) {
+    DirectOpView v;
+    local_group_rank_view(g, me, &v);
+    std::vector<DirectOp> plan;
+    build_direct_plan(v, &plan);
+    std::vector<uint64_t> dst;
+    for (const DirectOp& o : plan)
+      if (o.kind == DirectOpKind::kCopy) dst.push_back(o.dst);
+    return dst;
+  };
+  EXPECT_EQ(copies_of(0), (std::vector<uint64_t>{0x9000, 0x2000}));  // push, own chunk
+  EXPECT_EQ(copies_of(1), (std::vector<uint64_t>{0x2000 + 16, 0x4000 + 16}));
 }
 
 }  // namespace
