@@ -157,23 +157,23 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
   LocalGroupView view;
   view.nranks = n;
   uint64_t bytes = 0;
-  auto st_of = [&](int r) -> CommState& {
-    return *ag(ops, set.by_rank[static_cast<size_t>(r)]).st;
+  auto op_of = [&](int r) -> const GroupedAllGather& {
+    return ag(ops, set.by_rank[static_cast<size_t>(r)]);
   };
   for (int r = 0; r < n; ++r) {
-    const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
+    const GroupedAllGather& a = op_of(r);
     locks.emplace_back(a.st->issue_mu);
     view.chunk = a.count * nccl_type_size(a.datatype);
     view.ranks[r] = {reinterpret_cast<uint64_t>(a.send), reinterpret_cast<uint64_t>(a.recv),
                      set.recv_for_peers[static_cast<size_t>(r)]};
     bytes += a.total;
   }
-  const uint64_t seq = st_of(0).ce->seq + 1;  // alike on every rank (qualifies)
+  const uint64_t seq = op_of(0).st->ce->seq + 1;  // alike on every rank (qualifies)
   CUresult res = CUDA_SUCCESS;
   {
     NvtxRange range(zerocta_op_allgather, zerocta_route_ce, bytes);
     for (int r = 0; r < n && res == CUDA_SUCCESS; ++r) {
-      const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
+      const GroupedAllGather& a = op_of(r);
       CommState& st = *a.st;
       CeComm& ce = *st.ce;
       ce.seq = seq;
@@ -195,11 +195,11 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
   for (int q = 0; q < n && res == CUDA_SUCCESS; ++q)
     for (int r = 0; r < n && set.recv_for_peers[static_cast<size_t>(q)]; ++r)
       if (r != q &&
-          !local_alias_used(cu, set.recv_for_peers[static_cast<size_t>(q)], st_of(r).device,
-                            st_of(r).ce->streams[static_cast<int>(DirectStream::kPush)]))
+          !local_alias_used(cu, set.recv_for_peers[static_cast<size_t>(q)], op_of(r).st->device,
+                            op_of(r).st->ce->streams[static_cast<int>(DirectStream::kPush)]))
         res = CUDA_ERROR_UNKNOWN;
   for (int r = 0; r < n; ++r) {
-    const GroupedAllGather& a = ag(ops, set.by_rank[static_cast<size_t>(r)]);
+    const GroupedAllGather& a = op_of(r);
     CommState& st = *a.st;
     if (res != CUDA_SUCCESS) {
       ZC_WARN(
