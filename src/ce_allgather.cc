@@ -245,7 +245,7 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
   const CUstream asked = stream == nullptr || stream == CU_STREAM_LEGACY
                              ? ce.streams[static_cast<int>(DirectStream::kPush)]
                              : stream;
-  PairWait wait(now_us(), chunk, hold != nullptr,
+  PairWait wait(now_us(), chunk, st.nranks - 1, hold != nullptr,
                 [asked] { return cuda_driver()->cuStreamQuery(asked) != CUDA_ERROR_NOT_READY; });
   for (int p = 0; p < st.nranks; ++p) {
     if (p == st.rank || a.before >> p & 1) continue;

@@ -15,11 +15,16 @@ int64_t PairWait::soft_us(uint64_t chunk) {
   return ZC_PAIR_WAIT_BASE_US + static_cast<int64_t>(chunk / ZC_PAIR_WAIT_BYTES_PER_US);
 }
 
-PairWait::PairWait(int64_t start_us, uint64_t chunk, bool captured, std::function<bool()> drained)
+int64_t PairWait::cap_us(uint64_t chunk, int peers) {
+  return kCapFactor * soft_us(chunk * static_cast<uint64_t>(peers > 1 ? peers : 1));
+}
+
+PairWait::PairWait(int64_t start_us, uint64_t chunk, int peers, bool captured,
+                   std::function<bool()> drained)
     : captured_(captured),
       drained_fn_(std::move(drained)),
       soft_end_(start_us + soft_us(chunk)),
-      cap_end_(start_us + kCapFactor * soft_us(chunk)) {}
+      cap_end_(start_us + cap_us(chunk, peers)) {}
 
 bool PairWait::more(int64_t now_us) {
   if (now_us >= cap_end_) return false;

@@ -3,8 +3,15 @@
 //
 // Waiting costs the device nothing while the op's stream is still busy with the work before
 // the op: the copies could not start earlier anyway. So an eager op waits as long as its
-// stream has not drained, up to kCapFactor times the soft wait (a peer that never comes, e.g.
-// one blocked on this rank in another communicator, must not hold it longer); once the stream
+// stream has not drained, up to the cap: kCapFactor times the soft wait of the op's whole
+// transfer, its chunk to every peer (a peer that never comes, e.g. one blocked on this rank in
+// another communicator, must not hold it longer). A later rank whose host runs ahead of its GPU
+// is held in the driver's calls for up to an op's device time before it can claim, and a fall
+// back lengthens its next op: with the cap at 4 soft waits of one chunk (3.9 ms at 1 GiB on 4
+// ranks, ops of 2.1 ms) the ranks fell into runs of a dozen ops at 4-7 ms each, 14-19 pairs of
+// ~140 per rank falling back; with the cap over the whole op, 1-3 pairs and no slow run
+// (4xH200, zerocta-bench at 1 GiB in place, every op timed; docs/plots/busy-cap-4xH200). With
+// 2 ranks the two caps are one. Once the stream
 // has drained, only until the soft wait: a base for ranks that issue in step, plus the op's own
 // transfer time at ~400 GB/s, which is what the fallback would add on the device (one GPU
 // carrying both directions across processes runs them at half speed). A captured op waits up
@@ -33,10 +40,13 @@ class PairWait {
 
   // The soft wait of an op that moves `chunk` bytes per rank.
   static int64_t soft_us(uint64_t chunk);
+  // The longest wait of such an op with `peers` peers.
+  static int64_t cap_us(uint64_t chunk, int peers);
 
-  // A wait that starts at `start_us` (monotonic). `drained`: whether the op's stream has no work
-  // left before the op; never called for a captured op.
-  PairWait(int64_t start_us, uint64_t chunk, bool captured, std::function<bool()> drained);
+  // A wait that starts at `start_us` (monotonic) for an op of `peers` peers. `drained`: whether
+  // the op's stream has no work left before the op; never called for a captured op.
+  PairWait(int64_t start_us, uint64_t chunk, int peers, bool captured,
+           std::function<bool()> drained);
 
   // Whether to go on waiting at `now_us`.
   bool more(int64_t now_us);

@@ -21,6 +21,10 @@ constexpr int kFdAskTimeoutMs = 50;
 // Views (runs of a peer's allocations mapped back to back) a communicator keeps: one per buffer
 // its ops use, so a program that cycles through more buffers than this remaps some each time.
 constexpr size_t kMaxViews = 64;
+// Driver calls (cuMemUnmap, cuMemRelease; ~100 us of host time each, driver 580) that tidying
+// makes after one op: what the host's lead over its GPU absorbs (unmap_queue.h says what
+// more cost).
+constexpr size_t kReleaseCallsPerTidy = 4;
 
 template <typename T>
 bool attribute(const CudaDriver& cu, CUpointer_attribute a, uint64_t p, T* out) {
@@ -369,11 +373,16 @@ bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
   return true;
 }
 
-void PeerImports::release_view(const CudaDriver& cu, size_t i) {
+void PeerImports::retire_view(size_t i) {
   View& v = views_[i];
-  unmap_back_to_back(cu, v.va, v.sizes.data(), v.sizes.size());
-  for (uint64_t id : v.blocks) imports_[{v.pid, id}].views--;
+  unmapping_.add(v.va, std::move(v.sizes), v.pid, std::move(v.blocks));
   views_.erase(views_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+size_t PeerImports::drain_unmaps(const CudaDriver& cu, size_t max_calls) {
+  return unmapping_.drain(cu, max_calls, [this](int pid, const std::vector<uint64_t>& blocks) {
+    for (uint64_t id : blocks) imports_[{pid, id}].views--;
+  });
 }
 
 void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it) {
@@ -385,28 +394,16 @@ void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::it
   imports_.erase(it);
 }
 
-// One view over an allocation its owner freed, once its last op finished, and then the freed
-// imports no view maps any more. One view a call (a call a routed op): each cuMemUnmap costs
-// about 100 us of host time (driver 580), and releasing every such view at once stalled one op
-// of a loop for 3.4 ms (4xH200, zerocta-bench at 256 MiB in place, after the previous size's
-// buffers were freed: 251 GB/s against 358 with the releases held back). Spread over the
-// following ops, the host's lead over its GPU absorbs them.
-void PeerImports::release_freed(const CudaDriver& cu) {
+// Takes out of use every view over an allocation its owner freed, once its last op finished;
+// tidy unmaps them and then releases the imports, a few calls an op.
+void PeerImports::retire_freed() {
   auto over_freed = [&](const View& v) {
     for (uint64_t id : v.blocks)
       if (imports_[{v.pid, id}].freed) return true;
     return false;
   };
   for (size_t i = views_.size(); i-- > 0;)
-    if (views_[i].idle() && over_freed(views_[i])) {
-      release_view(cu, i);
-      break;
-    }
-  for (auto it = imports_.begin(); it != imports_.end();)
-    if (it->second.views == 0 && it->second.freed)
-      release_import(cu, it++);
-    else
-      ++it;
+    if (views_[i].idle() && over_freed(views_[i])) retire_view(i);
 }
 
 // Asks every owner which of our imports' allocations it still exports. An owner that does not
@@ -434,9 +431,9 @@ void PeerImports::mark_freed() {
 
 void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
   // Called after every op: it walks its views and imports only when an owner freed some of
-  // them (until they are gone) or a bound is exceeded.
+  // them (until they are gone), a bound is exceeded or views wait to be unmapped.
   if (ask_owners) mark_freed();
-  if (freed_ > 0) release_freed(cu);
+  if (freed_ > 0) retire_freed();
   while (views_.size() > kMaxViews) {
     size_t oldest = views_.size();
     for (size_t i = 0; i < views_.size(); ++i)
@@ -444,11 +441,20 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
           (oldest == views_.size() || views_[i].last_seq < views_[oldest].last_seq))
         oldest = i;
     if (oldest == views_.size()) break;
-    release_view(cu, oldest);
+    retire_view(oldest);
   }
+  size_t calls = drain_unmaps(cu, kReleaseCallsPerTidy);
+  for (auto it = imports_.begin();
+       freed_ > 0 && calls < kReleaseCallsPerTidy && it != imports_.end();)
+    if (it->second.views == 0 && it->second.freed) {
+      release_import(cu, it++);
+      ++calls;
+    } else {
+      ++it;
+    }
   // Imports beyond the budget, least recently used first (with their views, once those
-  // finished).
-  while (held_ > budget) {
+  // finished and were unmapped).
+  while (held_ > budget && calls < kReleaseCallsPerTidy) {
     auto lru = imports_.end();
     for (auto it = imports_.begin(); it != imports_.end(); ++it)
       if (lru == imports_.end() || it->second.last_seq < lru->second.last_seq) lru = it;
@@ -460,18 +466,20 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
           std::find(v.blocks.begin(), v.blocks.end(), lru->first.second) == v.blocks.end())
         continue;
       if (v.idle())
-        release_view(cu, i);
+        retire_view(i);
       else
         busy = true;
     }
-    if (busy) break;  // in use by an op still running: later
+    if (busy || lru->second.views > 0) break;  // in use, or not yet unmapped: later
     release_import(cu, lru);
+    ++calls;
   }
 }
 
 void PeerImports::release_idle(const CudaDriver& cu) {
   for (size_t i = views_.size(); i-- > 0;)
-    if (views_[i].idle()) release_view(cu, i);
+    if (views_[i].idle()) retire_view(i);
+  drain_unmaps(cu, SIZE_MAX);
   for (auto it = imports_.begin(); it != imports_.end();)
     if (it->second.views == 0)
       release_import(cu, it++);
@@ -483,7 +491,8 @@ PeerImports::~PeerImports() {
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;
   ScopedDevice on(device_);
-  while (!views_.empty()) release_view(*cu, views_.size() - 1);
+  while (!views_.empty()) retire_view(views_.size() - 1);
+  drain_unmaps(*cu, SIZE_MAX);
   while (!imports_.empty()) release_import(*cu, imports_.begin());
 }
 

@@ -27,8 +27,8 @@
 
 #include <cuda.h>
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +38,7 @@
 #include "cuda_driver.h"
 #include "direct_plan.h"
 #include "op_exchange.h"
+#include "unmap_queue.h"
 
 namespace zc {
 
@@ -93,7 +94,7 @@ using ViewPin = std::shared_ptr<std::atomic<int>>;
 // was freed by its owner, or when there are too many views; an import goes when no view maps it
 // and either its owner no longer exports it (it freed it: keeping the import would keep the
 // memory alive, out of its allocator's sight) or the imports hold more than their budget (least
-// recently used first).
+// recently used first). A view that goes is unmapped a few allocations per op (unmap_queue.h).
 class PeerImports {
  public:
   explicit PeerImports(int device) : device_(device) {}
@@ -107,11 +108,12 @@ class PeerImports {
   bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
                uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, Span* out,
                const char** why, ViewPin* pin = nullptr);
-  // Releases what may go (see the class comment). `ask_owners`: first ask each owner's fd
-  // service which allocations it still exports (a socket round trip per owner process).
+  // Releases what may go (see the class comment), a few driver calls'
+  // worth (peer_memory.cc, kReleaseCallsPerTidy). `ask_owners`: first ask each owner's fd service
+  // which allocations it still exports (a socket round trip per owner process).
   void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
   // Releases every view no live graph pins and whose ops have finished, and the imports no
-  // view maps any more (a suspended communicator).
+  // view maps any more (a suspended communicator), all at once.
   void release_idle(const CudaDriver& cu);
   uint64_t held_bytes() const { return held_; }
 
@@ -142,14 +144,17 @@ class PeerImports {
   View* map_view(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last, int pid,
                  const char** why);
   void mark_freed();
-  void release_freed(const CudaDriver& cu);
-  void release_view(const CudaDriver& cu, size_t i);
+  void retire_freed();
+  // Takes view i out of use and queues its unmapping; its imports count it until it is done.
+  void retire_view(size_t i);
+  size_t drain_unmaps(const CudaDriver& cu, size_t max_calls);
   void release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it);
   int device_;
   uint64_t held_ = 0;
   size_t freed_ = 0;  // imports whose owner freed them, still held
   std::map<Key, Import> imports_;
   std::vector<View> views_;
+  UnmapQueue unmapping_;
   std::map<int, std::string> owners_;  // pid -> its fd service's address
 };
 

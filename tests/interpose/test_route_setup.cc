@@ -1852,10 +1852,13 @@ TEST(RouteSetup, FabricOnlyBuffersAreReachedThroughTheirFabricHandles) {
   }
 }
 
-// The most mappings of imported allocations one process unmapped within one routed op: its
+// The mappings of imported allocations one process unmapped within its routed ops: its
 // fake-driver lines between two of its cuStreamIsCapturing calls (one a routed op); what
 // follows its last op (teardown) is not counted, nor are the program's unmaps of its own memory.
-int most_import_unmaps_in_one_op(const RunResult& r, const std::string& pid) {
+struct ImportUnmaps {
+  int most_in_one_op = 0, within_ops = 0;
+};
+ImportUnmaps import_unmaps_by_op(const RunResult& r, const std::string& pid) {
   auto field = [](const std::string& line, const std::string& key) {
     const size_t at = line.find(" " + key + "=");
     return at == std::string::npos ? std::string()
@@ -1864,11 +1867,13 @@ int most_import_unmaps_in_one_op(const RunResult& r, const std::string& pid) {
                                                      key.size() - 2);
   };
   std::set<std::string> imported, mapped;
-  int most = 0, now = 0;
+  ImportUnmaps u;
+  int now = 0;
   for (const std::string& line : r.log_lines()) {
     if (!contains(line, " pid=" + pid + " -> 0")) continue;
     if (line.rfind("cuda cuStreamIsCapturing ", 0) == 0) {
-      most = std::max(most, now);
+      u.most_in_one_op = std::max(u.most_in_one_op, now);
+      u.within_ops += now;
       now = 0;
     } else if (line.rfind("cuda cuMemImportFromShareableHandle ", 0) == 0) {
       imported.insert(field(line, "handle"));
@@ -1878,8 +1883,11 @@ int most_import_unmaps_in_one_op(const RunResult& r, const std::string& pid) {
       ++now;
     }
   }
-  return most;
+  return u;
 }
+
+// Driver calls that releasing peers' memory may make after one routed op (peer_memory.cc).
+constexpr int kReleaseCallsPerOp = 4;
 
 TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
   // New buffers every 10 ops, the old ones freed first (a caching allocator's empty_cache()):
@@ -1913,10 +1921,9 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
         << imports << " imports; the freed ones are still mapped\n"
         << r.describe();
     EXPECT_GE(cuda_calls(r, "cuMemUnmap", pid), imports - 16) << r.describe();
-    // One freed view a routed op (unmapping takes ~100 us of host time a mapping on a real
-    // driver): each buffer here is one allocation, so no op unmaps more than one mapping,
-    // though a sweep finds several generations freed at once.
-    EXPECT_EQ(most_import_unmaps_in_one_op(r, pid), 1) << r.describe();
+    // A few unmaps a routed op (each takes ~100 us of host time on a real driver), though a
+    // sweep finds several generations freed at once.
+    EXPECT_LE(import_unmaps_by_op(r, pid).most_in_one_op, kReleaseCallsPerOp) << r.describe();
     // The stats file (written at the communicator's teardown) counts the same mappings, and
     // the releases unmapped some of them.
     const std::string json = stats_file(s, pid);
@@ -1927,6 +1934,48 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
     EXPECT_GT(json_number(json, "host_post_micros"), 0) << json;
     expect_nothing_left(r, k);
   }
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+TEST(RouteSetup, AFreedBufferOfManyAllocationsIsUnmappedAFewAllocationsPerOp) {
+  // 12 MiB per rank in 2 MiB allocations (a 1 GiB tensor of PyTorch's 20 MiB chunks, scaled
+  // down), new buffers every 64 ops: the view a peer mapped over each freed chunk spans 6 or 7
+  // allocations. Unmapping them all within one op held a real host ~5 ms and made the
+  // peers give up waiting for it; so no op unmaps more than a few, and yet every freed
+  // generation's mappings go within the run.
+  constexpr int kOps = 256, kFreshEvery = 64;
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"DRV_AG_BYTES", std::to_string(12 << 20)},
+                                {"DRV_AG_CHUNK", std::to_string(2 << 20)},
+                                {"DRV_AG_REPEAT", std::to_string(kOps)},
+                                {"DRV_AG_FRESH_EVERY", std::to_string(kFreshEvery)},
+                                {"DRV_TIMEOUT_S", "60"}}),
+                          s);
+  expect_clean_pair(r, chan);
+  // A rank that always arrived first and left both copies to its peer imports nothing (the
+  // fake's copies are slow, its waits short): the counts are summed over both ranks.
+  int imports = 0, most = 0, within_ops = 0;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const std::string pid = pid_of(r, k);
+    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    imports += cuda_calls(r, "cuMemImportFromShareableHandle", pid);
+    const ImportUnmaps u = import_unmaps_by_op(r, pid);
+    EXPECT_LE(u.most_in_one_op, kReleaseCallsPerOp) << r.describe();
+    most = std::max(most, u.most_in_one_op);
+    within_ops += u.within_ops;
+    expect_nothing_left(r, k);
+  }
+  EXPECT_GE(imports, 4 * 6) << r.describe();  // a view of each generation at least
+  EXPECT_GE(most, 2) << "one allocation an op at most?\n" << r.describe();
+  // Of the four generations, the first three were freed (and their exports withdrawn and
+  // noticed) early enough for their mappings to go before the teardown (how many each
+  // generation's imports were varies with who copied: a third of them at least).
+  EXPECT_GE(within_ops, imports / 3) << r.describe();
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 

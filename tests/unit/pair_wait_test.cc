@@ -16,7 +16,7 @@ TEST(PairWait, SoftWaitGrowsWithTheChunk) {
 
 TEST(PairWait, DrainedStreamStopsAtTheSoftWait) {
   int queries = 0;
-  PairWait w(1000, kChunk, false, [&] {
+  PairWait w(1000, kChunk, 1, false, [&] {
     ++queries;
     return true;
   });
@@ -31,12 +31,13 @@ TEST(PairWait, DrainedStreamStopsAtTheSoftWait) {
 
 TEST(PairWait, BusyStreamKeepsWaitingUntilTheCap) {
   int queries = 0;
-  PairWait w(0, kChunk, false, [&] {
+  PairWait w(0, kChunk, 1, false, [&] {
     ++queries;
     return false;
   });
   const int64_t soft = PairWait::soft_us(kChunk);
-  const int64_t cap = PairWait::kCapFactor * soft;
+  const int64_t cap = PairWait::cap_us(kChunk, 1);
+  EXPECT_EQ(cap, PairWait::kCapFactor * soft) << "two ranks: one chunk";
   for (int64_t t = soft; t < cap; t += 10) ASSERT_TRUE(w.more(t)) << t;
   EXPECT_FALSE(w.more(cap));
   // Asked at most once per kQueryEveryUs over (soft, cap).
@@ -44,9 +45,27 @@ TEST(PairWait, BusyStreamKeepsWaitingUntilTheCap) {
   EXPECT_GE(queries, (cap - soft) / PairWait::kQueryEveryUs - 1);
 }
 
+TEST(PairWait, BusyStreamsCapCoversTheChunkToEveryPeer) {
+  // 4 ranks: the op moves 3 chunks, and a later rank's host may be held that long.
+  PairWait w(0, kChunk, 3, false, [] { return false; });
+  const int64_t cap = PairWait::cap_us(kChunk, 3);
+  EXPECT_EQ(cap, PairWait::kCapFactor * PairWait::soft_us(3 * kChunk));
+  EXPECT_GT(cap, PairWait::cap_us(kChunk, 1));
+  EXPECT_TRUE(w.more(PairWait::cap_us(kChunk, 1)));
+  EXPECT_TRUE(w.more(cap - 1));
+  EXPECT_FALSE(w.more(cap));
+}
+
+TEST(PairWait, DrainedStreamStopsAtTheSoftWaitOfOneChunkWhateverThePeers) {
+  // What the fall back adds on the device is one chunk's transfer, however many peers.
+  PairWait w(0, kChunk, 7, false, [] { return true; });
+  EXPECT_TRUE(w.more(PairWait::soft_us(kChunk) - 1));
+  EXPECT_FALSE(w.more(PairWait::soft_us(kChunk)));
+}
+
 TEST(PairWait, StreamThatDrainsMidWaitStopsAtTheNextQuery) {
   bool busy = true;
-  PairWait w(0, kChunk, false, [&] { return !busy; });
+  PairWait w(0, kChunk, 1, false, [&] { return !busy; });
   const int64_t soft = PairWait::soft_us(kChunk);
   EXPECT_TRUE(w.more(soft));
   busy = false;
@@ -55,7 +74,7 @@ TEST(PairWait, StreamThatDrainsMidWaitStopsAtTheNextQuery) {
 }
 
 TEST(PairWait, CapturedOpWaitsUntilTheCapWithoutAsking) {
-  PairWait w(0, kChunk, true, [] {
+  PairWait w(0, kChunk, 1, true, [] {
     ADD_FAILURE() << "a capturing stream must not be queried";
     return true;
   });

@@ -1,0 +1,40 @@
+#include "unmap_queue.h"
+
+#include <limits>
+#include <utility>
+
+namespace zc {
+
+void UnmapQueue::add(CUdeviceptr va, std::vector<uint64_t> sizes, int pid,
+                     std::vector<uint64_t> blocks) {
+  View v;
+  v.va = va;
+  v.sizes = std::move(sizes);
+  v.blocks = std::move(blocks);
+  v.pid = pid;
+  views_.push_back(std::move(v));
+}
+
+size_t UnmapQueue::drain(const CudaDriver& cu, size_t max_calls, const Finished& finished) {
+  size_t calls = 0;
+  while (!views_.empty()) {
+    View& v = views_.front();
+    while (v.unmapped < v.sizes.size() && calls < max_calls) {
+      cu.cuMemUnmap(v.va + v.offset, v.sizes[v.unmapped]);
+      v.offset += v.sizes[v.unmapped++];
+      ++calls;
+    }
+    if (v.unmapped < v.sizes.size()) break;  // out of calls for now
+    cu.cuMemAddressFree(v.va, v.offset);
+    const View done = std::move(v);
+    views_.pop_front();
+    if (finished) finished(done.pid, done.blocks);
+  }
+  return calls;
+}
+
+void UnmapQueue::drain_all(const CudaDriver& cu, const Finished& finished) {
+  drain(cu, std::numeric_limits<size_t>::max(), finished);
+}
+
+}  // namespace zc
