@@ -201,6 +201,13 @@ void expect_pair_imports(const RunResult& r, int imports[2] = nullptr) {
   }
 }
 
+// Rank k's all-gathers: none failed, `ops` of them took the route, and every output was right.
+void expect_rank_routed(const RunResult& r, int k, long long ops) {
+  EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, k, "ag.ag_ce"), ops) << r.describe();
+  EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+}
+
 // The shim's own resources are gone at the end: its registration of the channel, its streams
 // and events, the peers' allocations it imported (the driver freed its own).
 void expect_nothing_left(const RunResult& r, int k) {
@@ -1696,9 +1703,7 @@ void expect_comm_order(const char* interleave, const std::string& want) {
   expect_clean_pair(r, chan);
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
-    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), 3);
-    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_rank_routed(r, k, 3);
     EXPECT_EQ(comm_order_of(r, pid_of(r, k)), want) << r.describe();
     expect_nothing_left(r, k);
   }
@@ -1742,9 +1747,7 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     const std::string pid = pid_of(r, k);
-    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
-    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_rank_routed(r, k, kOps);
     EXPECT_LE(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 2) << r.describe();
     EXPECT_LE(cuda_calls(r, "cuMemExportToShareableHandle", pid), 2) << r.describe();
     copies += cuda_calls(r, "cuMemcpyAsync", pid);
@@ -1779,9 +1782,7 @@ TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     const std::string pid = pid_of(r, k);
-    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
-    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_rank_routed(r, k, kOps);
     copies += cuda_calls(r, "cuMemcpyAsync", pid);
     // At most the peer's 3 allocations under the chunk it writes to and the 3 under the chunk it
     // reads, once each, whatever the later ops do.
@@ -1836,9 +1837,7 @@ TEST(RouteSetup, FabricOnlyBuffersAreReachedThroughTheirFabricHandles) {
     for (int k = 0; k < 2; ++k) {
       SCOPED_TRACE("rank " + std::to_string(k));
       const std::string pid = pid_of(r, k);
-      EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-      EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps) << r.describe();
-      EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+      expect_rank_routed(r, k, kOps);
       const int imports = cuda_calls(r, "cuMemImportFromShareableHandle", pid);
       all_imports += imports;
       EXPECT_EQ(cuda_calls_with(r, "cuMemImportFromShareableHandle", pid, "type=8"), imports)
@@ -1910,9 +1909,7 @@ TEST(RouteSetup, ImportsOfBuffersTheirOwnerFreedAreReleased) {
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     const std::string pid = pid_of(r, k);
-    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
-    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_rank_routed(r, k, kOps);
     const int imports = cuda_calls(r, "cuMemImportFromShareableHandle", pid);
     EXPECT_GE(imports, kGenerations / 2) << r.describe();
     EXPECT_LE(imports, 2 * kGenerations) << "an allocation imported twice\n" << r.describe();
@@ -1960,9 +1957,7 @@ TEST(RouteSetup, AFreedBufferOfManyAllocationsIsUnmappedAFewAllocationsPerOp) {
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("rank " + std::to_string(k));
     const std::string pid = pid_of(r, k);
-    EXPECT_EQ(rnum(r, k, "ag.rc"), 0) << r.describe();
-    EXPECT_EQ(rnum(r, k, "ag.ag_ce"), kOps);
-    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    expect_rank_routed(r, k, kOps);
     imports += cuda_calls(r, "cuMemImportFromShareableHandle", pid);
     const ImportUnmaps u = import_unmaps_by_op(r, pid);
     EXPECT_LE(u.most_in_one_op, kReleaseCallsPerOp) << r.describe();
