@@ -22,8 +22,8 @@ constexpr int kFdAskTimeoutMs = 50;
 // its ops use, so a program that cycles through more buffers than this remaps some each time.
 constexpr size_t kMaxViews = 64;
 // Driver calls (cuMemUnmap, cuMemRelease; ~100 us of host time each, driver 580) that tidying
-// makes after one op: what the host's lead over its GPU absorbs (unmap_queue.h says what
-// more cost).
+// makes after one op: what the host's lead over its GPU absorbs (unmap_queue.h: what a whole
+// view at once cost).
 constexpr size_t kReleaseCallsPerTidy = 4;
 
 template <typename T>

@@ -108,9 +108,9 @@ class PeerImports {
   bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
                uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, Span* out,
                const char** why, ViewPin* pin = nullptr);
-  // Releases what may go (see the class comment), a few driver calls'
-  // worth (peer_memory.cc, kReleaseCallsPerTidy). `ask_owners`: first ask each owner's fd service
-  // which allocations it still exports (a socket round trip per owner process).
+  // Releases what may go (see the class comment), a few driver calls an op (peer_memory.cc,
+  // kReleaseCallsPerTidy). `ask_owners`: first ask each owner's fd service which allocations it
+  // still exports (a socket round trip per owner process).
   void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
   // Releases every view no live graph pins and whose ops have finished, and the imports no
   // view maps any more (a suspended communicator), all at once.
