@@ -516,6 +516,8 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   // Exports of allocations the application freed are withdrawn now and then, whatever route
   // the ops take (an export keeps its allocation alive); never during a capture.
   if (!x.capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
+  // Peers' memory their owners freed goes while none of this rank's copies run (peer_memory.h).
+  if (!x.capturing) ce->imports->release_while_idle(*cu, kHeldBudget);
   post_for(st, x.sendbuff, x.recvbuff, x.sendcount, x.datatype, x.chunk, x.capturing, &x.mine);
   x.lap(&x.host.post);
   const uint32_t me = static_cast<uint32_t>(st.rank);

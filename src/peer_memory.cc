@@ -25,6 +25,9 @@ constexpr size_t kMaxViews = 64;
 // makes after one op: what the host's lead over its GPU absorbs (unmap_queue.h: what a whole
 // view at once cost).
 constexpr size_t kReleaseCallsPerTidy = 4;
+// Peers' freed memory a rank may keep mapped while its own copies run (peer_memory.h:
+// releasing slows the copies in flight); above it, the release goes on anyway.
+constexpr uint64_t kFreedHeldWhileBusy = uint64_t{512} << 20;
 
 template <typename T>
 bool attribute(const CudaDriver& cu, CUpointer_attribute a, uint64_t p, T* out) {
@@ -386,7 +389,10 @@ size_t PeerImports::drain_unmaps(const CudaDriver& cu, size_t max_calls) {
 }
 
 void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it) {
-  if (it->second.freed) --freed_;
+  if (it->second.freed) {
+    --freed_;
+    freed_held_ -= it->second.bytes;
+  }
   cu.cuMemRelease(it->second.handle);
   held_ -= it->second.bytes;
   stats_pool_bytes_add(-static_cast<int64_t>(it->second.bytes));
@@ -425,6 +431,7 @@ void PeerImports::mark_freed() {
       if (!published[i] && !asked[i]->freed) {
         asked[i]->freed = true;
         ++freed_;
+        freed_held_ += asked[i]->bytes;
       }
   }
 }
@@ -443,6 +450,20 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
     if (oldest == views_.size()) break;
     retire_view(oldest);
   }
+  // The op just issued may be copying now: release only past a bound.
+  if (freed_held_ > kFreedHeldWhileBusy || unmapping_.size() > kMaxViews || held_ > budget)
+    release_some(cu, budget);
+}
+
+void PeerImports::release_while_idle(const CudaDriver& cu, uint64_t budget) {
+  if (unmapping_.empty() && freed_ == 0 && held_ <= budget) return;
+  for (const View& v : views_)
+    if (!v.done.passed()) return;  // this rank's copies may still run
+  if (freed_ > 0) retire_freed();
+  release_some(cu, budget);
+}
+
+void PeerImports::release_some(const CudaDriver& cu, uint64_t budget) {
   size_t calls = drain_unmaps(cu, kReleaseCallsPerTidy);
   for (auto it = imports_.begin();
        freed_ > 0 && calls < kReleaseCallsPerTidy && it != imports_.end();)

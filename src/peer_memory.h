@@ -94,7 +94,11 @@ using ViewPin = std::shared_ptr<std::atomic<int>>;
 // was freed by its owner, or when there are too many views; an import goes when no view maps it
 // and either its owner no longer exports it (it freed it: keeping the import would keep the
 // memory alive, out of its allocator's sight) or the imports hold more than their budget (least
-// recently used first). A view that goes is unmapped a few allocations per op (unmap_queue.h).
+// recently used first). A view that goes is unmapped a few allocations an op (unmap_queue.h),
+// and, below a bound on the freed memory held, only while this rank's copies are not running:
+// releasing while they ran slowed them (4xH200, 1 GiB in place: the ten ops during which the
+// previous size's freed buffers went ran 2.9-3.1 ms against 2.08; never releasing, 1.00x NCCL
+// CE's copy-engine path; docs/PERFORMANCE.md, "Three and four GPUs").
 class PeerImports {
  public:
   explicit PeerImports(int device) : device_(device) {}
@@ -108,10 +112,14 @@ class PeerImports {
   bool resolve(const CudaDriver& cu, const OpBuffer& buf, int pid, const char* fd_address,
                uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, Span* out,
                const char** why, ViewPin* pin = nullptr);
-  // Releases what may go (see the class comment), a few driver calls an op (peer_memory.cc,
-  // kReleaseCallsPerTidy). `ask_owners`: first ask each owner's fd service which allocations it
-  // still exports (a socket round trip per owner process).
+  // After an op: takes out of use what may go (see the class comment), and releases it, a few
+  // driver calls' worth (peer_memory.cc, kReleaseCallsPerTidy), only past a bound.
+  // `ask_owners`: first ask each owner's fd service which allocations it still exports (a
+  // socket round trip per owner process).
   void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
+  // Before an op: the same few calls' worth of releases, if every earlier op's copies have
+  // finished (told by their `done` flags; no CUDA call).
+  void release_while_idle(const CudaDriver& cu, uint64_t budget);
   // Releases every view no live graph pins and whose ops have finished, and the imports no
   // view maps any more (a suspended communicator), all at once.
   void release_idle(const CudaDriver& cu);
@@ -148,10 +156,12 @@ class PeerImports {
   // Takes view i out of use and queues its unmapping; its imports count it until it is done.
   void retire_view(size_t i);
   size_t drain_unmaps(const CudaDriver& cu, size_t max_calls);
+  void release_some(const CudaDriver& cu, uint64_t budget);
   void release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it);
   int device_;
   uint64_t held_ = 0;
-  size_t freed_ = 0;  // imports whose owner freed them, still held
+  size_t freed_ = 0;         // imports whose owner freed them, still held
+  uint64_t freed_held_ = 0;  // ... and their bytes
   std::map<Key, Import> imports_;
   std::vector<View> views_;
   UnmapQueue unmapping_;

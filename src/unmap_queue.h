@@ -6,8 +6,8 @@
 // zerocta-bench at 256 MiB in place, after the previous size's buffers were freed: 251 GB/s
 // against 358 with the releases held back); one view an op still meant ~5 ms on one op's host
 // thread for a 1 GiB view of 20 MiB allocations. A few calls an op fit in the host's lead over
-// its GPU. (The runs of slow ops that followed such releases on 4xH200 at 1 GiB in place were
-// the pair wait's doing, pair_wait.h: unmapping a few allocations an op alone left them.)
+// its GPU. (Whatever the pace, unmapping while the rank's copies run slows them: PeerImports
+// releases while they are idle, peer_memory.h.)
 #pragma once
 
 #include <cuda.h>
@@ -37,6 +37,7 @@ class UnmapQueue {
   // Everything at once (the communicator is going, or suspended).
   void drain_all(const CudaDriver& cu, const Finished& finished);
   bool empty() const { return views_.empty(); }
+  size_t size() const { return views_.size(); }
 
  private:
   struct View {
