@@ -21,10 +21,10 @@ constexpr int kFdAskTimeoutMs = 50;
 // Views (runs of a peer's allocations mapped back to back) a communicator keeps: one per buffer
 // its ops use, so a program that cycles through more buffers than this remaps some each time.
 constexpr size_t kMaxViews = 64;
-// Driver calls (cuMemUnmap, cuMemRelease; ~100 us of host time each, driver 580) that tidying
-// makes after one op: what the host's lead over its GPU absorbs (unmap_queue.h: what a whole
-// view at once cost).
-constexpr size_t kReleaseCallsPerTidy = 4;
+// Driver calls (cuMemUnmap, cuMemRelease; ~100 us of host time each, driver 580) that releasing
+// makes at one op: what the host's lead over its GPU absorbs (unmap_queue.h: what a whole view
+// at once cost).
+constexpr size_t kReleaseCallsPerOp = 4;
 // Peers' freed memory a rank may keep mapped while its own copies run (peer_memory.h:
 // releasing slows the copies in flight); above it, the release goes on anyway.
 constexpr uint64_t kFreedHeldWhileBusy = uint64_t{512} << 20;
@@ -401,7 +401,7 @@ void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::it
 }
 
 // Takes out of use every view over an allocation its owner freed, once its last op finished;
-// tidy unmaps them and then releases the imports, a few calls an op.
+// release_some unmaps them and then releases the imports, a few calls an op.
 void PeerImports::retire_freed() {
   auto over_freed = [&](const View& v) {
     for (uint64_t id : v.blocks)
@@ -464,9 +464,9 @@ void PeerImports::release_while_idle(const CudaDriver& cu, uint64_t budget) {
 }
 
 void PeerImports::release_some(const CudaDriver& cu, uint64_t budget) {
-  size_t calls = drain_unmaps(cu, kReleaseCallsPerTidy);
+  size_t calls = drain_unmaps(cu, kReleaseCallsPerOp);
   for (auto it = imports_.begin();
-       freed_ > 0 && calls < kReleaseCallsPerTidy && it != imports_.end();)
+       freed_ > 0 && calls < kReleaseCallsPerOp && it != imports_.end();)
     if (it->second.views == 0 && it->second.freed) {
       release_import(cu, it++);
       ++calls;
@@ -475,7 +475,7 @@ void PeerImports::release_some(const CudaDriver& cu, uint64_t budget) {
     }
   // Imports beyond the budget, least recently used first (with their views, once those
   // finished and were unmapped).
-  while (held_ > budget && calls < kReleaseCallsPerTidy) {
+  while (held_ > budget && calls < kReleaseCallsPerOp) {
     auto lru = imports_.end();
     for (auto it = imports_.begin(); it != imports_.end(); ++it)
       if (lru == imports_.end() || it->second.last_seq < lru->second.last_seq) lru = it;

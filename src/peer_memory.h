@@ -113,7 +113,7 @@ class PeerImports {
                uint64_t addr, uint64_t bytes, uint64_t seq, DoneMark done, Span* out,
                const char** why, ViewPin* pin = nullptr);
   // After an op: takes out of use what may go (see the class comment), and releases it, a few
-  // driver calls' worth (peer_memory.cc, kReleaseCallsPerTidy), only past a bound.
+  // driver calls' worth (peer_memory.cc, kReleaseCallsPerOp), only past a bound.
   // `ask_owners`: first ask each owner's fd service which allocations it still exports (a
   // socket round trip per owner process).
   void tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget);
