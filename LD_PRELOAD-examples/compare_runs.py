@@ -10,8 +10,9 @@ step), whether every rank's final weights are (their checksums), both runs' medi
 and the ratio zerocta/plain, when both runs were profiled (fsdp2_gpt.py --profile-steps) their
 exposed all-gather share and time per step (exposed_comm.py), and the routes zerocta counted
 for the all-gathers: from the ZEROCTA_STATS JSON files in --stats-dir (one per rank, the whole
-process life) when given, else from the counters the record holds (taken in-process after the
-last step). The last line is the verdict. Exit status: 0 MATCH, 1 MISMATCH or an invalid run,
+process life) when given, with how the route's pairs across processes were settled (the pairs
+that fell back to "later does both", at half speed), else from the counters the record holds
+(taken in-process after the last step). The last line is the verdict. Exit status: 0 MATCH, 1 MISMATCH or an invalid run,
 2 a usage problem.
 
 --second-plain: the second run is also without zerocta (a determinism check of the program
@@ -63,6 +64,30 @@ def allgather_routes_from_stats_files(stats_dir):
         for key in ("comms_created", "comms_zero_policy", "comms_ce_ready"):
             comms[key] = comms.get(key, 0) + s.get(key, 0)
     return routes, comms, ranks
+
+
+def pair_settlements_from_stats_files(stats_dir):
+    """How the route's pairs across processes were settled, from the ZEROCTA_STATS JSON files
+    in stats_dir: [(each_pushes, later_does_both)] per process that created a communicator.
+    "Later does both" is the pair's fallback at half speed (docs/ARCHITECTURE.md): how often a
+    run took it is what moves a comm-heavy step time between runs."""
+    pairs = []
+    for path in sorted(glob.glob(os.path.join(stats_dir, "*.json"))):
+        s = load(path)
+        if s.get("comms_created", 0) > 0:
+            route = s.get("route", {})
+            pairs.append((route.get("pairs_each_pushes", 0),
+                          route.get("pairs_later_does_both", 0)))
+    return pairs
+
+
+def describe_pairs(pairs):
+    each = sum(e for e, _ in pairs)
+    later = sum(l for _, l in pairs)
+    if each + later == 0:
+        return "none settled"
+    return ("each pushes %d, later does both %d (%.1f %%; per process %s)" %
+            (each, later, 100.0 * later / (each + later), ", ".join(str(l) for _, l in pairs)))
 
 
 def allgather_routes_from_record(zerocta):
@@ -163,8 +188,10 @@ def compare(plain, other, second_plain, stats_dir):
         summary["exposed_allgather"] = {"plain": {"share": e0[0], "ms_per_step": e0[1]},
                                         "other": {"share": e1[0], "ms_per_step": e1[1]}}
     if not second_plain:
+        pairs = None
         if stats_dir:
             routes, comms, n_files = allgather_routes_from_stats_files(stats_dir)
+            pairs = pair_settlements_from_stats_files(stats_dir)
             source = "ZEROCTA_STATS files of %d ranks" % n_files
             if n_files != plain.get("world_size"):
                 problems.append("ZEROCTA_STATS files of %d processes with communicators in %s, "
@@ -178,6 +205,10 @@ def compare(plain, other, second_plain, stats_dir):
         lines.append("zerocta communicators: created %s, zero CTA policy %s, copy-engine pool %s"
                      % (comms.get("comms_created"), comms.get("comms_zero_policy"),
                         comms.get("comms_ce_ready")))
+        if pairs is not None:
+            lines.append("zerocta pairs across processes: %s" % describe_pairs(pairs))
+            summary["pairs"] = {"each_pushes": [e for e, _ in pairs],
+                                "later_does_both": [l for _, l in pairs]}
         summary["allgather_routes"] = {r: {"calls": c, "bytes": b} for r, (c, b) in
                                        routes.items()}
         summary["comms"] = comms
