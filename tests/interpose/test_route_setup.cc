@@ -1762,6 +1762,39 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
+TEST(RouteSetup, EightProcessesRouteEveryAllGatherInAndOutOfPlace) {
+  // One process per GPU of an 8-GPU host, which the GPU tests never had: auto stops at
+  // ZEROCTA_AUTO_MAX_RANKS=4 until 8 GPUs are measured, so this asks for the route itself.
+  // Every op of every rank takes it and gathers the right bytes, through the op ring's wrap
+  // and buffers freed and made again, and each op is 28 pairs settled by their later ranks.
+  constexpr int kRanks = 8, kOps = 20;
+  for (const char* in_place : {"0", "1"}) {
+    SCOPED_TRACE(std::string("DRV_AG_IN_PLACE=") + in_place);
+    Scratch s, chan, rdv;
+    RunResult r = run_route({"ranks", std::to_string(kRanks), "basic"},
+                            with(route_env(chan, rdv, unique_id_text()),
+                                 {{"FAKE_CUDA_DEVICES", std::to_string(kRanks)},
+                                  {"ZEROCTA_ALLGATHER", "zerocta"},
+                                  {"DRV_AG_REPEAT", std::to_string(kOps)},
+                                  {"DRV_AG_FRESH_EVERY", "7"},
+                                  {"DRV_AG_IN_PLACE", in_place},
+                                  {"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}}),
+                            s);
+    expect_clean_pair(r, chan, kRanks);
+    long long pairs = 0;
+    for (int k = 0; k < kRanks; ++k) {
+      SCOPED_TRACE("rank " + std::to_string(k));
+      expect_rank_routed(r, k, kOps);
+      EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+      const std::string json = stats_file(s, pid_of(r, k));
+      pairs += json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both");
+      expect_nothing_left(r, k);
+    }
+    EXPECT_EQ(pairs, kOps * kRanks * (kRanks - 1) / 2) << r.describe();
+    EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+  }
+}
+
 TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   // Buffers laid across 2 MiB allocations mapped back to back (PyTorch's expandable segments
   // use 20 MiB ones): 5 MiB per rank, so each chunk a peer writes or reads lies in 3 of them.
