@@ -12,8 +12,8 @@ exposed all-gather share and time per step (exposed_comm.py), and the routes zer
 for the all-gathers: from the ZEROCTA_STATS JSON files in --stats-dir (one per rank, the whole
 process life) when given, with how the route's pairs across processes were settled (the pairs
 that fell back to "later does both", at half speed), else from the counters the record holds
-(taken in-process after the last step). The last line is the verdict. Exit status: 0 MATCH, 1 MISMATCH or an invalid run,
-2 a usage problem.
+(taken in-process after the last step). The last line is the verdict. Exit status: 0 MATCH,
+1 MISMATCH or an invalid run, 2 a usage problem.
 
 --second-plain: the second run is also without zerocta (a determinism check of the program
 itself: run_pair.sh BASELINE_TWICE=1).
