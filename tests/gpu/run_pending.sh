@@ -50,6 +50,13 @@
 #   soak-mixed-4   the same with rank 0 on cudaMalloc, NCCL_GRAPH_REGISTER=0
 #   torch-4        PyTorch, 4 processes, expandable segments (run_zero_copy.sh torch-expandable)
 #   fsdp2-4        FSDP2 comm and compute on 4 ranks, plain against zerocta-run --allgather auto
+# Parts x8 and x8f (8 GPUs; never lent so far): what it takes to raise ZEROCTA_AUTO_MAX_RANKS
+#   from 4. auto stops at 4 ranks, so these ask for the route itself (ZEROCTA_ALLGATHER=zerocta):
+#   bench-8        zerocta-bench -g 8, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
+#   contention-8   fixed-work overlap on 8 GPUs, 5 runs, in and out of place
+#   soak-cumem-8   the soak on 8 ranks, 7000 iterations
+#   fsdp2-8 (x8f)  FSDP2 comm and compute on 8 ranks, plain against zerocta-run --allgather
+#                  zerocta
 #
 # Logs go to OUTDIR/PART/; then OUTDIR/PART.tgz holds them all (the device tool brings back few
 # files) and a PASS/FAIL table ends the output. Exit status 1 if a step failed.
@@ -57,8 +64,8 @@ set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|x4)$ ]]; then
-  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|x4 OUTDIR" >&2
+if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|x4|x8|x8f)$ ]]; then
+  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|x4|x8|x8f OUTDIR" >&2
   exit 2
 fi
 PART=$1
@@ -167,6 +174,16 @@ case "$PART" in
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy-4"
     step fsdp2-4 260 env FSDP_ARGS="--steps 40" \
       "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 4 "$OUT/fsdp2-4" comm compute
+    ;;
+  x8)
+    bench bench-8 150 -g 8 --alloc cumem
+    bench contention-8 220 -g 8 --alloc cumem --paths none --contention \
+      --contention-paths nccl-kernel,nccl-ce,zerocta --repeats 5 --contention-placement both
+    soak soak-cumem-8 150 8 cumem 7000
+    ;;
+  x8f)
+    step fsdp2-8 400 env FSDP_ARGS="--steps 40" ZEROCTA_FSDP_ALLGATHER=zerocta \
+      "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 8 "$OUT/fsdp2-8" comm compute
     ;;
 esac
 
