@@ -1,6 +1,5 @@
 #include "unmap_queue.h"
 
-#include <limits>
 #include <utility>
 
 namespace zc {
@@ -31,10 +30,6 @@ size_t UnmapQueue::drain(const CudaDriver& cu, size_t max_calls, const Finished&
     if (finished) finished(done.pid, done.blocks);
   }
   return calls;
-}
-
-void UnmapQueue::drain_all(const CudaDriver& cu, const Finished& finished) {
-  drain(cu, std::numeric_limits<size_t>::max(), finished);
 }
 
 }  // namespace zc

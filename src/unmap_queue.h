@@ -31,11 +31,10 @@ class UnmapQueue {
   // A view at `va` whose allocations, in address order, have `sizes` bytes and `blocks` ids.
   // Nothing may use it any more.
   void add(CUdeviceptr va, std::vector<uint64_t> sizes, int pid, std::vector<uint64_t> blocks);
-  // Makes at most `max_calls` cuMemUnmap calls, oldest view first; frees the range of each view
-  // it finishes and reports it to `finished`. Returns the calls made.
+  // Makes at most `max_calls` cuMemUnmap calls (SIZE_MAX: everything at once, when the
+  // communicator is going or suspended), oldest view first; frees the range of each view it
+  // finishes and reports it to `finished`. Returns the calls made.
   size_t drain(const CudaDriver& cu, size_t max_calls, const Finished& finished);
-  // Everything at once (the communicator is going, or suspended).
-  void drain_all(const CudaDriver& cu, const Finished& finished);
   bool empty() const { return views_.empty(); }
   size_t size() const { return views_.size(); }
 

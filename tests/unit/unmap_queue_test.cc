@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -83,7 +84,7 @@ TEST(UnmapQueue, OneCallCanFinishOneViewAndStartTheNext) {
   ASSERT_EQ(g_frees.size(), 1u);
   EXPECT_EQ(g_unmaps.back().first, 0x900000u);
   EXPECT_FALSE(q.empty());
-  q.drain_all(cu, finished);
+  q.drain(cu, SIZE_MAX, finished);
   EXPECT_EQ(finished_pids, (std::vector<int>{1, 2}));
   EXPECT_EQ(g_unmaps.size(), 5u);
   ASSERT_EQ(g_frees.size(), 2u);
