@@ -48,14 +48,18 @@ def first_loss_difference(a, b):
     return first
 
 
-def allgather_routes_from_stats_files(stats_dir):
-    """Sums of the ZEROCTA_STATS JSON files in stats_dir (src/stats.cc's format):
-    ({route: [calls, bytes]} for op allgather, comm counters, number of files of processes
-    that created a communicator). A process forked from a rank without exec writes a file
-    of zeros at exit; such files add nothing and are not counted as ranks."""
+def load_stats_files(stats_dir):
+    """The ZEROCTA_STATS JSON files in stats_dir (src/stats.cc's format), one per process, in
+    name order."""
+    return [load(path) for path in sorted(glob.glob(os.path.join(stats_dir, "*.json")))]
+
+
+def allgather_routes_from_stats(stats):
+    """Sums of those files: ({route: [calls, bytes]} for op allgather, comm counters, number of
+    files of processes that created a communicator). A process forked from a rank without
+    exec writes a file of zeros at exit; such files add nothing and are not counted as ranks."""
     routes, comms, ranks = {}, {}, 0
-    for path in sorted(glob.glob(os.path.join(stats_dir, "*.json"))):
-        s = load(path)
+    for s in stats:
         ranks += s.get("comms_created", 0) > 0
         for route, c in s.get("ops", {}).get("allgather", {}).items():
             acc = routes.setdefault(route, [0, 0])
@@ -66,19 +70,14 @@ def allgather_routes_from_stats_files(stats_dir):
     return routes, comms, ranks
 
 
-def pair_settlements_from_stats_files(stats_dir):
-    """How the route's pairs across processes were settled, from the ZEROCTA_STATS JSON files
-    in stats_dir: [(each_pushes, later_does_both)] per process that created a communicator.
-    "Later does both" is the pair's fallback at half speed (docs/ARCHITECTURE.md): how often a
-    run took it is what moves a comm-heavy step time between runs."""
-    pairs = []
-    for path in sorted(glob.glob(os.path.join(stats_dir, "*.json"))):
-        s = load(path)
-        if s.get("comms_created", 0) > 0:
-            route = s.get("route", {})
-            pairs.append((route.get("pairs_each_pushes", 0),
-                          route.get("pairs_later_does_both", 0)))
-    return pairs
+def pair_settlements_from_stats(stats):
+    """How the route's pairs across processes were settled, from those files:
+    [(each_pushes, later_does_both)] per process that created a communicator. "Later does
+    both" is the pair's fallback at half speed (docs/ARCHITECTURE.md): how often a run took it
+    is what moves a comm-heavy step time between runs."""
+    return [(s.get("route", {}).get("pairs_each_pushes", 0),
+             s.get("route", {}).get("pairs_later_does_both", 0))
+            for s in stats if s.get("comms_created", 0) > 0]
 
 
 def describe_pairs(pairs):
@@ -190,8 +189,9 @@ def compare(plain, other, second_plain, stats_dir):
     if not second_plain:
         pairs = None
         if stats_dir:
-            routes, comms, n_files = allgather_routes_from_stats_files(stats_dir)
-            pairs = pair_settlements_from_stats_files(stats_dir)
+            stats = load_stats_files(stats_dir)
+            routes, comms, n_files = allgather_routes_from_stats(stats)
+            pairs = pair_settlements_from_stats(stats)
             source = "ZEROCTA_STATS files of %d ranks" % n_files
             if n_files != plain.get("world_size"):
                 problems.append("ZEROCTA_STATS files of %d processes with communicators in %s, "
