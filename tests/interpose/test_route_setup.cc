@@ -229,6 +229,12 @@ long long json_number(const std::string& json, const std::string& key) {
   return at == std::string::npos ? -1 : std::atoll(json.c_str() + at + key.size() + 3);
 }
 
+// The pairs a rank's ZEROCTA_STATS JSON says it settled, either way (each pushes, or it was the
+// later rank and did both copies).
+long long pairs_settled(const std::string& json) {
+  return json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both");
+}
+
 // Every rank committed and its all-gather took the route, moving real data between the two
 // processes through imports of each other's buffers.
 void expect_committed_pair(const RunResult& r, const std::string& ag = "ag") {
@@ -650,9 +656,7 @@ TEST(RouteSetup, OneThreadsGroupOverEveryRankGoesTogetherOnTheRingsFlags) {
     EXPECT_EQ(r.num("ag.ag_ce"), 2);
     const std::string json = stats_file(s, pid);
     EXPECT_EQ(json_number(json, "local_group_ops"), 2) << json;
-    EXPECT_EQ(json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both"),
-              0)
-        << json;
+    EXPECT_EQ(pairs_settled(json), 0) << json;
     for (const char* flag_op : {"cuStreamWaitValue32", "cuStreamWriteValue32"})
       EXPECT_EQ(cuda_lines(r, flag_op, pid), 4) << flag_op << "\n" << r.describe();
     // Two pushes, and out of place each rank's own chunk.
@@ -1751,8 +1755,7 @@ TEST(RouteSetup, ManyOpsOnTheSameBuffersWrapTheOpRing) {
     EXPECT_LE(cuda_calls(r, "cuMemImportFromShareableHandle", pid), 2) << r.describe();
     EXPECT_LE(cuda_calls(r, "cuMemExportToShareableHandle", pid), 2) << r.describe();
     copies += cuda_calls(r, "cuMemcpyAsync", pid);
-    const std::string json = stats_file(s, pid);
-    pairs += json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both");
+    pairs += pairs_settled(stats_file(s, pid));
     expect_nothing_left(r, k);
   }
   // Per op: each rank's own chunk, and the two chunks that cross, whoever copies them.
@@ -1786,8 +1789,7 @@ TEST(RouteSetup, EightProcessesRouteEveryAllGatherInAndOutOfPlace) {
       SCOPED_TRACE("rank " + std::to_string(k));
       expect_rank_routed(r, k, kOps);
       EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
-      const std::string json = stats_file(s, pid_of(r, k));
-      pairs += json_number(json, "pairs_each_pushes") + json_number(json, "pairs_later_does_both");
+      pairs += pairs_settled(stats_file(s, pid_of(r, k)));
       expect_nothing_left(r, k);
     }
     EXPECT_EQ(pairs, kOps * kRanks * (kRanks - 1) / 2) << r.describe();
