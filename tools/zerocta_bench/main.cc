@@ -112,9 +112,9 @@ double print_plan(const Options& o, int nranks) {
   printf("# Plan (estimates are pessimistic; startup dominates):\n");
   for (PathId p : o.paths) {
     double e = estimate_sweep_s(o, p, nranks);
-    total += e;
-    printf("#   sweep      %-13s %-14s ~%5.0f s (limit %d s)\n", op_name(o.op), path_name(p), e,
-           path_timeout_s(o, e));
+    total += e * o.rounds;
+    printf("#   sweep      %-13s %-14s ~%5.0f s x %d rounds (limit %d s each)\n", op_name(o.op),
+           path_name(p), e, o.rounds, path_timeout_s(o, e));
   }
   if (o.contention)
     for (PathId p : o.contention_paths) {
@@ -299,7 +299,7 @@ void run_contention_study(BenchReport* b, const std::vector<std::string>& args,
   printf("#\n# Contention: %d run(s) of %zu paths, order rotated each run\n", o.repeats,
          o.contention_paths.size());
   for (int rep = 0; rep < o.repeats; ++rep) {
-    const std::vector<PathId> order = contention_run_order(o.contention_paths, rep);
+    const std::vector<PathId> order = rotated_run_order(o.contention_paths, rep);
     for (size_t pos = 0; pos < order.size(); ++pos) {
       ContentionResult& r =
           *std::find_if(b->contention.begin(), b->contention.end(),
@@ -384,20 +384,24 @@ int main(int argc, char** argv) {
   // Workers get the user's command line (they re-parse it) plus the hidden worker flags.
   std::vector<std::string> args(argv + 1, argv + argc);
 
-  for (PathId p : o.paths) {
-    b.sweep.emplace_back();
-    PathResult& r = b.sweep.back();
-    r.path = p;
-    const int limit = next_limit(o, estimate_sweep_s(o, p, b.nranks), start);
-    if (b.interrupted || limit <= 0) {
-      r.status = "SKIPPED";
-      r.error = b.interrupted ? "interrupted" : "--deadline reached";
-      printf("#\n# Path %s: SKIPPED (%s)\n", path_name(p), r.error.c_str());
-      continue;
+  b.sweep.reserve(o.paths.size() * o.rounds);  // run_sweep_path holds a reference into it
+  for (int round = 0; round < o.rounds; ++round)
+    for (PathId p : rotated_run_order(o.paths, round)) {
+      b.sweep.emplace_back();
+      PathResult& r = b.sweep.back();
+      r.path = p;
+      r.round = round;
+      const int limit = next_limit(o, estimate_sweep_s(o, p, b.nranks), start);
+      if (b.interrupted || limit <= 0) {
+        r.status = "SKIPPED";
+        r.error = b.interrupted ? "interrupted" : "--deadline reached";
+        printf("#\n# Path %s: SKIPPED (%s)\n", path_name(p), r.error.c_str());
+        continue;
+      }
+      run_sweep_path(&b, &r, args, limit);
     }
-    run_sweep_path(&b, &r, args, limit);
-  }
   print_comparison(stdout, b);
+  print_rounds(stdout, b);
 
   if (o.contention) run_contention_study(&b, args, start);
 

@@ -189,7 +189,7 @@ std::vector<bool> contention_placements(const std::string& which) {
   return {false, true};  // nccl-tests' order: out-of-place first
 }
 
-std::vector<PathId> contention_run_order(const std::vector<PathId>& paths, int repeat) {
+std::vector<PathId> rotated_run_order(const std::vector<PathId>& paths, int repeat) {
   std::vector<PathId> out;
   const size_t n = paths.size();
   for (size_t i = 0; i < n; ++i) out.push_back(paths[(i + static_cast<size_t>(repeat)) % n]);
@@ -452,6 +452,10 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (v != "in" && v != "out" && v != "both") return bad(v, "in|out|both");
       o->contention_placement = v;
       o->contention = true;
+    } else if (a == "--rounds") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 100, &n)) return bad(v, "1..100");
+      o->rounds = static_cast<int>(n);
     } else if (a == "--repeats") {
       if (!need(&v)) return false;
       if (!parse_int(v, 1, 1000, &n)) return bad(v, "1..1000");
@@ -616,6 +620,10 @@ Other options:
   --graph                the sweep's checked op and timed iterations are replays of a CUDA
                          graph that captured the op once per size and placement (global
                          capture mode); the first-op column stays eager
+  --rounds R             the sweep's paths R times (default 1), the order rotated each round,
+                         then each path's busbw and its ratio to nccl-ce (else nccl-kernel)
+                         in the same round: median (min..max) over the rounds, and in how many
+                         rounds it was at least the baseline's
   --events-every K       a timed event every K ops of a timed loop (default: the loop in 5
                          runs, so the median columns are the median run's time per op); 1
                          times each op, which lengthens a route's op on a stream that only

@@ -114,6 +114,10 @@ struct Options {
   // --events-every K: a timed event every K ops of a timed loop; 0: five runs (timing.h says
   // why not after every op).
   int events_every = 0;
+  // --rounds R: the whole sweep path set R times, the order rotated each round, and a table of
+  // each path's busbw and its ratio to the baseline in the same round, median (min..max): a
+  // difference of 1 % between two paths is within one run's noise on these hosts.
+  int rounds = 1;
   std::string zerocta_lib;  // resolved by the parent; "" = not given
   bool allow_fallback = false;
   uint64_t seed = 0x5a3c7e11ull;
@@ -183,9 +187,10 @@ std::vector<uint64_t> sweep_sizes(const Options& o);
 // Ops between two timed events of a loop of n ops: --events-every, else a fifth of n (at least 1).
 int events_every(const Options& o, int n);
 
-// The contention run order of repeat `repeat` (0-based): `paths` rotated left by `repeat`, so
-// every path runs at every position over the repeats (interleaved, not path after path).
-std::vector<PathId> contention_run_order(const std::vector<PathId>& paths, int repeat);
+// The path order of repeat `repeat` (0-based; a contention repeat or a sweep round): `paths`
+// rotated left by `repeat`, so every path runs at every position over the repeats (interleaved,
+// not path after path).
+std::vector<PathId> rotated_run_order(const std::vector<PathId>& paths, int repeat);
 
 // Per-rank element count for a total size (0 when the size is too small for nranks ranks).
 uint64_t per_rank_count(uint64_t total_bytes, int nranks, int dtype_bytes);

@@ -82,9 +82,10 @@ double max_init(const std::vector<InitTimesMsg>& v, double InitTimesMsg::*field)
 
 double safe_ratio(double a, double b) { return b > 0 ? a / b : NAN; }
 
-const PathResult* find_path(const BenchReport& b, PathId p) {
+const PathResult* find_path(const BenchReport& b, PathId p, int round) {
   for (const PathResult& r : b.sweep)
-    if (r.path == p && r.status != "NOT RUN" && r.status != "SKIPPED") return &r;
+    if (r.path == p && r.round == round && r.status != "NOT RUN" && r.status != "SKIPPED")
+      return &r;
   return nullptr;
 }
 
@@ -250,6 +251,7 @@ std::string route_tag(const uint64_t* routes) {
 
 void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
   fprintf(f, "#\n# Path %s: %s\n", path_name(r.path), path_description(r.path, b.o->op).c_str());
+  if (b.o->rounds > 1) fprintf(f, "# round %d of %d\n", r.round + 1, b.o->rounds);
   fprintf(f,
           "# op %s  nranks %d  minBytes %llu  maxBytes %llu  step: %llu(factor)  warmup iters: %d  "
           "iters: %d (a timed event every %d)  validation: %d  timeout: %d s\n",

@@ -50,6 +50,7 @@ struct RankInfo {
 
 struct PathResult {
   PathId path = PathId::kNcclKernel;
+  int round = 0;                   // --rounds: which run of the path set (0-based)
   std::string status = "NOT RUN";  // OK | FAILED | SKIPPED | NOT RUN
   std::string error;
   double seconds = 0;
@@ -125,8 +126,8 @@ bool add_init(PathResult* r, const InitTimesMsg& m, int nranks);
 
 // a / b, NaN when b is not positive.
 double safe_ratio(double a, double b);
-// The sweep result of path p if it ran (not NOT RUN or SKIPPED), else nullptr.
-const PathResult* find_path(const BenchReport& b, PathId p);
+// The sweep result of path p in round `round` if it ran (not NOT RUN or SKIPPED), else nullptr.
+const PathResult* find_path(const BenchReport& b, PathId p, int round = 0);
 // busbw of row i of r (max-time based), NaN when r is null or the row is incomplete.
 double busbw_at(const PathResult* r, size_t i, bool in_place, int nranks);
 
@@ -160,6 +161,19 @@ void print_contention_run(FILE* f, const ContentionResult& r, const ContentionRu
 // What a path's buffers are: "cudamalloc", "cumem", "ncclMemAlloc+window" (nccl-ce),
 // "cudaMalloc (peer)" for the single-process peer paths.
 std::string path_alloc_label(PathId p, BufferAlloc alloc);
+
+// --rounds (report_rounds.cc): one path's busbw at one row over the rounds, and its ratio to the
+// baseline's busbw in the same round (paired, so that a host's drift between rounds cancels).
+struct RoundsCell {
+  Spread busbw;           // over the rounds in which the path completed the row
+  Spread ratio;           // path / baseline, over the rounds in which both did
+  int at_least_base = 0;  // rounds in which the ratio was >= 1
+};
+RoundsCell rounds_cell(const BenchReport& b, PathId path, PathId base, size_t i, bool in_place);
+// The rounds table's baseline: nccl-ce where it ran, else nccl-kernel; false when neither did.
+bool rounds_baseline(const BenchReport& b, PathId* base);
+// The rounds table (nothing with one round).
+void print_rounds(FILE* f, const BenchReport& b);
 
 // The --json document.
 std::string report_json(const BenchReport& b);

@@ -166,10 +166,11 @@ void print_init_comparison(FILE* f, const BenchReport& b,
 }  // namespace
 
 void print_comparison(FILE* f, const BenchReport& b) {
-  std::vector<const PathResult*> cols;
+  std::vector<const PathResult*> cols;  // the first round's (print_rounds has every round)
   for (const PathResult& r : b.sweep)
-    if (find_path(b, r.path)) cols.push_back(&r);
+    if (find_path(b, r.path) == &r) cols.push_back(&r);
   if (cols.empty()) return;
+  if (b.o->rounds > 1) fprintf(f, "#\n# The tables below: round 1 of %d\n", b.o->rounds);
   print_comparison_tables(f, b, cols);
   print_ratio_summary(f, b, cols);
   print_init_comparison(f, b, cols);

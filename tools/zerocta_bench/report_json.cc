@@ -60,7 +60,7 @@ void write_options(JsonWriter& w, const BenchReport& b) {
   w.kv("root", o.op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   w.kv("min_bytes", o.min_bytes).kv("max_bytes", o.max_bytes).kv("step_factor", o.step_factor);
   w.kv("iters", o.iters).kv("warmups", o.warmups).kv("check", o.check);
-  w.kv("events_every", events_every(o, o.iters));
+  w.kv("events_every", events_every(o, o.iters)).kv("rounds", o.rounds);
   w.kv("dtype", o.dtype.name).kv("dtype_bytes", o.dtype.bytes);
   w.kv("quick", o.quick).kv("seed", o.seed).kv("zerocta_lib", b.shim_lib);
   w.kv("alloc", alloc_name(o.alloc)).kv("one_process", o.one_process).kv("graph", o.graph);
@@ -98,9 +98,9 @@ void write_init(JsonWriter& w, const PathResult& r) {
 
 void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
   const bool shim = path_uses_shim(r.path);
-  const PathResult* kern = find_path(b, PathId::kNcclKernel);
+  const PathResult* kern = find_path(b, PathId::kNcclKernel, r.round);
   w.begin_object();
-  w.kv("name", path_name(r.path)).kv("status", r.status).kv("error", r.error);
+  w.kv("name", path_name(r.path)).kv("round", r.round).kv("status", r.status).kv("error", r.error);
   w.kv("seconds", r.seconds).kv("uses_shim", shim);
   w.kv("alloc", path_alloc_label(r.path, b.o->alloc));
   w.kv("processes", path_process_count(r.path, b.o->one_process, b.nranks));

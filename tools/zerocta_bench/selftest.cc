@@ -560,20 +560,84 @@ void test_new_options() {
 
 void test_run_order() {
   const std::vector<PathId> p = {PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe};
-  EXPECT(contention_run_order(p, 0) == p);
-  EXPECT((contention_run_order(p, 1) ==
+  EXPECT(rotated_run_order(p, 0) == p);
+  EXPECT((rotated_run_order(p, 1) ==
           std::vector<PathId>{PathId::kZerocta, PathId::kBareCe, PathId::kNcclKernel}));
-  EXPECT(contention_run_order(p, 3) == p);
+  EXPECT(rotated_run_order(p, 3) == p);
   // Over n repeats every path runs once at every position.
   for (size_t pos = 0; pos < p.size(); ++pos) {
     std::vector<int> seen(p.size(), 0);
     for (int rep = 0; rep < 3; ++rep) {
-      const PathId at = contention_run_order(p, rep)[pos];
+      const PathId at = rotated_run_order(p, rep)[pos];
       ++seen[std::find(p.begin(), p.end(), at) - p.begin()];
     }
     EXPECT(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
   }
-  EXPECT(contention_run_order({}, 2).empty());
+  EXPECT(rotated_run_order({}, 2).empty());
+}
+
+// A path result of one complete in-place all-gather row on 2 ranks taking `ip_us` per op.
+PathResult one_row_result(PathId p, int round, double ip_us) {
+  PathResult r;
+  r.path = p;
+  r.round = round;
+  r.status = "OK";
+  r.rows.resize(1);
+  RowMsg m{};
+  m.bytes = 1 << 26;
+  m.count = 1 << 23;
+  m.oop = {ip_us, ip_us, 0, {0, 0, 0}};
+  m.ip = {ip_us, ip_us, 0, {0, 0, 0}};
+  for (int rank = 0; rank < 2; ++rank) {
+    m.rank = rank;
+    add_row(&r, m, 2, CollOp::kAllGather);
+  }
+  return r;
+}
+
+void test_rounds() {
+  Options o;
+  EXPECT(parse({"--rounds", "5"}, &o) && o.rounds == 5);
+  Options bad;
+  EXPECT(!parse({"--rounds", "0"}, &bad));
+  Options dflt;
+  EXPECT(parse({}, &dflt) && dflt.rounds == 1);
+
+  // Three rounds: NCCL CE drifts from 100 to 110 us an op; zerocta is 1 % faster, 1 % slower
+  // and level in the same rounds. Paired, the drift cancels.
+  o.rounds = 3;
+  o.paths = {PathId::kNcclCe, PathId::kZerocta};
+  BenchReport rep;
+  rep.o = &o;
+  rep.nranks = 2;
+  rep.sizes = {1 << 26};
+  const double ce_us[3] = {100, 105, 110}, zc_us[3] = {99, 106.05, 110};
+  for (int round = 0; round < 3; ++round) {
+    rep.sweep.push_back(one_row_result(PathId::kNcclCe, round, ce_us[round]));
+    rep.sweep.push_back(one_row_result(PathId::kZerocta, round, zc_us[round]));
+  }
+  PathId base = PathId::kNcclKernel;
+  EXPECT(rounds_baseline(rep, &base) && base == PathId::kNcclCe);
+  EXPECT(find_path(rep, PathId::kZerocta, 2) == &rep.sweep[5]);
+  EXPECT(find_path(rep, PathId::kZerocta) == &rep.sweep[1]);  // round 0
+  const RoundsCell c = rounds_cell(rep, PathId::kZerocta, base, 0, true);
+  EXPECT(c.busbw.n == 3 && c.ratio.n == 3);
+  EXPECT(std::fabs(c.ratio.median - 1.0) < 1e-12);
+  EXPECT(std::fabs(c.ratio.max - 100.0 / 99) < 1e-12 && std::fabs(c.ratio.min - 105 / 106.05) < 1e-12);
+  EXPECT(c.at_least_base == 2);  // the faster round and the level one
+  // A round in which the baseline did not run pairs with nothing; it stays the baseline.
+  rep.sweep[0].status = "SKIPPED";
+  EXPECT(rounds_baseline(rep, &base) && base == PathId::kNcclCe);
+  const RoundsCell d = rounds_cell(rep, PathId::kZerocta, base, 0, true);
+  EXPECT(d.busbw.n == 3 && d.ratio.n == 2 && d.at_least_base == 1);
+  // Without NCCL CE the baseline is nccl-kernel; with neither there is no table.
+  std::vector<PathResult> zc_only = {rep.sweep[1]};
+  rep.sweep = zc_only;
+  EXPECT(!rounds_baseline(rep, &base));
+  rep.sweep.push_back(one_row_result(PathId::kNcclKernel, 0, 120));
+  EXPECT(rounds_baseline(rep, &base) && base == PathId::kNcclKernel);
+  // The JSON says which round each path result is.
+  EXPECT(report_json(rep).find("\"round\": 0,") != std::string::npos);
 }
 
 void test_cumem_chunks() {
@@ -744,6 +808,7 @@ int run_self_test() {
   test_json_and_misc();
   test_new_options();
   test_run_order();
+  test_rounds();
   test_cumem_chunks();
   test_contention_stats();
   test_telemetry();

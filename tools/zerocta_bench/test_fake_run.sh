@@ -249,6 +249,25 @@ check "missing policy reported" contains "$TMP/nopol.txt" \
   "zerocta-policy: FAILED.*0 of 2 communicators.*NCCL_CTA_POLICY_ZERO"
 check "other paths still OK" contains "$TMP/nopol.txt" "Path nccl-policy: OK"
 
+# 1e. --rounds: the path set again in rotated order, every round in the JSON, and the table of
+# each path's busbw and its ratio to nccl-ce paired by round.
+"$BENCH" --fake-gpus 2 --quick --paths nccl-ce,zerocta --rounds 3 --json "$TMP/rounds.json" \
+  >"$TMP/rounds.txt" 2>&1
+check "rounds run OK" test $? -eq 0
+check "rounds banner" contains "$TMP/rounds.txt" "^# round 3 of 3"
+check "rounds table" contains "$TMP/rounds.txt" "^# Rounds: 3 runs of the path set"
+check "rounds ratio column" contains "$TMP/rounds.txt" "zerocta  x/nccl-ce  >="
+check "rounds rows" contains "$TMP/rounds.txt" "^ *ip  .*|  .*(.*\.\..*)  [0-3]/3$"
+python3 - "$TMP/rounds.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["options"]["rounds"] == 3, d["options"]
+runs = [(p["name"], p["round"]) for p in d["paths"]]
+assert sorted(runs) == sorted((n, r) for n in ("nccl-ce", "zerocta") for r in range(3)), runs
+assert [n for n, r in runs if r == 1][0] == "zerocta", runs  # round 2 starts with the second path
+PY
+check "rounds JSON" test $? -eq 0
+
 # 2. A hung path is killed at its limit, the run goes on and ends FAILED.
 start=$(date +%s)
 ZCB_FAKE_HANG=nccl-ce "$BENCH" --fake-gpus 4 --quick --timeout 3 --paths nccl-ce,ceiling \

@@ -28,7 +28,8 @@
 // two-stream batched cases only. Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all
 // to NUMA node N; PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its
 // ready flag (which its own user stream writes) there too; unset, the kernel's first touch decides.
-// Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024; the lanes only with PROBE_LANES=1.
+// Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024 (PROBE_MIN_MIB drops the smaller);
+// PROBE_ROUNDS=N repeats every case in N rounds; the lanes only with PROBE_LANES=1.
 // PROBE_USER_WARMUP=copy|wait|both has the user stream issue copies and/or one flag wait before
 // any case (which copies: PROBE_WARMUP_PATH, _BYTES, _CALL, at warm_user_stream); per op:
 // PROBE_PER_OP_DIRTY, PROBE_PER_OP_PRIME, PROBE_READY_BY_EVENT (at their flags). What they
@@ -85,6 +86,12 @@ const bool g_per_op_prime = getenv("PROBE_PER_OP_PRIME") != nullptr;
 const bool g_ready_by_event = getenv("PROBE_READY_BY_EVENT") != nullptr;
 const size_t g_max_bytes =
     (getenv("PROBE_MAX_MIB") ? std::max(0, atoi(getenv("PROBE_MAX_MIB"))) : 256) * size_t{1 << 20};
+const size_t g_min_bytes =
+    (getenv("PROBE_MIN_MIB") ? std::max(0, atoi(getenv("PROBE_MIN_MIB"))) : 0) * size_t{1 << 20};
+// PROBE_ROUNDS=N runs the whole set of cases N times, one round after the other, so that cases
+// compared with each other alternate in time (a host's drift shows as a round's difference).
+const int g_rounds =
+    getenv("PROBE_ROUNDS") ? std::max(1, std::min(8, atoi(getenv("PROBE_ROUNDS")))) : 1;
 
 // The route's earlier rank asks whether the op's stream drained while it waits for a claim.
 void query_spin(CUstream s) {
@@ -116,7 +123,7 @@ struct alignas(4096) WaiterFlags {
 struct Shared {
   WaiterFlags flags[kMaxGpus];           // first: the pages no one touches before binding
   std::atomic<int> arrived, generation;  // a sense-reversing barrier
-  double us[64][kMaxGpus];               // per case, per rank
+  double us[256][kMaxGpus];              // per case and round, per rank
   int node[kMaxGpus];                    // each rank's GPU's NUMA node
 };
 
@@ -291,7 +298,7 @@ const char* flag_names[] = {"host", "device", "done-dev", "done-cpy", "done-dev-
 // The cases run: every layout at 0 bytes with one copy per call only; the mixed flags on two
 // streams only.
 bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
-  if (total > g_max_bytes) return true;
+  if (total > g_max_bytes || total < g_min_bytes) return true;
   if (c == Copy::kLanes)
     return !g_lanes || one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
   if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
@@ -433,16 +440,17 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   barrier(k);
 
   int c = 0;
-  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20}) {
-    const size_t chunk = total / n / 4096 * 4096;
-    for (Flags f : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
-                    Flags::kDoneDeviceCopied})
-      for (bool one : {false, true})
-        for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
-          if (skipped(total, f, one, cp)) continue;
-          sh->us[c++][r] = time_ops(k, f, cp, one, chunk);
-        }
-  }
+  for (int round = 0; round < g_rounds; ++round)
+    for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20}) {
+      const size_t chunk = total / n / 4096 * 4096;
+      for (Flags f : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
+                      Flags::kDoneDeviceCopied})
+        for (bool one : {false, true})
+          for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
+            if (skipped(total, f, one, cp) || c >= 256) continue;
+            sh->us[c++][r] = time_ops(k, f, cp, one, chunk);
+          }
+    }
   barrier(k);
 }
 
@@ -504,22 +512,24 @@ int main(int argc, char** argv) {
   for (int r = 0; r < n; ++r) printf(" %d", sh->node[r]);
   printf("; host flags: %s\n",
          getenv("PROBE_FLAGS_NODE") ? getenv("PROBE_FLAGS_NODE") : "first touch");
-  printf("%8s %-12s %-5s %-9s %8s\n", "total", "flags", "strs", "copy", "us/op");
+  printf("%5s %8s %-12s %-5s %-9s %8s\n", "round", "total", "flags", "strs", "copy", "us/op");
   const char* copies[] = {"memcpy", "batch1", "batchall", "lanes"};
   int c = 0;
-  for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20})
-    for (Flags fl : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
-                     Flags::kDoneDeviceCopied})
-      for (bool one : {false, true})
-        for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
-          if (skipped(total, fl, one, cpy)) continue;
-          const char* f = flag_names[static_cast<int>(fl)];
-          const char* s = one ? "1" : "2";
-          const int cp = static_cast<int>(cpy);
-          double worst = 0;
-          for (int r = 0; r < n; ++r) worst = std::max(worst, sh->us[c][r]);
-          ++c;
-          printf("%7zuM %-12s %-5s %-9s %8.1f\n", total >> 20, f, s, copies[cp], worst);
-        }
+  for (int round = 0; round < g_rounds; ++round)
+    for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20})
+      for (Flags fl : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
+                       Flags::kDoneDeviceCopied})
+        for (bool one : {false, true})
+          for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
+            if (skipped(total, fl, one, cpy) || c >= 256) continue;
+            const char* f = flag_names[static_cast<int>(fl)];
+            const char* s = one ? "1" : "2";
+            const int cp = static_cast<int>(cpy);
+            double worst = 0;
+            for (int r = 0; r < n; ++r) worst = std::max(worst, sh->us[c][r]);
+            ++c;
+            printf("%5d %7zuM %-12s %-5s %-9s %8.1f\n", round, total >> 20, f, s, copies[cp],
+                   worst);
+          }
   return 0;
 }
