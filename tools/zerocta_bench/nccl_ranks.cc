@@ -145,8 +145,9 @@ std::vector<char*> NcclRanks::alloc(size_t bytes) {
   for (Rank& k : ranks_) {
     ZCB_CUDA(cudaSetDevice(k.rank));  // ncclMemAlloc, cuMem and cudaMalloc use the current GPU
     Buffer b;
-    if (path_ == PathId::kNcclCe) {
+    if (path_ == PathId::kNcclCe || o_.alloc == BufferAlloc::kNcclMem) {
       ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
+      b.nccl_mem = true;
     } else if (o_.alloc == BufferAlloc::kCuMem) {
       b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes, o_.cumem_chunk_bytes);
       b.ptr = b.cumem->ptr();
@@ -234,7 +235,7 @@ void NcclRanks::free_buffers() {
   for (Rank& k : ranks_) {
     cudaSetDevice(k.rank);
     for (auto it = k.buffers.rbegin(); it != k.buffers.rend(); ++it) {
-      if (path_ == PathId::kNcclCe)
+      if (it->nccl_mem)
         ncclMemFree(it->ptr);
       else if (!it->cumem)
         cudaFree(it->ptr);

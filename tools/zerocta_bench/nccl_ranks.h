@@ -63,6 +63,7 @@ class NcclRanks {
     void* ptr = nullptr;
     ncclWindow_t win = nullptr;
     std::unique_ptr<CumemBuffer> cumem;
+    bool nccl_mem = false;  // from ncclMemAlloc
   };
   struct Rank {
     int rank = 0;

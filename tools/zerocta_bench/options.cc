@@ -167,13 +167,24 @@ int path_process_count(PathId p, bool one_process, int nranks) {
 
 bool path_honours_alloc(PathId p) { return path_runs_nccl(p) && p != PathId::kNcclCe; }
 
-const char* alloc_name(BufferAlloc a) { return a == BufferAlloc::kCuMem ? "cumem" : "cudamalloc"; }
+const char* alloc_name(BufferAlloc a) {
+  switch (a) {
+    case BufferAlloc::kCuMem:
+      return "cumem";
+    case BufferAlloc::kNcclMem:
+      return "ncclmem";
+    default:
+      return "cudamalloc";
+  }
+}
 
 bool parse_alloc(const std::string& name, BufferAlloc* out) {
   if (name == "cudamalloc")
     *out = BufferAlloc::kCudaMalloc;
   else if (name == "cumem")
     *out = BufferAlloc::kCuMem;
+  else if (name == "ncclmem")
+    *out = BufferAlloc::kNcclMem;
   else
     return false;
   return true;
@@ -462,7 +473,7 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       o->repeats = static_cast<int>(n);
     } else if (a == "--alloc") {
       if (!need(&v)) return false;
-      if (!parse_alloc(v, &o->alloc)) return bad(v, "cudamalloc|cumem");
+      if (!parse_alloc(v, &o->alloc)) return bad(v, "cudamalloc|cumem|ncclmem");
     } else if (a == "--cumem-chunk") {
       if (!need(&v)) return false;
       if (!parse_size(v, &o->cumem_chunk_bytes) || o->cumem_chunk_bytes == 0)
@@ -610,7 +621,9 @@ Other options:
   --paths LIST           comma list of the paths above, "all" (every path --op can run) or
                          "none"
   --json FILE            write machine info, every row and the contention results as JSON
-  --alloc A              buffers of the NCCL paths but nccl-ce: cudamalloc (default) or cumem
+  --alloc A              buffers of the NCCL paths but nccl-ce: cudamalloc (default), ncclmem
+                         (ncclMemAlloc without a window: the memory NCCL CE's windows are
+                         made of, one cuMem allocation a buffer) or cumem
                          (PyTorch's expandable segments: one reserved VA range, 20 MiB
                          cuMemCreate chunks with POSIX fd handles, mapped back to back)
   --cumem-chunk SIZE     the physical allocations of --alloc cumem buffers (default 20M; a

@@ -64,7 +64,8 @@ bool parse_dtype(const std::string& name, DataType* out);
 // (--alloc). nccl-ce always uses ncclMemAlloc; the ceiling and bare-ce use cudaMalloc.
 enum class BufferAlloc {
   kCudaMalloc,
-  kCuMem,  // PyTorch's expandable segments: one VA range, 20 MiB cuMemCreate chunks
+  kCuMem,     // PyTorch's expandable segments: one VA range, 20 MiB cuMemCreate chunks
+  kNcclMem,   // ncclMemAlloc without a window: the memory NCCL CE's windows are made of
 };
 const char* alloc_name(BufferAlloc a);
 bool parse_alloc(const std::string& name, BufferAlloc* out);

@@ -526,6 +526,11 @@ void test_new_options() {
   EXPECT((contention_placements("both") == std::vector<bool>{false, true}));
   Options bad1, bad2, bad3, bad4, bad5;
   EXPECT(!parse({"--alloc", "malloc"}, &bad1));
+  Options nm;
+  EXPECT(parse({"--alloc", "ncclmem"}, &nm) && nm.alloc == BufferAlloc::kNcclMem);
+  EXPECT(std::string(alloc_name(nm.alloc)) == "ncclmem");
+  EXPECT(path_alloc_label(PathId::kZerocta, BufferAlloc::kNcclMem) == "ncclmem");
+  EXPECT(path_alloc_label(PathId::kNcclCe, BufferAlloc::kNcclMem) == "ncclMemAlloc+window");
   EXPECT(!parse({"--contention-mode", "fast"}, &bad2));
   EXPECT(!parse({"--contention-placement", "inplace"}, &bad3));
   EXPECT(!parse({"--repeats", "0"}, &bad4));
