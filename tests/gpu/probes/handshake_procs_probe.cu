@@ -29,7 +29,8 @@
 // to NUMA node N; PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its
 // ready flag (which its own user stream writes) there too; unset, the kernel's first touch decides.
 // Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024 (PROBE_MIN_MIB drops the smaller);
-// PROBE_ROUNDS=N repeats every case in N rounds; the lanes only with PROBE_LANES=1.
+// PROBE_ROUNDS=N repeats every case in N rounds; PROBE_ONLY_FLAGS=NAME runs one flag layout
+// (host, device, done-dev, done-cpy, done-dev-cpy); the lanes only with PROBE_LANES=1.
 // PROBE_USER_WARMUP=copy|wait|both has the user stream issue copies and/or one flag wait before
 // any case (which copies: PROBE_WARMUP_PATH, _BYTES, _CALL, at warm_user_stream); per op:
 // PROBE_PER_OP_DIRTY, PROBE_PER_OP_PRIME, PROBE_READY_BY_EVENT (at their flags). What they
@@ -301,6 +302,8 @@ bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
   if (total > g_max_bytes || total < g_min_bytes) return true;
   if (c == Copy::kLanes)
     return !g_lanes || one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
+  if (const char* only = getenv("PROBE_ONLY_FLAGS"); only && strcmp(only, flag_names[static_cast<int>(f)]))
+    return true;
   if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
   if (total == 0 && c != Copy::kMemcpy) return true;
   return (f == Flags::kDoneDevice || f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) &&
@@ -487,7 +490,7 @@ int main(int argc, char** argv) {
     if (pids[r] == 0) {
       close(sv[0]);
       rank_main(r, n, sv[1], sh);
-      _exit(0);
+      exit(0);  // not _exit: an injected tracer (copy_trace_inject.cc) writes at exit
     }
     close(sv[1]);
     socks[r] = sv[0];
