@@ -302,12 +302,26 @@ bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
   if (total > g_max_bytes || total < g_min_bytes) return true;
   if (c == Copy::kLanes)
     return !g_lanes || one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
-  if (const char* only = getenv("PROBE_ONLY_FLAGS"); only && strcmp(only, flag_names[static_cast<int>(f)]))
-    return true;
+  const char* only = getenv("PROBE_ONLY_FLAGS");
+  if (only && strcmp(only, flag_names[static_cast<int>(f)])) return true;
   if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
   if (total == 0 && c != Copy::kMemcpy) return true;
   return (f == Flags::kDoneDevice || f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) &&
          (one_stream || c == Copy::kBatch1);
+}
+
+// Calls fn(index, round, total, flags, one_stream, copy) for every case run, in the order the
+// ranks run them and the parent prints them (at most the 256 Shared::us holds).
+template <class Fn>
+void for_each_case(Fn fn) {
+  int c = 0;
+  for (int round = 0; round < g_rounds; ++round)
+    for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20})
+      for (Flags f : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
+                      Flags::kDoneDeviceCopied})
+        for (bool one : {false, true})
+          for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes})
+            if (!skipped(total, f, one, cp) && c < 256) fn(c++, round, total, f, one, cp);
 }
 
 // The NUMA node of device `dev`'s PCI function (-1 where unknown).
@@ -442,18 +456,9 @@ void rank_main(int r, int n, int sock, Shared* sh) {
   CU(cuCtxSynchronize());
   barrier(k);
 
-  int c = 0;
-  for (int round = 0; round < g_rounds; ++round)
-    for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20}) {
-      const size_t chunk = total / n / 4096 * 4096;
-      for (Flags f : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
-                      Flags::kDoneDeviceCopied})
-        for (bool one : {false, true})
-          for (Copy cp : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
-            if (skipped(total, f, one, cp) || c >= 256) continue;
-            sh->us[c++][r] = time_ops(k, f, cp, one, chunk);
-          }
-    }
+  for_each_case([&](int c, int, size_t total, Flags f, bool one, Copy cp) {
+    sh->us[c][r] = time_ops(k, f, cp, one, total / n / 4096 * 4096);
+  });
   barrier(k);
 }
 
@@ -517,22 +522,11 @@ int main(int argc, char** argv) {
          getenv("PROBE_FLAGS_NODE") ? getenv("PROBE_FLAGS_NODE") : "first touch");
   printf("%5s %8s %-12s %-5s %-9s %8s\n", "round", "total", "flags", "strs", "copy", "us/op");
   const char* copies[] = {"memcpy", "batch1", "batchall", "lanes"};
-  int c = 0;
-  for (int round = 0; round < g_rounds; ++round)
-    for (size_t total : {size_t(0), size_t(64) << 20, size_t(256) << 20, size_t(1024) << 20})
-      for (Flags fl : {Flags::kHost, Flags::kDevice, Flags::kDoneDevice, Flags::kDoneCopied,
-                       Flags::kDoneDeviceCopied})
-        for (bool one : {false, true})
-          for (Copy cpy : {Copy::kMemcpy, Copy::kBatch1, Copy::kBatchAll, Copy::kLanes}) {
-            if (skipped(total, fl, one, cpy) || c >= 256) continue;
-            const char* f = flag_names[static_cast<int>(fl)];
-            const char* s = one ? "1" : "2";
-            const int cp = static_cast<int>(cpy);
-            double worst = 0;
-            for (int r = 0; r < n; ++r) worst = std::max(worst, sh->us[c][r]);
-            ++c;
-            printf("%5d %7zuM %-12s %-5s %-9s %8.1f\n", round, total >> 20, f, s, copies[cp],
-                   worst);
-          }
+  for_each_case([&](int c, int round, size_t total, Flags fl, bool one, Copy cpy) {
+    double worst = 0;
+    for (int r = 0; r < n; ++r) worst = std::max(worst, sh->us[c][r]);
+    printf("%5d %7zuM %-12s %-5s %-9s %8.1f\n", round, total >> 20,
+           flag_names[static_cast<int>(fl)], one ? "1" : "2", copies[static_cast<int>(cpy)], worst);
+  });
   return 0;
 }
