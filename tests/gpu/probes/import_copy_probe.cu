@@ -40,12 +40,7 @@ std::vector<CUdeviceptr> map_each(const std::vector<CUmemGenericAllocationHandle
 }
 
 void exporter(int sock, size_t piece) {
-  CU(cuInit(0));
-  CUcontext ctx;
-  CUdevice d;
-  CU(cuDeviceGet(&d, 0));
-  CU(cuDevicePrimaryCtxRetain(&ctx, d));
-  CU(cuCtxSetCurrent(ctx));
+  CU(cuCtxSetCurrent(primary_context(0)));
   const CUmemAllocationProp p = prop(0);
   std::vector<CUmemGenericAllocationHandle> h(2 * kBytes / piece);  // send half, recv half
   std::vector<int> fds;
@@ -64,19 +59,9 @@ void exporter(int sock, size_t piece) {
 }
 
 void importer(int sock, size_t piece, bool peer_access) {
-  CU(cuInit(0));
-  CUcontext ctx;
-  CUdevice d;
-  CU(cuDeviceGet(&d, 1));
-  CU(cuDevicePrimaryCtxRetain(&ctx, d));
-  CU(cuCtxSetCurrent(ctx));
-  if (peer_access) {  // a context on the exporter's GPU in this process, and peer access to it
-    CUcontext other;
-    CUdevice d0;
-    CU(cuDeviceGet(&d0, 0));
-    CU(cuDevicePrimaryCtxRetain(&other, d0));
-    CU(cuCtxEnablePeerAccess(other, 0));
-  }
+  CU(cuCtxSetCurrent(primary_context(1)));
+  // a context on the exporter's GPU in this process, and peer access to it
+  if (peer_access) CU(cuCtxEnablePeerAccess(primary_context(0), 0));
   const size_t n = 2 * kBytes / piece;
   std::vector<int> fds;
   for (size_t at = 0; at < n; at += 200) {

@@ -109,12 +109,7 @@ int main() {
     printf("page_layout_probe: needs 2 GPUs, found %d: skipped\n", n);
     return 0;
   }
-  CUcontext ctx[2];
-  for (int d = 0; d < 2; ++d) {
-    CUdevice dev;
-    CU(cuDeviceGet(&dev, d));
-    CU(cuDevicePrimaryCtxRetain(&ctx[d], dev));
-  }
+  const CUcontext ctx[2] = {primary_context(0), primary_context(1)};
   CU(cuCtxSetCurrent(ctx[1]));
   CU(cuCtxEnablePeerAccess(ctx[0], 0));
   size_t gran_min = 0, gran_rec = 0;

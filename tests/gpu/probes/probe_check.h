@@ -30,6 +30,16 @@
     }                                                                           \
   } while (0)
 
+// Device `dev`'s primary context, retained (cuInit first: it may be the process's first call).
+inline CUcontext primary_context(int dev) {
+  CU(cuInit(0));
+  CUdevice d;
+  CU(cuDeviceGet(&d, dev));
+  CUcontext ctx;
+  CU(cuDevicePrimaryCtxRetain(&ctx, d));
+  return ctx;
+}
+
 // Stream memory operations on 32-bit flags, as the route's plan issues them: a wait until the
 // flag, a wrapping counter, is >= v, and a write of v; batch() issues and clears `ops`.
 inline CUstreamBatchMemOpParams wait_op(CUdeviceptr a, uint32_t v) {

@@ -37,12 +37,7 @@ constexpr int kReps = 7;
 constexpr int kMaxParts = 4;
 
 void exporter(int sock) {
-  CU(cuInit(0));
-  CUcontext ctx;
-  CUdevice d;
-  CU(cuDeviceGet(&d, 0));
-  CU(cuDevicePrimaryCtxRetain(&ctx, d));
-  CU(cuCtxSetCurrent(ctx));
+  CU(cuCtxSetCurrent(primary_context(0)));
   const CUmemAllocationProp p = prop(0);
   CUmemGenericAllocationHandle h;
   CU(cuMemCreate(&h, kBytes, &p, 0));
@@ -106,13 +101,7 @@ void report(Pusher& p, CUdeviceptr dst, const char* where) {
 }
 
 void importer(int sock) {
-  CU(cuInit(0));
-  CUcontext ctx, other;
-  CUdevice d1, d0;
-  CU(cuDeviceGet(&d1, 1));
-  CU(cuDeviceGet(&d0, 0));
-  CU(cuDevicePrimaryCtxRetain(&ctx, d1));
-  CU(cuDevicePrimaryCtxRetain(&other, d0));
+  const CUcontext ctx = primary_context(1), other = primary_context(0);
   CU(cuCtxSetCurrent(ctx));
   const int fd = recv_fds(sock, 1)[0];
   CUmemGenericAllocationHandle h;
