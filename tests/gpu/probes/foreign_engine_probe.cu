@@ -248,24 +248,5 @@ void later_b(int sock) {
 
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);  // children end with _exit
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 1;
-  pid_t a = fork();
-  if (a == 0) {
-    close(sv[1]);
-    owner_a(sv[0]);
-    _exit(0);
-  }
-  pid_t b = fork();
-  if (b == 0) {
-    close(sv[0]);
-    later_b(sv[1]);
-    _exit(0);
-  }
-  close(sv[0]);
-  close(sv[1]);
-  int sa = 0, sb = 0;
-  waitpid(a, &sa, 0);
-  waitpid(b, &sb, 0);
-  return (WIFEXITED(sa) && WEXITSTATUS(sa) == 0 && WIFEXITED(sb) && WEXITSTATUS(sb) == 0) ? 0 : 1;
+  return run_pair(owner_a, later_b) ? 0 : 1;
 }

@@ -125,25 +125,8 @@ void importer(int sock, size_t piece, bool peer_access) {
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);  // children end with _exit
   for (bool peer_access : {false, true})
-    for (size_t piece : {kPiece, kBytes}) {
-      int sv[2];
-      socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-      pid_t a = fork();
-      if (a == 0) {
-        close(sv[1]);
-        exporter(sv[0], piece);
-        _exit(0);
-      }
-      pid_t b = fork();
-      if (b == 0) {
-        close(sv[0]);
-        importer(sv[1], piece, peer_access);
-        _exit(0);
-      }
-      close(sv[0]);
-      close(sv[1]);
-      waitpid(a, nullptr, 0);
-      waitpid(b, nullptr, 0);
-    }
+    for (size_t piece : {kPiece, kBytes})
+      run_pair([&](int sock) { exporter(sock, piece); },
+               [&](int sock) { importer(sock, piece, peer_access); });
   return 0;
 }

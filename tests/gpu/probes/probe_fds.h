@@ -4,6 +4,8 @@
 
 #include <cuda.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -62,4 +64,31 @@ inline CUmemAllocationProp prop(int dev) {
   p.location.id = dev;
   p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return p;
+}
+
+// Runs a(sock) and b(sock) in two forked processes joined by a UNIX socket pair (fork before any
+// CUDA call: each child makes its own context); true when both exited 0. Children end with
+// _exit, so unbuffer stdout first.
+template <class A, class B>
+bool run_pair(A a, B b) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return false;
+  const pid_t pa = fork();
+  if (pa == 0) {
+    close(sv[1]);
+    a(sv[0]);
+    _exit(0);
+  }
+  const pid_t pb = fork();
+  if (pb == 0) {
+    close(sv[0]);
+    b(sv[1]);
+    _exit(0);
+  }
+  close(sv[0]);
+  close(sv[1]);
+  int sa = 0, sb = 0;
+  waitpid(pa, &sa, 0);
+  waitpid(pb, &sb, 0);
+  return WIFEXITED(sa) && WEXITSTATUS(sa) == 0 && WIFEXITED(sb) && WEXITSTATUS(sb) == 0;
 }

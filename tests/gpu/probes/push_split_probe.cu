@@ -135,26 +135,5 @@ void importer(int sock) {
 
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);  // children end with _exit
-  int sv[2];
-  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-  pid_t a = fork();
-  if (a == 0) {
-    close(sv[1]);
-    exporter(sv[0]);
-    _exit(0);
-  }
-  pid_t b = fork();
-  if (b == 0) {
-    close(sv[0]);
-    importer(sv[1]);
-    _exit(0);
-  }
-  close(sv[0]);
-  close(sv[1]);
-  int st_a = 0, st_b = 0;
-  waitpid(a, &st_a, 0);
-  waitpid(b, &st_b, 0);
-  return WIFEXITED(st_a) && WEXITSTATUS(st_a) == 0 && WIFEXITED(st_b) && WEXITSTATUS(st_b) == 0
-             ? 0
-             : 1;
+  return run_pair(exporter, importer) ? 0 : 1;
 }
