@@ -11,7 +11,12 @@ gap before median (p10..p90) in us, the hardware channels seen, and the small co
 With --ops, the processes of one collective (their GPU clocks are one timeline): each op's
 copies aligned across them by start time, and per op the time from the last GPU's copy end to
 the first and to the last GPU's next copy start — what the op's handshake costs — as a median
-and every value sorted.
+and every value sorted; the op's period, its copies' device time, how far apart the processes
+start them, and per process (in the order given) its device time and start. Where the tracer also wrote api-trace-PID.csv (COPY_TRACE_API=1), per op
+the host's lead: the last GPU's copy end minus the latest end, over the processes, of the driver
+call that issued the next op's copies (negative: a host issued them after the GPUs were done with
+the op before, and the GPUs waited for it); and which driver calls were running on the hosts
+while the GPUs handed over (share of handovers each call overlapped, per process).
 """
 import argparse
 import bisect
@@ -73,6 +78,47 @@ def summarize(path, min_bytes, tail_ns, out):
                           pct(gp, 0.9), ",".join(sorted(g["channels"])), small))
 
 
+def load_calls(directory, pid):
+    path = os.path.join(directory, "api-trace-%s.csv" % pid)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return sorted(((r["name"], int(r["start_ns"]), int(r["end_ns"]), r["correlation"])
+                       for r in csv.DictReader(f)), key=lambda c: c[1])
+
+
+def host_lead(ops, calls, out):
+    """ops: per op, per process (start, end, correlation); calls: per process the API calls."""
+    issued = [{c[3]: c[2] for c in cs} for cs in calls]
+    leads, during = [], [dict() for _ in calls]
+    windows = 0
+    for a, b in zip(ops, ops[1:]):
+        end = max(x[1] for x in a)
+        last_start = max(x[0] for x in b)
+        ends = [issued[k].get(x[2]) for k, x in enumerate(b)]
+        if all(e is not None for e in ends):
+            leads.append((end - max(ends)) / 1000.0)
+        windows += 1
+        for k, cs in enumerate(calls):
+            i = bisect.bisect_left([c[1] for c in cs], last_start)
+            seen = set()
+            for name, s, e, _ in cs[max(0, i - 200):i]:
+                if e >= end and s <= last_start:
+                    seen.add(name)
+            for name in seen:
+                during[k][name] = during[k].get(name, 0) + 1
+    if leads:
+        out.write("  host lead (last GPU's copy end - last issue of the next op's copies): median "
+                  "%.0f us, min %.0f, p10 %.0f; %d of %d ops issued late\n" % (
+                      statistics.median(leads), min(leads), pct(leads, 0.1),
+                      sum(1 for x in leads if x < 0), len(leads)))
+    for k, d in enumerate(during):
+        top = sorted(d.items(), key=lambda kv: -kv[1])[:6]
+        out.write("  process %d, calls running during a handover (share of %d): %s\n" % (
+            k, windows, ", ".join("%s %.0f%%" % (n, 100.0 * c / windows) for n, c in top)
+            or "none"))
+
+
 def across(directory, pids, min_bytes, tail_ns, out):
     """Per op of the processes `pids`: last copy end -> next copies' first and last start."""
     traces = []
@@ -80,17 +126,17 @@ def across(directory, pids, min_bytes, tail_ns, out):
         rows = [r for r in load(os.path.join(directory, "copy-trace-%s.csv" % pid))
                 if r["bytes"] >= min_bytes]
         rows.sort(key=lambda r: r["start"])
-        traces.append([(r["start"], r["end"]) for r in rows])
+        traces.append([(r["start"], r["end"], r.get("correlation")) for r in rows])
     if any(not t for t in traces):
         out.write("ops %s: a process has no copies of %d bytes or more\n" % (",".join(pids), min_bytes))
         return
     base = traces[0]
     since = base[-1][0] - tail_ns
     ops = []
-    for s0, e0 in base:
+    for s0, e0, c0 in base:
         if s0 < since:
             continue
-        row = [(s0, e0)]
+        row = [(s0, e0, c0)]
         for t in traces[1:]:
             starts = [x[0] for x in t]
             i = bisect.bisect_left(starts, s0)
@@ -99,15 +145,37 @@ def across(directory, pids, min_bytes, tail_ns, out):
         ops.append(row)
     first, last = [], []
     for a, b in zip(ops, ops[1:]):
-        end = max(e for _, e in a)
-        first.append((min(s for s, _ in b) - end) / 1000.0)
-        last.append((max(s for s, _ in b) - end) / 1000.0)
+        end = max(x[1] for x in a)
+        first.append((min(x[0] for x in b) - end) / 1000.0)
+        last.append((max(x[0] for x in b) - end) / 1000.0)
     if not last:
         return
     out.write("ops %s: %d ops; last end -> first next start %.1f us, -> last next start %.1f us "
               "(median)\n  sorted: %s\n" % (",".join(pids), len(ops), statistics.median(first),
                                               statistics.median(last),
                                               " ".join("%.0f" % x for x in sorted(last))))
+    op_shape(ops, out)
+    calls = [load_calls(directory, pid) for pid in pids]
+    if all(c is not None for c in calls):
+        host_lead(ops, calls, out)
+
+
+def op_shape(ops, out):
+    """Medians over the ops: the period (last copy end to the next op's), the copies' device time
+    (mean and max over the processes), how far apart the processes start and end their copies,
+    and per process its device time and how long after the first process it starts."""
+    med = statistics.median
+    period = [(max(x[1] for x in b) - max(x[1] for x in a)) / 1000.0 for a, b in zip(ops, ops[1:])]
+    dur = [[(x[1] - x[0]) / 1000.0 for x in op] for op in ops]
+    starts = [[(x[0] - min(y[0] for y in op)) / 1000.0 for x in op] for op in ops]
+    ends = [(max(x[1] for x in op) - min(x[1] for x in op)) / 1000.0 for op in ops]
+    out.write("  period %.1f us; copies %.1f us mean, %.1f max; starts %.1f us apart, ends %.1f "
+              "(median)\n" % (med(period), med([statistics.mean(d) for d in dur]),
+                               med([max(d) for d in dur]), med([max(s) for s in starts]),
+                               med(ends)))
+    out.write("  per process, copies' device time: %s us; start after the first: %s us\n" % (
+        " ".join("%.1f" % med([d[k] for d in dur]) for k in range(len(ops[0]))),
+        " ".join("%.1f" % med([st[k] for st in starts]) for k in range(len(ops[0])))))
 
 
 def main():

@@ -25,7 +25,13 @@
 // claim); PROBE_OP_EVENTS=1 records an event on the user stream before each op (what
 // zerocta-bench does to time each op; =notiming, one without timing); PROBE_ONE_DONE_BATCH=1 puts
 // the done writes and waits in one batch (as the route's plan does); PROBE_ONLY_BATCHALL=1 runs the
-// two-stream batched cases only. Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all
+// two-stream batched cases only; PROBE_ROUTE_FLAGS=1 lays the host flags out as the route's op
+// exchange does; PROBE_HOST_LOCKSTEP=1 has the hosts meet before each op, as the route's do;
+// PROBE_STREAMS=1 or 2 runs the one- or two-stream cases only (with PROBE_ONLY_BATCHALL too);
+// PROBE_FLAGS_SHM=1 puts the host flags in a /dev/shm file registered portable, as the route's
+// channel segment; PROBE_NCCL=1 has every rank set up an NCCL communicator first, as every rank
+// process of the route has one (libnccl.so.2, opened at run time).
+// Where the host flags' pages lie: PROBE_FLAGS_NODE=N binds them all
 // to NUMA node N; PROBE_FLAGS_NODE=waiter binds each rank's done flags to its GPU's node and its
 // ready flag (which its own user stream writes) there too; unset, the kernel's first touch decides.
 // Sizes 0, 64 and 256 MiB, and 1 GiB with PROBE_MAX_MIB=1024 (PROBE_MIN_MIB drops the smaller);
@@ -42,6 +48,8 @@
 // so every two-stream case after them runs on a user stream that has copied, the ones before on
 // one that has not.
 #include <cuda.h>
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -77,6 +85,13 @@ const bool g_only_batchall = getenv("PROBE_ONLY_BATCHALL") != nullptr;
 const bool g_op_events = getenv("PROBE_OP_EVENTS") != nullptr;
 const bool g_one_done_batch = getenv("PROBE_ONE_DONE_BATCH") != nullptr;
 const bool g_lanes = getenv("PROBE_LANES") != nullptr;
+// PROBE_ROUTE_FLAGS=1: host flags laid out as the route's op exchange lays them (op_exchange.cc):
+// ready[rank][16 slots] and done[waiter][writer][16 slots], each a run of 16 words, so one
+// 64-byte line holds a flag's 16 slots, instead of a line per flag and slot.
+const bool g_route_flags = getenv("PROBE_ROUTE_FLAGS") != nullptr;
+// PROBE_HOST_LOCKSTEP=1: every rank's host meets the others (a spin barrier) before it issues
+// each op, as the route's hosts meet in its op exchange (arrive, claim).
+const bool g_host_lockstep = getenv("PROBE_HOST_LOCKSTEP") != nullptr;
 // Per op, two-stream cases: PROBE_PER_OP_DIRTY=1 puts a 4-byte memset on the user stream before
 // each op (other work between ops, as a framework's stream has); PROBE_PER_OP_PRIME=1 a 4-byte
 // read of the next rank's buffer into pinned host memory right before the ready write;
@@ -123,10 +138,13 @@ struct alignas(4096) WaiterFlags {
 // Shared by every process (an anonymous shared mapping made before fork).
 struct Shared {
   WaiterFlags flags[kMaxGpus];           // first: the pages no one touches before binding
+  alignas(64) uint32_t route_flags[kMaxGpus * 16 * (1 + kMaxGpus)];  // PROBE_ROUTE_FLAGS
   std::atomic<int> arrived, generation;  // a sense-reversing barrier
   double us[256][kMaxGpus];              // per case and round, per rank
   int node[kMaxGpus];                    // each rank's GPU's NUMA node
+  char nccl_id[128];                     // PROBE_NCCL: rank 0's ncclUniqueId
 };
+
 
 struct Rank {
   int r = 0, n = 0;
@@ -155,15 +173,49 @@ void barrier(Rank& k) {
   }
 }
 
+// PROBE_NCCL=1: an NCCL communicator over the ranks, set up and kept for the process's life, so
+// that what NCCL leaves running in a process (its threads, streams, memory) is there as in the
+// route's rank processes. The ABI as nccl.h declares it: the id is 128 bytes passed by value.
+struct NcclId {
+  char internal[128];
+};
+void join_nccl(Rank& k) {
+  const int r = k.r;
+  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    fprintf(stderr, "PROBE_NCCL: %s\n", dlerror());
+    exit(1);
+  }
+  auto get_id = reinterpret_cast<int (*)(NcclId*)>(dlsym(lib, "ncclGetUniqueId"));
+  auto init = reinterpret_cast<int (*)(void**, int, NcclId, int)>(dlsym(lib, "ncclCommInitRank"));
+  if (!get_id || !init) exit(1);
+  NcclId id;
+  if (r == 0) {
+    if (get_id(&id) != 0) exit(1);
+    memcpy(k.sh->nccl_id, id.internal, sizeof id.internal);
+  }
+  barrier(k);
+  memcpy(id.internal, k.sh->nccl_id, sizeof id.internal);
+  void* comm = nullptr;
+  if (init(&comm, k.n, id, r) != 0) {
+    fprintf(stderr, "PROBE_NCCL: ncclCommInitRank failed on rank %d\n", r);
+    exit(1);
+  }
+}
+
 // A host flag as the GPU addresses it.
 CUdeviceptr host_flag(Rank& k, const uint32_t* flag) {
   return k.shared_dev + (reinterpret_cast<const char*>(flag) - reinterpret_cast<const char*>(k.sh));
 }
 CUdeviceptr ready_flag(Rank& k, Flags f, int waiter, int writer) {
+  if (f == Flags::kHost && g_route_flags)
+    return host_flag(k, &k.sh->route_flags[writer * 16 + k.seq % 16]);
   if (f != Flags::kDevice) return host_flag(k, &k.sh->flags[writer].ready[k.seq % g_slots][0]);
   return k.flags[waiter] + writer * 4;
 }
 CUdeviceptr done_flag(Rank& k, Flags f, int waiter, int writer) {
+  if (f == Flags::kHost && g_route_flags)
+    return host_flag(k, &k.sh->route_flags[k.n * 16 + (waiter * k.n + writer) * 16 + k.seq % 16]);
   if (f == Flags::kHost || f == Flags::kDoneCopied)
     return host_flag(k, &k.sh->flags[waiter].done[k.seq % g_slots][writer * 16]);
   return k.flags[waiter] + (64 + writer) * 4;
@@ -263,6 +315,7 @@ double time_ops(Rank& k, Flags f, Copy c, bool one_stream, size_t chunk) {
     barrier(k);
     CU(cuEventRecord(k.t0, k.user));
     for (int i = 0; i < kOps; ++i) {
+      if (g_host_lockstep) barrier(k);
       if (g_op_events) CU(cuEventRecord(k.op_events[i], k.user));
       issue_op(k, f, c, one_stream, chunk);
       query_spin(k.user);
@@ -304,7 +357,10 @@ bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
     return !g_lanes || one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
   const char* only = getenv("PROBE_ONLY_FLAGS");
   if (only && strcmp(only, flag_names[static_cast<int>(f)])) return true;
-  if (g_only_batchall) return one_stream || (total != 0 && c != Copy::kBatchAll);
+  if (const char* streams = getenv("PROBE_STREAMS"); streams && atoi(streams) != (one_stream ? 1 : 2))
+    return true;
+  if (g_only_batchall)
+    return (one_stream && !getenv("PROBE_STREAMS")) || (total != 0 && c != Copy::kBatchAll);
   if (total == 0 && c != Copy::kMemcpy) return true;
   return (f == Flags::kDoneDevice || f == Flags::kDoneCopied || f == Flags::kDoneDeviceCopied) &&
          (one_stream || c == Copy::kBatch1);
@@ -431,7 +487,11 @@ void rank_main(int r, int n, int sock, Shared* sh) {
     k.buf[p] = import_allocation(r, all[2 * p], kBufBytes);
     k.flags[p] = import_allocation(r, all[2 * p + 1], kFlagBytes);
   }
-  CU(cuMemHostRegister(sh, sizeof(Shared), CU_MEMHOSTREGISTER_DEVICEMAP));
+  if (getenv("PROBE_NCCL"))
+    join_nccl(k);
+  CU(cuMemHostRegister(sh, sizeof(Shared),
+                       CU_MEMHOSTREGISTER_DEVICEMAP |
+                           (getenv("PROBE_FLAGS_SHM") ? CU_MEMHOSTREGISTER_PORTABLE : 0)));
   CU(cuMemHostGetDevicePointer(&k.shared_dev, sh, 0));
   CU(cuStreamCreate(&k.user, CU_STREAM_NON_BLOCKING));
   CU(cuStreamCreate(&k.push, CU_STREAM_NON_BLOCKING));
@@ -484,8 +544,23 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (n > kMaxGpus) n = kMaxGpus;
-  auto* sh = static_cast<Shared*>(
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  void* map = MAP_FAILED;
+  if (getenv("PROBE_FLAGS_SHM")) {  // a tmpfs file, as the route's channel segment is
+    char path[64];
+    snprintf(path, sizeof path, "/dev/shm/handshake-procs-%d", static_cast<int>(getpid()));
+    const int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && posix_fallocate(fd, 0, sizeof(Shared)) == 0)
+      map = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    unlink(path);
+  } else {
+    map = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  }
+  if (map == MAP_FAILED) {
+    printf("handshake_procs_probe: no shared memory for the flags\n");
+    return 1;
+  }
+  auto* sh = static_cast<Shared*>(map);
   std::vector<int> socks(n);
   std::vector<pid_t> pids(n);
   for (int r = 0; r < n; ++r) {
