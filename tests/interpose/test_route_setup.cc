@@ -641,8 +641,8 @@ TEST(RouteSetup, GroupedInitOfTwoCommsByOneThreadCommitsBoth) {
 
 // Both ranks' all-gathers in one thread's group go together, without the op exchange: each
 // rank pushes its chunk into the other's buffer and copies its own (out of place), and the
-// ranks hand over through the ring's flags: each writes its ready and its done and waits for
-// its peer's.
+// ranks hand over through the ring's flags: each writes its ready and its done, reads its ready
+// back (direct_plan.cc) and waits for its peer's.
 TEST(RouteSetup, OneThreadsGroupOverEveryRankGoesTogetherOnTheRingsFlags) {
   for (const char* in_place : {"0", "1"}) {
     SCOPED_TRACE(std::string("in place ") + in_place);
@@ -657,8 +657,8 @@ TEST(RouteSetup, OneThreadsGroupOverEveryRankGoesTogetherOnTheRingsFlags) {
     const std::string json = stats_file(s, pid);
     EXPECT_EQ(json_number(json, "local_group_ops"), 2) << json;
     EXPECT_EQ(pairs_settled(json), 0) << json;
-    for (const char* flag_op : {"cuStreamWaitValue32", "cuStreamWriteValue32"})
-      EXPECT_EQ(cuda_lines(r, flag_op, pid), 4) << flag_op << "\n" << r.describe();
+    EXPECT_EQ(cuda_lines(r, "cuStreamWriteValue32", pid), 4) << r.describe();
+    EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 6) << r.describe();
     // Two pushes, and out of place each rank's own chunk.
     EXPECT_EQ(cuda_calls(r, "cuMemcpyAsync", pid), ip ? 2 : 4) << r.describe();
     // Per rank the push stream waits for the start and the user's stream for the end; out of
@@ -733,8 +733,8 @@ TEST(RouteSetup, OneThreadsGroupWithTwoAllGathersPerRankIssuesTwoPlans) {
   const std::string json = stats_file(s, pid);
   EXPECT_EQ(json_number(json, "local_group_ops"), 4) << json;
   EXPECT_EQ(json_number(json, "pairs_later_does_both"), 0) << json;
-  // Two sets, each rank waiting for its peer's ready and done in each.
-  EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 8) << r.describe();
+  // Two sets, each rank waiting for its own ready, its peer's and its peer's done in each.
+  EXPECT_EQ(cuda_lines(r, "cuStreamWaitValue32", pid), 12) << r.describe();
 }
 
 // Every rank in one process: one thread's group over all of them goes as one plan; the same ops

@@ -500,12 +500,24 @@ size_t expect_every_guard_matters(
   return dropped;
 }
 
+// Whether plan[i] waits on a flag the same stream wrote earlier in the plan (a rank's read of
+// its own ready, direct_plan.cc): it orders nothing, and dropping it cannot be caught.
+bool waits_on_own_write(const std::vector<DirectOp>& plan, size_t i) {
+  if (plan[i].kind != DirectOpKind::kWaitGeq) return false;
+  for (size_t j = 0; j < i; ++j)
+    if (plan[j].kind == DirectOpKind::kWrite && plan[j].stream == plan[i].stream &&
+        plan[j].dst == plan[i].dst)
+      return true;
+  return false;
+}
+
 // An eager plan's flag waits and flag writes (its ready, on the push stream, and its done
 // signals); returns how many were dropped.
 size_t expect_every_wait_matters(const Scenario& s, int victim, const std::string& label) {
   return expect_every_guard_matters(
       s, victim, label, [](const std::vector<DirectOp>& plan, size_t i) {
-        return plan[i].kind == DirectOpKind::kWaitGeq || plan[i].kind == DirectOpKind::kWrite;
+        return (plan[i].kind == DirectOpKind::kWaitGeq || plan[i].kind == DirectOpKind::kWrite) &&
+               !waits_on_own_write(plan, i);
       });
 }
 
@@ -559,6 +571,46 @@ TEST(DirectPlan, DroppingAnyCapturedWaitResetOrSignalIsCaught) {
       };
       for (int victim = 0; victim < 2; ++victim)
         EXPECT_GT(expect_every_guard_matters(s, victim, label, guards), 0u) << label;
+    }
+}
+
+// An eager rank that writes its ready reads it back on the push stream before its first copy,
+// and waits for every rank's ready in rank order (direct_plan.cc: measured, the ranks then start
+// an op together); a rank that writes none waits on no flag of its own.
+TEST(DirectPlan, AnEagerRankReadsItsOwnReadyBackBeforeItCopies) {
+  for (int n : {2, 3, 4})
+    for (const char* modes : {"each", "later", "mixed"}) {
+      Scenario s = scenario(n, true, modes);
+      Sim sim(s, 5);
+      int read_back = 0;
+      sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
+        int ready = -1, own_wait = -1, first_copy = -1;
+        std::vector<uint64_t> awaited;  // the push stream's flag waits before its first copy
+        for (int i = 0; i < static_cast<int>(plan->size()); ++i) {
+          const DirectOp& o = (*plan)[static_cast<size_t>(i)];
+          if (o.stream != DirectStream::kPush) continue;
+          if (o.kind == DirectOpKind::kCopy && first_copy < 0) first_copy = i;
+          if (first_copy >= 0) continue;
+          if (o.kind == DirectOpKind::kWrite && ready < 0) ready = i;
+          if (o.kind == DirectOpKind::kWaitGeq) {
+            awaited.push_back(o.dst);
+            if (ready >= 0 && o.dst == (*plan)[static_cast<size_t>(ready)].dst) own_wait = i;
+          }
+        }
+        const std::string where = std::string(modes) + ", " + std::to_string(n) + " ranks, rank " +
+                                  std::to_string(rank);
+        EXPECT_TRUE(std::is_sorted(awaited.begin(), awaited.end())) << where;
+        if (ready < 0) {
+          EXPECT_EQ(own_wait, -1) << where;
+          return;
+        }
+        EXPECT_GT(own_wait, ready) << where;
+        if (first_copy >= 0) {
+          EXPECT_LT(own_wait, first_copy) << where;
+        }
+        ++read_back;
+      });
+      EXPECT_GT(read_back, 0) << modes << ", " << n << " ranks";
     }
 }
 
