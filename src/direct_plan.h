@@ -20,10 +20,10 @@
 //   (each of my streams below starts with "wait kEvStart")
 //   push   wait kEvStart; [staged: copy my chunk into the stage]; [eager, a peer copies with
 //          me: write ready[me]=seq]; wait ready[p]>=seq, in rank order, for every peer p I
-//          push to and for me where I wrote mine; my pushes; [wait kEvPulled]; write done[p][me]=seq for every p I copied to or from;
-//          wait done[me][p]>=seq for every p that copies to or from me; [staged: copy the
-//          chunks of the peers that reached me through the stage out of it]; [wait kEvLocal];
-//          record kEvEnd
+//          push to and for me where I wrote mine; my pushes; [wait kEvPulled]; write
+//          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
+//          that copies to or from me; [staged: copy the chunks of the peers that reached me
+//          through the stage out of it]; [wait kEvLocal]; record kEvEnd
 //   pull   (where I pull) wait kEvStart; wait ready[p]>=seq for every peer p I pull from; my
 //          pulls; record kEvPulled (its own flag waits: the pulls start as soon as their peers
 //          are ready, with no event hop from the push stream on the way)

@@ -575,8 +575,8 @@ TEST(DirectPlan, DroppingAnyCapturedWaitResetOrSignalIsCaught) {
 }
 
 // An eager rank that writes its ready reads it back on the push stream before its first copy,
-// and waits for every rank's ready in rank order (direct_plan.cc: measured, the ranks then start
-// an op together); a rank that writes none waits on no flag of its own.
+// and waits for every rank's ready in rank order (direct_plan.cc says what that measured); a
+// rank that writes none waits on no flag of its own.
 TEST(DirectPlan, AnEagerRankReadsItsOwnReadyBackBeforeItCopies) {
   for (int n : {2, 3, 4})
     for (const char* modes : {"each", "later", "mixed"}) {
@@ -597,8 +597,8 @@ TEST(DirectPlan, AnEagerRankReadsItsOwnReadyBackBeforeItCopies) {
             if (ready >= 0 && o.dst == (*plan)[static_cast<size_t>(ready)].dst) own_wait = i;
           }
         }
-        const std::string where = std::string(modes) + ", " + std::to_string(n) + " ranks, rank " +
-                                  std::to_string(rank);
+        const std::string where =
+            std::string(modes) + ", " + std::to_string(n) + " ranks, rank " + std::to_string(rank);
         EXPECT_TRUE(std::is_sorted(awaited.begin(), awaited.end())) << where;
         if (ready < 0) {
           EXPECT_EQ(own_wait, -1) << where;

@@ -127,7 +127,8 @@ extern "C" int InitializeInjection(void) {
       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2) != CUPTI_SUCCESS)
     return 0;
   const char* api = getenv("COPY_TRACE_API");
-  if (api && *api && *api != '0' && cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS)
+  if (api && *api && *api != '0' &&
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS)
     return 0;
   atexit(write_trace);
   return 1;

@@ -145,7 +145,6 @@ struct Shared {
   char nccl_id[128];                     // PROBE_NCCL: rank 0's ncclUniqueId
 };
 
-
 struct Rank {
   int r = 0, n = 0;
   Shared* sh = nullptr;
@@ -357,7 +356,8 @@ bool skipped(size_t total, Flags f, bool one_stream, Copy c) {
     return !g_lanes || one_stream || (f != Flags::kHost && f != Flags::kDoneDevice);
   const char* only = getenv("PROBE_ONLY_FLAGS");
   if (only && strcmp(only, flag_names[static_cast<int>(f)])) return true;
-  if (const char* streams = getenv("PROBE_STREAMS"); streams && atoi(streams) != (one_stream ? 1 : 2))
+  if (const char* streams = getenv("PROBE_STREAMS");
+      streams && atoi(streams) != (one_stream ? 1 : 2))
     return true;
   if (g_only_batchall)
     return (one_stream && !getenv("PROBE_STREAMS")) || (total != 0 && c != Copy::kBatchAll);
@@ -487,8 +487,7 @@ void rank_main(int r, int n, int sock, Shared* sh) {
     k.buf[p] = import_allocation(r, all[2 * p], kBufBytes);
     k.flags[p] = import_allocation(r, all[2 * p + 1], kFlagBytes);
   }
-  if (getenv("PROBE_NCCL"))
-    join_nccl(k);
+  if (getenv("PROBE_NCCL")) join_nccl(k);
   CU(cuMemHostRegister(sh, sizeof(Shared),
                        CU_MEMHOSTREGISTER_DEVICEMAP |
                            (getenv("PROBE_FLAGS_SHM") ? CU_MEMHOSTREGISTER_PORTABLE : 0)));
