@@ -90,6 +90,7 @@ def load_calls(directory, pid):
 def host_lead(ops, calls, out):
     """ops: per op, per process (start, end, correlation); calls: per process the API calls."""
     issued = [{c[3]: c[2] for c in cs} for cs in calls]
+    call_starts = [[c[1] for c in cs] for cs in calls]
     leads, during = [], [dict() for _ in calls]
     windows = 0
     for a, b in zip(ops, ops[1:]):
@@ -100,7 +101,7 @@ def host_lead(ops, calls, out):
             leads.append((end - max(ends)) / 1000.0)
         windows += 1
         for k, cs in enumerate(calls):
-            i = bisect.bisect_left([c[1] for c in cs], last_start)
+            i = bisect.bisect_left(call_starts[k], last_start)
             seen = set()
             for name, s, e, _ in cs[max(0, i - 200):i]:
                 if e >= end and s <= last_start:
@@ -132,13 +133,13 @@ def across(directory, pids, min_bytes, tail_ns, out):
         return
     base = traces[0]
     since = base[-1][0] - tail_ns
+    trace_starts = [[x[0] for x in t] for t in traces]
     ops = []
     for s0, e0, c0 in base:
         if s0 < since:
             continue
         row = [(s0, e0, c0)]
-        for t in traces[1:]:
-            starts = [x[0] for x in t]
+        for t, starts in zip(traces[1:], trace_starts[1:]):
             i = bisect.bisect_left(starts, s0)
             j = min((j for j in (i - 1, i) if 0 <= j < len(t)), key=lambda j: abs(t[j][0] - s0))
             row.append(t[j])
