@@ -98,6 +98,10 @@ class Sim {
   }
   uint64_t recv_of(int r) { return addr(recv_[r].data()); }
   uint64_t stage_of(int r) { return addr(stage_[r].data()); }
+  // The flag rank r says ready on for op k.
+  uint64_t ready_of(int r, int k) {
+    return addr(ex_->ready_flag(static_cast<uint32_t>(r), static_cast<uint64_t>(k) + 1));
+  }
   // The rank whose receive buffer holds `a`, -1 for none.
   int owner_of(uint64_t a) {
     for (int r = 0; r < s_.nranks; ++r)
@@ -574,41 +578,42 @@ TEST(DirectPlan, DroppingAnyCapturedWaitResetOrSignalIsCaught) {
     }
 }
 
-// An eager rank that writes its ready reads it back on the push stream before its first copy,
-// and waits for every rank's ready in rank order (direct_plan.cc says what that measured); a
-// rank that writes none waits on no flag of its own.
-TEST(DirectPlan, AnEagerRankReadsItsOwnReadyBackBeforeItCopies) {
+// An eager rank that writes its ready reads it back on the push stream first of its ready
+// waits, before its first copy, then waits for the others' in the order it pushes to them,
+// r-1, r-2, ... (mod n): direct_plan.cc says what that measured. A rank that writes none waits
+// on no flag of its own.
+TEST(DirectPlan, AnEagerRankReadsItsOwnReadyFirstThenThePeersItPushesToInOrder) {
   for (int n : {2, 3, 4})
     for (const char* modes : {"each", "later", "mixed"}) {
       Scenario s = scenario(n, true, modes);
       Sim sim(s, 5);
       int read_back = 0;
       sim.build(0, [&](int rank, std::vector<DirectOp>* plan) {
-        int ready = -1, own_wait = -1, first_copy = -1;
-        std::vector<uint64_t> awaited;  // the push stream's flag waits before its first copy
+        const std::string where =
+            std::string(modes) + ", " + std::to_string(n) + " ranks, rank " + std::to_string(rank);
+        std::map<uint64_t, int> ready_rank;  // flag address -> the rank that says ready on it
+        for (int p = 0; p < n; ++p) ready_rank[sim.ready_of(p, 0)] = p;
+        bool wrote_ready = false;
+        int first_copy = -1;
+        std::vector<int> steps;  // each ready wait's peer, as (rank - peer) mod n, in plan order
         for (int i = 0; i < static_cast<int>(plan->size()); ++i) {
           const DirectOp& o = (*plan)[static_cast<size_t>(i)];
           if (o.stream != DirectStream::kPush) continue;
           if (o.kind == DirectOpKind::kCopy && first_copy < 0) first_copy = i;
-          if (first_copy >= 0) continue;
-          if (o.kind == DirectOpKind::kWrite && ready < 0) ready = i;
-          if (o.kind == DirectOpKind::kWaitGeq) {
-            awaited.push_back(o.dst);
-            if (ready >= 0 && o.dst == (*plan)[static_cast<size_t>(ready)].dst) own_wait = i;
+          if (o.kind == DirectOpKind::kWrite && o.dst == sim.ready_of(rank, 0)) {
+            EXPECT_LT(first_copy, 0) << where;
+            wrote_ready = true;
           }
+          const auto it = ready_rank.find(o.dst);
+          if (o.kind != DirectOpKind::kWaitGeq || it == ready_rank.end()) continue;
+          EXPECT_LT(first_copy, 0) << where << ": a ready wait after a copy";
+          steps.push_back((rank - it->second + n) % n);
         }
-        const std::string where =
-            std::string(modes) + ", " + std::to_string(n) + " ranks, rank " + std::to_string(rank);
-        EXPECT_TRUE(std::is_sorted(awaited.begin(), awaited.end())) << where;
-        if (ready < 0) {
-          EXPECT_EQ(own_wait, -1) << where;
-          return;
-        }
-        EXPECT_GT(own_wait, ready) << where;
-        if (first_copy >= 0) {
-          EXPECT_LT(own_wait, first_copy) << where;
-        }
-        ++read_back;
+        EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end())) << where;
+        EXPECT_EQ(std::adjacent_find(steps.begin(), steps.end()), steps.end()) << where;
+        const bool own_first = !steps.empty() && steps.front() == 0;
+        EXPECT_EQ(own_first, wrote_ready) << where;
+        read_back += own_first;
       });
       EXPECT_GT(read_back, 0) << modes << ", " << n << " ranks";
     }
