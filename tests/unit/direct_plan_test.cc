@@ -593,8 +593,7 @@ TEST(DirectPlan, AnEagerRankReadsItsOwnReadyFirstThenThePeersItPushesToInOrder) 
             std::string(modes) + ", " + std::to_string(n) + " ranks, rank " + std::to_string(rank);
         std::map<uint64_t, int> ready_rank;  // flag address -> the rank that says ready on it
         for (int p = 0; p < n; ++p) ready_rank[sim.ready_of(p, 0)] = p;
-        bool wrote_ready = false;
-        int first_copy = -1;
+        int ready_write = -1, first_copy = -1;
         std::vector<int> steps;  // each ready wait's peer, as (rank - peer) mod n, in plan order
         for (int i = 0; i < static_cast<int>(plan->size()); ++i) {
           const DirectOp& o = (*plan)[static_cast<size_t>(i)];
@@ -602,17 +601,20 @@ TEST(DirectPlan, AnEagerRankReadsItsOwnReadyFirstThenThePeersItPushesToInOrder) 
           if (o.kind == DirectOpKind::kCopy && first_copy < 0) first_copy = i;
           if (o.kind == DirectOpKind::kWrite && o.dst == sim.ready_of(rank, 0)) {
             EXPECT_LT(first_copy, 0) << where;
-            wrote_ready = true;
+            ready_write = i;
           }
           const auto it = ready_rank.find(o.dst);
           if (o.kind != DirectOpKind::kWaitGeq || it == ready_rank.end()) continue;
           EXPECT_LT(first_copy, 0) << where << ": a ready wait after a copy";
+          if (it->second == rank) {
+            EXPECT_GE(ready_write, 0) << where << ": its own ready read before it is written";
+          }
           steps.push_back((rank - it->second + n) % n);
         }
         EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end())) << where;
         EXPECT_EQ(std::adjacent_find(steps.begin(), steps.end()), steps.end()) << where;
         const bool own_first = !steps.empty() && steps.front() == 0;
-        EXPECT_EQ(own_first, wrote_ready) << where;
+        EXPECT_EQ(own_first, ready_write >= 0) << where;
         read_back += own_first;
       });
       EXPECT_GT(read_back, 0) << modes << ", " << n << " ranks";
