@@ -87,26 +87,20 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   auto peer_at = [&](int i) { return (v.rank + v.nranks - 1 - i) % v.nranks; };
   bool pulls = false;
   for (int p = 0; p < v.nranks; ++p) pulls |= p != v.rank && v.peers[p].pull;
-  // An eager op waits for every rank's ready, its own first where it wrote it (a read the write
-  // precedes on the stream; presumably it hurries the write to the peers that poll for it),
-  // then the peers' in the order it pushes to them, r-1, r-2, ... (mod n). Measured on 4 H200s,
-  // 1 GiB in place, CUPTI copy traces: waiting on the peers only, the ranks started each op in
+  // The push stream waits for the ready of every peer it pushes to, in the order it pushes to
+  // them; an eager op first reads back its own ready where it wrote it (a read the write precedes
+  // on the stream; presumably it hurries the write to the peers that poll for it). Measured on 4
+  // H200s, 1 GiB in place, CUPTI copy traces: without the own read the ranks started each op in
   // rank order, rank 0 2.8-4.9 us after the first whatever GPU it ran on, their copies crossing
-  // for longer; the own read, peers in rank order, cut rank 0's lag to 1.9-2.9 us. Paired rounds
-  // against NCCL CE in place at 64 MiB / 256 MiB / 1 GiB, median of the passes on three hosts:
-  // rank order 1.010 / 1.004 / 0.999 (1 of 24 rounds >= 1 at 1 GiB); this order 1.034 / 1.003 /
-  // 0.999-1.000 (5 of 18); own, r+1, r+2, ... 1.015 / 1.003 / 0.999; own last 0.998 / 0.999 /
-  // 0.998 (docs/PERFORMANCE.md, "Three and four GPUs"). Captured ops wait on words of their own
-  // (capture_blocks.h), in peer order.
-  if (v.captured) {
-    for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
-      if (v.peers[p].push) await(S::kPush, v.ready_push_in[p]);
-  } else {
-    for (int i = 0; i < v.nranks; ++i) {
-      const int p = (v.rank + v.nranks - i) % v.nranks;
-      if (p == v.rank ? eager_ready : v.peers[p].push) await(S::kPush, v.ready[p]);
-    }
-  }
+  // for longer; with it, and the peers in rank order, rank 0's lag fell to 1.9-2.9 us. Paired
+  // rounds against NCCL CE in place at 64 MiB / 256 MiB / 1 GiB, median of the passes on three
+  // hosts: own read, peers in rank order 1.010 / 1.004 / 0.999 (1 of 24 rounds >= 1 at 1 GiB);
+  // this order 1.034 / 1.003 / 0.999-1.000 (5 of 18); own, r+1, r+2, ... 1.015 / 1.003 / 0.999;
+  // own last 0.998 / 0.999 / 0.998 (docs/PERFORMANCE.md, "Three and four GPUs"). Captured ops
+  // wait on words of their own (capture_blocks.h).
+  if (eager_ready) await(S::kPush, v.ready[v.rank]);
+  for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
+    if (v.peers[p].push) await(S::kPush, v.captured ? v.ready_push_in[p] : v.ready[p]);
   for (int i = 0, p = peer_at(0); i < v.nranks - 1; p = peer_at(++i))
     if (v.peers[p].push) w.copy(S::kPush, v.peers[p].to.addr, v.send, v.chunk);
   // The pull and local streams join the op only where they have a copy: fewer driver calls,

@@ -19,8 +19,8 @@
 //   user   record kEvStart                                               ... wait kEvEnd
 //   (each of my streams below starts with "wait kEvStart")
 //   push   wait kEvStart; [staged: copy my chunk into the stage]; [eager, a peer copies with
-//          me: write ready[me]=seq]; wait ready[p]>=seq, in rank order, for every peer p I
-//          push to and for me where I wrote mine; my pushes; [wait kEvPulled]; write
+//          me: write ready[me]=seq, wait ready[me]>=seq]; wait ready[p]>=seq for every peer
+//          p I push to, in the order I push to them; my pushes; [wait kEvPulled]; write
 //          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
 //          that copies to or from me; [staged: copy the chunks of the peers that reached me
 //          through the stage out of it]; [wait kEvLocal]; record kEvEnd
