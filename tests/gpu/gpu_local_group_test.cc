@@ -369,15 +369,26 @@ long run_rounds(Layout& l, const char* who) {
   return issued;
 }
 
+// One process whose one thread drives every GPU, run as the harness's one rank: the gtest
+// process itself never touches CUDA, or the next test's forked ranks could not (a CUDA context
+// does not survive fork(): "initialization error" in every child).
 TEST(LocalGroup, RandomRoundsMatchNccl) {
   ZG_REQUIRE_GPUS(2);
-  Layout l;
-  l.nranks = visible_gpu_count() > 8 ? 8 : visible_gpu_count();
-  l.comms.resize(static_cast<size_t>(l.nranks));
-  for (int d = 0; d < l.nranks; ++d) l.devices.push_back(d);
-  ZG_NCCL(ncclCommInitAll(l.comms.data(), l.nranks, l.devices.data()));
-  run_rounds(l, "local group");
-  for (ncclComm_t c : l.comms) ZG_NCCL(ncclCommDestroy(c));
+  const int gpus = visible_gpu_count() > 8 ? 8 : visible_gpu_count();
+  RunResult result = run_ranks(
+      1,
+      [gpus](const RankContext&) {
+        Layout l;
+        l.nranks = gpus;
+        l.comms.resize(static_cast<size_t>(l.nranks));
+        for (int d = 0; d < l.nranks; ++d) l.devices.push_back(d);
+        ZG_NCCL(ncclCommInitAll(l.comms.data(), l.nranks, l.devices.data()));
+        run_rounds(l, "local group");
+        for (ncclComm_t c : l.comms) ZG_NCCL(ncclCommDestroy(c));
+        return 0;
+      },
+      default_run_options(1800));
+  EXPECT_TRUE(result.ok()) << result.summary();
 }
 
 // Processes that drive several GPUs each (ZEROCTA_LOCAL_GROUP_PROCESSES, default 2, over

@@ -23,11 +23,22 @@
 //                 by its peers over NVLink
 // Prints per chunk size the median time per op of 7 runs of 50 ops (one event pair around the
 // loop, as nccl-tests times it), and busbw.
+// PROBE_ALLOC=cumem: the receive buffers are cuMem allocations mapped for every GPU
+// (cuMemSetAccess, as ncclMemAlloc's) instead of cudaMalloc memory reached through peer access.
+// PROBE_BATCH=1: a GPU's pushes go in one cuMemcpyBatchAsync with NCCL's attributes (stream
+// order, prefer overlap with compute), as the library issues them, instead of one
+// cudaMemcpyAsync each; =2 the same without "prefer overlap"; =3 with source access order
+// "any"; =4 NCCL's attributes plus each copy's source and destination GPU as location hints;
+// =5 one cudaMemcpyPeerAsync each. What they showed (4 H200s, driver 580, host flags, 4 GPUs;
+// docs/plots/memory-kinds-4xH200/): on cudaMalloc every mode took 163-167 / 549-555 /
+// 2087-2091 us at 64 MiB / 256 MiB / 1 GiB; on cuMem the batch took 157-160 / 544-545 /
+// 2083-2087 and one copy each 165 / 550-551 / 2087-2088.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -64,7 +75,8 @@ enum FlagKind { kReady = 0, kDone = 1, kFlagKinds = 2 };
 struct Gpu {
   cudaStream_t user = nullptr, push = nullptr;
   cudaEvent_t start = nullptr, ready = nullptr, copied = nullptr, end = nullptr;
-  char* buf = nullptr;            // n chunks: the receive buffer, own chunk in place
+  char* buf = nullptr;                      // n chunks: the receive buffer, own chunk in place
+  CUmemGenericAllocationHandle handle = 0;  // PROBE_ALLOC=cumem: buf's allocation
   uint32_t* dev_flags = nullptr;  // [writer][kind], in this GPU's memory: this GPU waits on them
 };
 
@@ -83,12 +95,44 @@ CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 // One op of `plan`, every GPU's part; `seq` numbers the op (flags are counters).
 void issue_op(std::vector<Gpu>& g, const Flags& f, size_t chunk, Plan plan, uint32_t seq) {
   const int n = static_cast<int>(g.size());
+  static const int batch_mode = getenv("PROBE_BATCH") ? atoi(getenv("PROBE_BATCH")) : 0;
+  const bool batched = batch_mode >= 1 && batch_mode <= 4;
   auto push_all = [&](int r) {
+    CUdeviceptr dsts[kMaxGpus], srcs[kMaxGpus];
+    size_t sizes[kMaxGpus];
     for (int i = 1; i < n; ++i) {
       const int q = (r + n - i) % n;
+      if (batched) {
+        dsts[i - 1] = reinterpret_cast<CUdeviceptr>(g[q].buf + r * chunk);
+        srcs[i - 1] = reinterpret_cast<CUdeviceptr>(g[r].buf + r * chunk);
+        sizes[i - 1] = chunk;
+        continue;
+      }
+      if (batch_mode == 5) {
+        CK(cudaMemcpyPeerAsync(g[q].buf + r * chunk, q, g[r].buf + r * chunk, r, chunk, g[r].push));
+        continue;
+      }
       CK(cudaMemcpyAsync(g[q].buf + r * chunk, g[r].buf + r * chunk, chunk,
                          cudaMemcpyDeviceToDevice, g[r].push));
     }
+    if (!batched) return;
+    CUmemcpyAttributes attrs[kMaxGpus]{};
+    size_t attr_index[kMaxGpus];
+    const size_t nattrs = batch_mode == 4 ? static_cast<size_t>(n - 1) : 1;
+    for (size_t k = 0; k < nattrs; ++k) {
+      CUmemcpyAttributes& a = attrs[k];
+      a.srcAccessOrder =
+          batch_mode == 3 ? CU_MEMCPY_SRC_ACCESS_ORDER_ANY : CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+      a.flags = batch_mode == 2 ? 0 : CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+      if (batch_mode == 4) {
+        a.srcLocHint.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a.srcLocHint.id = r;
+        a.dstLocHint.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a.dstLocHint.id = (r + n - 1 - static_cast<int>(k)) % n;
+      }
+      attr_index[k] = k;
+    }
+    CU(cuMemcpyBatchAsync(dsts, srcs, sizes, n - 1, attrs, attr_index, nattrs, cu(g[r].push)));
   };
   if (plan == Plan::kBare) {
     for (int r = 0; r < n; ++r) {
@@ -199,6 +243,26 @@ double run(std::vector<Gpu>& g, const Flags& f, size_t chunk, Plan plan, uint32_
   return median_of(us);
 }
 
+// `bytes` of GPU `owner`'s memory in one cuMem allocation, mapped and open to GPUs 0..gpus-1.
+void* map_for_all(int owner, int gpus, size_t bytes, CUmemGenericAllocationHandle* handle) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = owner;
+  CU(cuMemCreate(handle, bytes, &prop, 0));
+  CUdeviceptr va = 0;
+  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CU(cuMemMap(va, bytes, 0, *handle, 0));
+  std::vector<CUmemAccessDesc> access(static_cast<size_t>(gpus));
+  for (int d = 0; d < gpus; ++d) {
+    access[static_cast<size_t>(d)].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[static_cast<size_t>(d)].location.id = d;
+    access[static_cast<size_t>(d)].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CU(cuMemSetAccess(va, bytes, access.data(), access.size()));
+  return reinterpret_cast<void*>(va);
+}
+
 }  // namespace
 
 int main() {
@@ -206,6 +270,10 @@ int main() {
   if (n == 0) return 0;
   n = std::min(n, kMaxGpus);
   const size_t max_total = size_t{1} << 30;  // each GPU's receive buffer
+  const bool cumem = getenv("PROBE_ALLOC") && strcmp(getenv("PROBE_ALLOC"), "cumem") == 0;
+  printf("receive buffers: %s; PROBE_BATCH=%s\n",
+         cumem ? "cuMem, mapped for every GPU" : "cudaMalloc",
+         getenv("PROBE_BATCH") ? getenv("PROBE_BATCH") : "0 (cudaMemcpyAsync each)");
   Flags f;
   const size_t host_words = size_t{kMaxGpus} * kMaxGpus * kFlagKinds;
   CK(cudaHostAlloc(&f.host, host_words * sizeof(uint32_t),
@@ -226,7 +294,11 @@ int main() {
       CK(cudaStreamCreateWithFlags(&g[r].push, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&g[r].start, &g[r].ready, &g[r].copied, &g[r].end})
         CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      CK(cudaMalloc(&g[r].buf, max_total));
+      if (cumem) {
+        g[r].buf = reinterpret_cast<char*>(map_for_all(r, gpus, max_total, &g[r].handle));
+      } else {
+        CK(cudaMalloc(&g[r].buf, max_total));
+      }
       CK(cudaMalloc(&g[r].dev_flags, kMaxGpus * kFlagKinds * sizeof(uint32_t)));
       CK(cudaMemset(g[r].dev_flags, 0, kMaxGpus * kFlagKinds * sizeof(uint32_t)));
       CK(cudaDeviceSynchronize());
@@ -249,7 +321,13 @@ int main() {
     for (int r = 0; r < gpus; ++r) {
       CK(cudaSetDevice(r));
       CK(cudaDeviceSynchronize());
-      CK(cudaFree(g[r].buf));
+      if (cumem) {
+        CU(cuMemUnmap(reinterpret_cast<CUdeviceptr>(g[r].buf), max_total));
+        CU(cuMemAddressFree(reinterpret_cast<CUdeviceptr>(g[r].buf), max_total));
+        CU(cuMemRelease(g[r].handle));
+      } else {
+        CK(cudaFree(g[r].buf));
+      }
       CK(cudaFree(g[r].dev_flags));
     }
   }
