@@ -4,12 +4,12 @@
 // exports an arena, maps the peer's at its all-gather and frees all of it in ncclCommDestroy
 // (src/route_setup.h). Without the shim the same test measures NCCL alone.
 //
-// Host RSS (/proc/self/statm), GPU memory in use (cudaMemGetInfo: total - free), open file
-// descriptors, threads and zerocta entries in /dev/shm are sampled on every rank after cycle 10
-// (warm-up: first-use caches, the fd service's thread) and after the last one; the test fails
-// if memory grew by more than ZEROCTA_CYCLES_MAX_GROWTH_MIB (64) on any rank, if descriptors,
-// threads or /dev/shm entries grew at all, if any all-gather was wrong, or (with the shim) if a
-// cycle went without its route or the route memory gauge does not return to 0.
+// Host RSS (/proc/self/statm, after malloc_trim), GPU memory in use (cudaMemGetInfo: total -
+// free), open file descriptors, threads and zerocta entries in /dev/shm are sampled on every rank
+// after cycle 10 (warm-up: first-use caches, the fd service's thread) and after the last one; the
+// test fails if memory grew by more than ZEROCTA_CYCLES_MAX_GROWTH_MIB (64) on any rank, if
+// descriptors, threads or /dev/shm entries grew at all, if any all-gather was wrong, or (with the
+// shim) if a cycle went without its route or the route memory gauge does not return to 0.
 //
 //   ZEROCTA_CYCLES            cycles (default 1000; unset, the count is lowered to what fits
 //                             ZEROCTA_CYCLES_BUDGET_S (150), but not below 100, once the
@@ -22,6 +22,7 @@
 //                             most of a cycle). Memory is sampled with nothing pending.
 #include <cuda_runtime.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <nccl.h>
 #include <unistd.h>
 
@@ -86,7 +87,11 @@ struct CycleReport {
 static_assert(sizeof(CycleReport) <= kRankSharedBlockBytes, "report must fit the shared block");
 CycleReport* report_of(int rank) { return static_cast<CycleReport*>(rank_shared_block(rank)); }
 
+// Resident memory after glibc gave back what its arenas hold free: memory freed but kept for
+// reuse is not a leak, and with destroys on a second thread (its own arena) it varied run to run
+// by tens of MiB, with or without the library (docs/RELIABILITY.md).
 int64_t rss_bytes() {
+  malloc_trim(0);
   std::ifstream statm("/proc/self/statm");
   long long size = 0, resident = 0;
   if (!(statm >> size >> resident)) fail("cannot read /proc/self/statm");

@@ -39,8 +39,8 @@
 #   flag-probe             as in part c
 # Part e (2 GPUs): 1000 create/all-gather/destroy cycles with auto, each communicator destroyed
 #   before the next is created (about 550 s on 2xH100: NCCL's destroy takes ~0.5 s), RSS, GPU
-#   memory, descriptors, threads and /dev/shm entries (with destroys on a second thread RSS
-#   grows, with or without the library: docs/RELIABILITY.md):
+#   memory, descriptors, threads and /dev/shm entries (run_do_no_harm.sh's cycles-1000 has a
+#   second thread destroy them):
 #   cycles-1000-serial
 # Part x4 (4 GPUs): the sweeps beside NCCL CE, the fixed-work overlap, the 10 000-op soaks:
 #   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
