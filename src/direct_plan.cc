@@ -121,6 +121,8 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   if (pulls) w.wait_event(S::kPush, kEvPulled);
   for (int p = 0; p < v.nranks; ++p)
     if (copies(p)) signal(S::kPush, v.done_to[p]);
+  // The done waits in rank order: descending, or r+1, r+2, ... (the order peers push into me),
+  // were no faster on 4 H200s (docs/PERFORMANCE.md, "The order of those waits").
   for (int p = 0; p < v.nranks; ++p)
     if (p != v.rank && v.peers[p].peer_copies) await(S::kPush, v.done_from[p]);
   for (int p = 0; p < v.nranks; ++p)
