@@ -26,8 +26,7 @@ preflight "$nproc"
 # multicast, so the examples run with it off. On your own cluster drop this line (or export
 # NCCL_NVLS_ENABLE=1 first) to keep NCCL's NVLink SHARP; zerocta needs it neither way.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
-# This script's own ZEROCTA_* knobs stay in this shell: in the ranks they would be unknown
-# ZEROCTA_* variables, which zerocta reports (one WARN each).
+# This script's own ZEROCTA_* knobs stay in this shell: the ranks have no use for them.
 export -n ZEROCTA_RUN ZEROCTA_RUN_ARGS
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/zerocta-collectives.XXXXXX")

@@ -244,7 +244,13 @@ uint64_t config_fingerprint(const Config& c) {
 }
 
 const std::vector<const char*>& tool_var_names() {
-  static const std::vector<const char*> kNames = {"ZEROCTA_LIB"};
+  static const std::vector<const char*> kNames = {
+      "ZEROCTA_LIB",
+      // The example scripts' own (LD_PRELOAD-examples/README.md): the scripts keep them out of
+      // their ranks, but a shell that exports one (tests/gpu/run_pending.sh: ZEROCTA_BUILD)
+      // hands it to every other process it starts, and that is no misspelt setting.
+      "ZEROCTA_BUILD", "ZEROCTA_RUN", "ZEROCTA_RUN_ARGS", "ZEROCTA_FSDP_ALLGATHER",
+      "ZEROCTA_PAIR_ALLGATHER", "ZEROCTA_PAIR_ARGS"};
   return kNames;
 }
 

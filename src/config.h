@@ -85,8 +85,9 @@ struct UnknownVar {
   size_t distance = 0;  // edit_distance(name, closest)
 };
 
-// Names of ZEROCTA_* variables that zerocta's tools read, not the library (zerocta-run's and
-// zerocta-bench's ZEROCTA_LIB): known, so never reported, but not suggested either.
+// Names of ZEROCTA_* variables that zerocta's tools and example scripts read, not the library
+// (zerocta-run's and zerocta-bench's ZEROCTA_LIB, LD_PRELOAD-examples/'s ZEROCTA_BUILD, ...):
+// known, so never reported, but not suggested either.
 const std::vector<const char*>& tool_var_names();
 
 // Pure: the ZEROCTA_* names of `envp` ("NAME=value" entries, nullptr-terminated, as environ)

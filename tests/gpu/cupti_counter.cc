@@ -88,7 +88,7 @@ void cupti_start() {
               "cuptiActivityRegisterCallbacks");
   check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
               "cuptiActivityEnable(CONCURRENT_KERNEL)");
-  if (env_long("ZEROCTA_POLICY_TRACE_MEMCPY", 1) != 0) {
+  if (env_long("ZCTEST_POLICY_TRACE_MEMCPY", 1) != 0) {
     check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)");
     check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2), "cuptiActivityEnable(MEMCPY2)");
   }

@@ -26,7 +26,7 @@ struct ActivityCounts {
 };
 
 // Call once per process before the CUDA context exists (RunOptions::before_cuda). Throws
-// RankError if CUPTI cannot be set up. Env ZEROCTA_POLICY_TRACE_MEMCPY=0 leaves copies out.
+// RankError if CUPTI cannot be set up. Env ZCTEST_POLICY_TRACE_MEMCPY=0 leaves copies out.
 void cupti_start();
 
 // Synchronises the current device, drops everything recorded so far and starts a window.

@@ -19,7 +19,7 @@ std::string part_path(int rank) { return digest_file() + ".rank" + std::to_strin
 }  // namespace
 
 std::string digest_file() {
-  const char* path = getenv("ZEROCTA_DIGEST_FILE");
+  const char* path = getenv("ZCTEST_DIGEST_FILE");
   return path ? path : "";
 }
 

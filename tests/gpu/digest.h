@@ -1,6 +1,6 @@
 // Output digests for proving bitwise equality between a run with the shim and one without.
 //
-// When env ZEROCTA_DIGEST_FILE names a file, each rank collects one line per checked output
+// When env ZCTEST_DIGEST_FILE names a file, each rank collects one line per checked output
 // (FNV-1a 64 of the bytes) and writes them to "<file>.rank<r>.part"; after the ranks finish
 // the parent appends the parts to the file in rank order, so two runs of the same binary give
 // files that `diff` can compare line by line.
@@ -12,7 +12,7 @@
 
 namespace zgpu {
 
-// Path from ZEROCTA_DIGEST_FILE, "" when digests are off.
+// Path from ZCTEST_DIGEST_FILE, "" when digests are off.
 std::string digest_file();
 
 class DigestLog {

@@ -1,7 +1,7 @@
 // Randomized all-gather soak for the shim's copy-engine route.
 //
 // Every iteration all ranks draw the same shape from a shared RNG: a byte count per rank
-// (log-uniform so that the total output spans 1 B .. ZEROCTA_SOAK_MAX_BYTES, 512 MiB by
+// (log-uniform so that the total output spans 1 B .. ZCTEST_SOAK_MAX_BYTES, 512 MiB by
 // default, with many odd values), one of NCCL's 12 datatypes, and whether the iteration is a
 // single call, a group of 2-3 all-gathers, or a CUDA graph capturing 1-3 all-gathers that is
 // replayed 3 times with fresh input before each replay. Each rank then makes its own local
@@ -14,21 +14,21 @@
 // through pncclAllGather (NCCL's own path, the shim does not export it), and guard bytes
 // around the output must keep their poison. Waits have a deadline, so a hang fails.
 //
-//   ZEROCTA_SOAK_ITERS (200)  ZEROCTA_SOAK_SEED (1)  ZEROCTA_SOAK_NRANKS (all GPUs, max 8)
-//   ZEROCTA_SOAK_MAX_BYTES (512 MiB)  ZEROCTA_SOAK_TIMEOUT_S  ZEROCTA_OP_TIMEOUT_S (60)
-//   ZEROCTA_SOAK_EXPECT_CE=1: fail unless the shim counted all-gathers on a copy-engine route
-//   ZEROCTA_SOAK_DELAY_RANK=R: rank R delays each of its all-gathers by 0..2 ms (a spinning
+//   ZCTEST_SOAK_ITERS (200)  ZCTEST_SOAK_SEED (1)  ZCTEST_SOAK_NRANKS (all GPUs, max 8)
+//   ZCTEST_SOAK_MAX_BYTES (512 MiB)  ZCTEST_SOAK_TIMEOUT_S  ZCTEST_OP_TIMEOUT_S (60)
+//   ZCTEST_SOAK_EXPECT_CE=1: fail unless the shim counted all-gathers on a copy-engine route
+//   ZCTEST_SOAK_DELAY_RANK=R: rank R delays each of its all-gathers by 0..2 ms (a spinning
 //     one-thread kernel on the op's stream), so its peers wait on its flags and reuse slots
 //     while it lags
-//   ZEROCTA_SOAK_VERBOSE=1: print every iteration's plan
-//   ZEROCTA_SOAK_ALLOC=cumem|cudamalloc|mixed|fabric (cumem): the all-gather buffers as PyTorch's
+//   ZCTEST_SOAK_VERBOSE=1: print every iteration's plan
+//   ZCTEST_SOAK_ALLOC=cumem|cudamalloc|mixed|fabric (cumem): the all-gather buffers as PyTorch's
 //     expandable segments hand them out (exportable cuMem in 20 MiB pieces, so a large op spans
 //     several allocations; what zerocta's route reaches across processes), plain cudaMalloc
 //     (unreachable from another process: every op goes to NCCL), or cudaMalloc on rank 0 only
 //     (one rank without expandable segments: the op's route then depends on who arrives first),
 //     or cumem exportable as FABRIC handles only (PyTorch's segments on an IMEX node; skipped
 //     where this machine cannot make such memory)
-//   ZEROCTA_SOAK_REALLOC_EVERY=N (50): every N iterations the buffers are freed and allocated
+//   ZCTEST_SOAK_REALLOC_EVERY=N (50): every N iterations the buffers are freed and allocated
 //     anew, so they move and the peers' imports of the old ones must go (0: never)
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -133,25 +133,24 @@ struct Config {
 };
 
 SoakAlloc read_alloc() {
-  const char* v = getenv("ZEROCTA_SOAK_ALLOC");
+  const char* v = getenv("ZCTEST_SOAK_ALLOC");
   const std::string s = v ? v : "cumem";
   if (s == "cudamalloc") return SoakAlloc::kCudaMalloc;
   if (s == "mixed") return SoakAlloc::kMixed;
   if (s == "fabric") return SoakAlloc::kFabric;
-  if (s != "cumem")
-    fprintf(stderr, "soak: ZEROCTA_SOAK_ALLOC=%s unknown, using cumem\n", s.c_str());
+  if (s != "cumem") fprintf(stderr, "soak: ZCTEST_SOAK_ALLOC=%s unknown, using cumem\n", s.c_str());
   return SoakAlloc::kCumem;
 }
 
 Config read_config() {
   Config c;
-  c.iters = env_long("ZEROCTA_SOAK_ITERS", 200);
-  c.seed = static_cast<uint64_t>(env_long("ZEROCTA_SOAK_SEED", 1));
-  c.max_total = static_cast<size_t>(env_long("ZEROCTA_SOAK_MAX_BYTES", 512L << 20));
+  c.iters = env_long("ZCTEST_SOAK_ITERS", 200);
+  c.seed = static_cast<uint64_t>(env_long("ZCTEST_SOAK_SEED", 1));
+  c.max_total = static_cast<size_t>(env_long("ZCTEST_SOAK_MAX_BYTES", 512L << 20));
   c.nranks = static_cast<int>(
-      env_long("ZEROCTA_SOAK_NRANKS", std::min(8, std::max(2, visible_gpu_count()))));
+      env_long("ZCTEST_SOAK_NRANKS", std::min(8, std::max(2, visible_gpu_count()))));
   c.alloc = read_alloc();
-  c.realloc_every = env_long("ZEROCTA_SOAK_REALLOC_EVERY", 50);
+  c.realloc_every = env_long("ZCTEST_SOAK_REALLOC_EVERY", 50);
   return c;
 }
 
@@ -199,7 +198,7 @@ class Soak {
     }
     for (long it = 0; it < cfg_.iters; ++it) {
       IterPlan plan = make_plan();
-      if (env_long("ZEROCTA_SOAK_VERBOSE", 0) != 0) {
+      if (env_long("ZCTEST_SOAK_VERBOSE", 0) != 0) {
         for (size_t j = 0; j < plan.ops.size(); ++j) {
           printf("[rank %d] %s\n", ctx_.rank, describe(it, plan, j, -1).c_str());
         }
@@ -564,7 +563,7 @@ class Soak {
   Rng local_rng_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t nonblocking_ = nullptr;
-  const long delay_rank_ = env_long("ZEROCTA_SOAK_DELAY_RANK", -1);
+  const long delay_rank_ = env_long("ZCTEST_SOAK_DELAY_RANK", -1);
   uint64_t delays_ = 0;
   cudaStream_t blocking_ = nullptr;
   cudaStream_t verify_stream_ = nullptr;
@@ -588,7 +587,7 @@ TEST(AllGatherSoak, Randomized) {
   if (cfg.nranks < 2) GTEST_SKIP() << "needs at least 2 ranks";
   RunOptions options = default_run_options(static_cast<int>(600 + 2 * cfg.iters));
   options.total_timeout_s =
-      static_cast<int>(env_long("ZEROCTA_SOAK_TIMEOUT_S", options.total_timeout_s));
+      static_cast<int>(env_long("ZCTEST_SOAK_TIMEOUT_S", options.total_timeout_s));
   RunResult result = run_ranks(
       cfg.nranks,
       [&cfg](const RankContext& ctx) {
@@ -630,8 +629,8 @@ TEST(AllGatherSoak, Randomized) {
   EXPECT_TRUE(result.ok()) << result.summary();
   EXPECT_EQ(mismatches, 0u);
   EXPECT_EQ(static_cast<long>(r0->iterations), cfg.iters);
-  if (env_long("ZEROCTA_SOAK_EXPECT_CE", 0) != 0) {
-    EXPECT_TRUE(r0->shim_loaded) << "ZEROCTA_SOAK_EXPECT_CE=1 but the shim is not loaded";
+  if (env_long("ZCTEST_SOAK_EXPECT_CE", 0) != 0) {
+    EXPECT_TRUE(r0->shim_loaded) << "ZCTEST_SOAK_EXPECT_CE=1 but the shim is not loaded";
     EXPECT_GT(ce_calls, 0u) << "the shim routed no all-gather to a copy-engine route";
   }
 }

@@ -8,8 +8,8 @@
 // are the evidence; graph node types alone would not say which engine ran. All-gathers grouped
 // with ops NCCL runs keep NCCL's order among the communicator's ops: data and sums checked.
 //
-// With ZEROCTA_CE_TRACE=FILE the test also writes every copy of a few large all-gathers
-// (ZEROCTA_CE_TRACE_BYTES per rank, default 256 MiB) as CSV lines, FILE.rank<N>: the timeline
+// With ZCTEST_CE_TRACE=FILE the test also writes every copy of a few large all-gathers
+// (ZCTEST_CE_TRACE_BYTES per rank, default 256 MiB) as CSV lines, FILE.rank<N>: the timeline
 // that shows where an op's time goes (copy-in, pulls, flags, gaps).
 //
 // Without the shim the test skips: there is no zerocta route to check.
@@ -134,7 +134,7 @@ bool check_window(const char* name, int rank, uint64_t expected_ops, cudaStream_
 }
 
 void write_trace(const ActivityCounts& a, int rank, uint64_t bytes, int ops) {
-  const char* path = getenv("ZEROCTA_CE_TRACE");
+  const char* path = getenv("ZCTEST_CE_TRACE");
   const std::string file = std::string(path) + ".rank" + std::to_string(rank);
   FILE* f = fopen(file.c_str(), "w");
   if (f == nullptr) fail("cannot write " + file);
@@ -281,7 +281,7 @@ int ce_route_rank(const RankContext& ctx) {
   ncclComm_t comm = init_comm(ctx, InitKind::kInitRankConfig, 0);
   cudaStream_t stream;
   ZG_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const size_t bytes = static_cast<size_t>(env_long("ZEROCTA_CE_ROUTE_BYTES", 24 << 20)) + 4;
+  const size_t bytes = static_cast<size_t>(env_long("ZCTEST_CE_ROUTE_BYTES", 24 << 20)) + 4;
   Buffers b = make_buffers(bytes, rank, n, 0xce01);
   bool ok = true;
 
@@ -350,10 +350,10 @@ int ce_route_rank(const RankContext& ctx) {
     ok = false;
   }
 
-  if (getenv("ZEROCTA_CE_TRACE") != nullptr) {
+  if (getenv("ZCTEST_CE_TRACE") != nullptr) {
     probe_local_copy_engine(rank);
-    const size_t tb = static_cast<size_t>(env_long("ZEROCTA_CE_TRACE_BYTES", 256 << 20));
-    const int ops = static_cast<int>(env_long("ZEROCTA_CE_TRACE_OPS", 4));
+    const size_t tb = static_cast<size_t>(env_long("ZCTEST_CE_TRACE_BYTES", 256 << 20));
+    const int ops = static_cast<int>(env_long("ZCTEST_CE_TRACE_OPS", 4));
     Buffers t = make_buffers(tb, rank, n, 0xce02);
     ZG_NCCL(ncclAllGather(t.send, t.recv, t.count, ncclFloat32, comm, stream));
     wait_stream(stream, "trace warm-up");
@@ -382,7 +382,7 @@ TEST(CeRoute, LaunchesNoKernels) {
   setenv("ZEROCTA_ALLGATHER", "zerocta", 1);
   RunOptions options = default_run_options(300);
   options.before_cuda = [](int) { cupti_start(); };
-  const int nranks = static_cast<int>(env_long("ZEROCTA_CE_ROUTE_RANKS", 2));
+  const int nranks = static_cast<int>(env_long("ZCTEST_CE_ROUTE_RANKS", 2));
   RunResult result = run_ranks(nranks, ce_route_rank, options);
   EXPECT_TRUE(result.ok()) << result.summary();
 }

@@ -6,7 +6,7 @@
 //   (b) bitwise against the same operation issued through NCCL's pnccl* alias on the same
 //       communicator (the shim does not export pnccl*, so that call always reaches NCCL's own
 //       path);
-//   (c) as an FNV-1a digest appended to $ZEROCTA_DIGEST_FILE, so a run with the shim and a run
+//   (c) as an FNV-1a digest appended to $ZCTEST_DIGEST_FILE, so a run with the shim and a run
 //       without can be diffed; that covers sums whose value depends on summation order.
 // Outputs are poisoned (0xAB) before each operation and guard bytes around them must survive.
 #include <cuda_runtime.h>
@@ -38,10 +38,10 @@ const std::vector<ncclDataType_t> kTypes = {ncclInt8,    ncclInt32,   ncclFloat1
                                             ncclFloat32, ncclFloat64, ncclUint64};
 
 size_t max_case_bytes() {
-  return static_cast<size_t>(env_long("ZEROCTA_COLL_MAX_BYTES", static_cast<long>(64 * kMiB)));
+  return static_cast<size_t>(env_long("ZCTEST_COLL_MAX_BYTES", static_cast<long>(64 * kMiB)));
 }
 
-uint64_t base_seed() { return static_cast<uint64_t>(env_long("ZEROCTA_COLL_SEED", 20250917)); }
+uint64_t base_seed() { return static_cast<uint64_t>(env_long("ZCTEST_COLL_SEED", 20250917)); }
 
 // The communicator an operation runs on (the world or a child of a split).
 struct Comm {
@@ -205,7 +205,7 @@ class Env {
   int failures_ = 0;
 };
 
-// Calls fn for every (size, type) case not above ZEROCTA_COLL_MAX_BYTES.
+// Calls fn for every (size, type) case not above ZCTEST_COLL_MAX_BYTES.
 void for_each_case(const std::vector<ncclDataType_t>& types,
                    const std::function<void(const Case&)>& fn) {
   for (size_t si = 0; si < kSizes.size(); ++si) {

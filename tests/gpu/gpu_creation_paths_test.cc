@@ -4,7 +4,7 @@
 //                         (nccl-tests, MPI launches): NCCL fills rank, size and device in only
 //                         at the group's end;
 //   InitAllAndSplits      ncclCommInitAll, then NULL-config splits of every communicator.
-// With the shim and ZEROCTA_ALLGATHER=auto|zerocta, ZEROCTA_EXPECT_CE=1 also requires every
+// With the shim and ZEROCTA_ALLGATHER=auto|zerocta, ZCTEST_EXPECT_CE=1 also requires every
 // all-gather at or above ZEROCTA_MIN_BYTES to have taken the copy-engine route. Run under
 // NCCL_DEBUG_SUBSYS=COLL with and without the shim, the COLL lines of both runs must be the
 // same (tests/gpu/coll_sequence.py compares them).
@@ -104,7 +104,7 @@ void check_allgathers(const std::vector<ncclComm_t>& comms, const char* what) {
   const uint64_t routed = (ce_calls() - before) / comms.size();
   printf("%s: %zu communicators, %llu all-gathers per communicator on the copy-engine route\n",
          what, comms.size(), static_cast<unsigned long long>(routed));
-  if (env_long("ZEROCTA_EXPECT_CE", 0) != 0 && routed < static_cast<uint64_t>(big))
+  if (env_long("ZCTEST_EXPECT_CE", 0) != 0 && routed < static_cast<uint64_t>(big))
     fail(std::string(what) +
          ": expected the copy-engine route for every all-gather of 64 MiB "
          "or more, got " +

@@ -1,21 +1,21 @@
 // Communicator churn: cycles of ncclCommInitRankConfig / one all-gather / ncclCommDestroy on
 // two ranks must not leak. With the shim and ZEROCTA_ALLGATHER=zerocta (set by the test;
-// ZEROCTA_CYCLES_ALLGATHER overrides) every cycle joins a channel in /dev/shm, allocates and
+// ZCTEST_CYCLES_ALLGATHER overrides) every cycle joins a channel in /dev/shm, allocates and
 // exports an arena, maps the peer's at its all-gather and frees all of it in ncclCommDestroy
 // (src/route_setup.h). Without the shim the same test measures NCCL alone.
 //
 // Host RSS (/proc/self/statm, after malloc_trim), GPU memory in use (cudaMemGetInfo: total -
 // free), open file descriptors, threads and zerocta entries in /dev/shm are sampled on every rank
 // after cycle 10 (warm-up: first-use caches, the fd service's thread) and after the last one; the
-// test fails if memory grew by more than ZEROCTA_CYCLES_MAX_GROWTH_MIB (64) on any rank, if
+// test fails if memory grew by more than ZCTEST_CYCLES_MAX_GROWTH_MIB (64) on any rank, if
 // descriptors, threads or /dev/shm entries grew at all, if any all-gather was wrong, or (with the
 // shim) if a cycle went without its route or the route memory gauge does not return to 0.
 //
-//   ZEROCTA_CYCLES            cycles (default 1000; unset, the count is lowered to what fits
-//                             ZEROCTA_CYCLES_BUDGET_S (150), but not below 100, once the
+//   ZCTEST_CYCLES             cycles (default 1000; unset, the count is lowered to what fits
+//                             ZCTEST_CYCLES_BUDGET_S (150), but not below 100, once the
 //                             first 10 cycles have been timed)
-//   ZEROCTA_CYCLES_BYTES      all-gather bytes per rank (32M)
-//   ZEROCTA_CYCLES_DESTROY_LAG  0 (default): each cycle destroys its communicator before the
+//   ZCTEST_CYCLES_BYTES       all-gather bytes per rank (32M)
+//   ZCTEST_CYCLES_DESTROY_LAG  0 (default): each cycle destroys its communicator before the
 //                             next starts. N > 0: a second thread destroys them, up to N behind
 //                             the cycle that creates the next one (how a program that tears
 //                             process groups down in the background churns; NCCL's destroy is
@@ -61,13 +61,13 @@ int64_t now_ns() {
 }
 
 struct Knobs {
-  long cycles = env_long("ZEROCTA_CYCLES", -1);  // -1: default, adapted to the budget
-  long budget_s = env_long("ZEROCTA_CYCLES_BUDGET_S", 150);
-  size_t per_rank = static_cast<size_t>(env_long("ZEROCTA_CYCLES_BYTES", 32L << 20));
-  long max_growth_mib = env_long("ZEROCTA_CYCLES_MAX_GROWTH_MIB", 64);
-  long destroy_lag = env_long("ZEROCTA_CYCLES_DESTROY_LAG", 0);
+  long cycles = env_long("ZCTEST_CYCLES", -1);  // -1: default, adapted to the budget
+  long budget_s = env_long("ZCTEST_CYCLES_BUDGET_S", 150);
+  size_t per_rank = static_cast<size_t>(env_long("ZCTEST_CYCLES_BYTES", 32L << 20));
+  long max_growth_mib = env_long("ZCTEST_CYCLES_MAX_GROWTH_MIB", 64);
+  long destroy_lag = env_long("ZCTEST_CYCLES_DESTROY_LAG", 0);
   std::string allgather =
-      getenv("ZEROCTA_CYCLES_ALLGATHER") ? getenv("ZEROCTA_CYCLES_ALLGATHER") : "zerocta";
+      getenv("ZCTEST_CYCLES_ALLGATHER") ? getenv("ZCTEST_CYCLES_ALLGATHER") : "zerocta";
 };
 
 // Per rank, in its shared block. Rank 0's block also carries the id of the next cycle's
@@ -183,7 +183,7 @@ int64_t adapted_target(const Knobs& k, int64_t warm_ns) {
   const long target = std::max(kMinAdaptedCycles, std::min(kDefaultCycles, fits));
   printf(
       "cycles: %.0f ms per cycle over the first %ld; running %ld cycles (default %ld, "
-      "ZEROCTA_CYCLES_BUDGET_S=%ld, at least %ld)\n",
+      "ZCTEST_CYCLES_BUDGET_S=%ld, at least %ld)\n",
       per_cycle_s * 1e3, kWarmupCycles, target, kDefaultCycles, k.budget_s, kMinAdaptedCycles);
   fflush(stdout);
   return target;

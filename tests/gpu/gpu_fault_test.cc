@@ -1,17 +1,17 @@
 // Faults on the GPU: nothing hangs and nothing is corrupted when a peer dies, when the
 // application aborts a communicator with zerocta's operations queued, or when ranks disagree on
 // what an op is (captured on one rank, eager on the other). Two ranks, run with the multi-process
-// harness; the ranks set ZEROCTA_ALLGATHER themselves (ZEROCTA_FAULT_ALLGATHER, default zerocta),
+// harness; the ranks set ZEROCTA_ALLGATHER themselves (ZCTEST_FAULT_ALLGATHER, default zerocta),
 // so with LD_PRELOAD=libzerocta.so every all-gather takes zerocta's copy-engine route, and without
 // it the same test measures NCCL alone (a baseline).
 //
 //   FaultKill.PeerKilledMidStream   rank 1 SIGKILLs itself after issuing op N of a stream of
 //       all-gathers; rank 0's watchdog thread aborts the communicator when no op completed
-//       for ZEROCTA_FAULT_STALL_S or ncclCommGetAsyncError reports an error. Rank 0's stream
-//       must drain, and rank 0 exit, within ZEROCTA_FAULT_BOUND_S of the kill.
+//       for ZCTEST_FAULT_STALL_S or ncclCommGetAsyncError reports an error. Rank 0's stream
+//       must drain, and rank 0 exit, within ZCTEST_FAULT_BOUND_S of the kill.
 //   FaultAbort.AbortReleasesQueuedOps   rank 1 sleeps while rank 0's all-gathers wait for
 //       it; a second thread on rank 0 calls ncclCommAbort. Rank 0's stream must drain within
-//       ZEROCTA_FAULT_ABORT_BOUND_S; then rank 1 issues its side, aborts too, and drains. Guard
+//       ZCTEST_FAULT_ABORT_BOUND_S; then rank 1 issues its side, aborts too, and drains. Guard
 //       bytes around every output must keep their poison (no stray copy), and both exit 0.
 //   FaultAbort.AbortReleasesWaitingGraphReplays   the same with the all-gathers queued as
 //       replays of a graph captured in global mode (captured on the route: the abort releases
@@ -29,9 +29,9 @@
 //       route; nccl on every rank: no WARN.
 //
 // Every test prints one "RELIABILITY <test> ... verdict=PASS|FAIL" line for the summary of
-// run_reliability.sh. Knobs: ZEROCTA_FAULT_BYTES (64M total output per all-gather),
-// ZEROCTA_FAULT_OPS (200), ZEROCTA_FAULT_KILL_AFTER (20), ZEROCTA_FAULT_STALL_S (5),
-// ZEROCTA_FAULT_BOUND_S (30), ZEROCTA_FAULT_ABORT_BOUND_S (10).
+// run_reliability.sh. Knobs: ZCTEST_FAULT_BYTES (64M total output per all-gather),
+// ZCTEST_FAULT_OPS (200), ZCTEST_FAULT_KILL_AFTER (20), ZCTEST_FAULT_STALL_S (5),
+// ZCTEST_FAULT_BOUND_S (30), ZCTEST_FAULT_ABORT_BOUND_S (10).
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <nccl.h>
@@ -79,14 +79,14 @@ double seconds_between(int64_t from_ns, int64_t to_ns) {
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 struct Knobs {
-  size_t op_bytes = static_cast<size_t>(env_long("ZEROCTA_FAULT_BYTES", 64L << 20));
-  long ops = env_long("ZEROCTA_FAULT_OPS", 200);
-  long kill_after = env_long("ZEROCTA_FAULT_KILL_AFTER", 20);
-  long stall_s = env_long("ZEROCTA_FAULT_STALL_S", 5);
-  long bound_s = env_long("ZEROCTA_FAULT_BOUND_S", 30);
-  long abort_bound_s = env_long("ZEROCTA_FAULT_ABORT_BOUND_S", 10);
+  size_t op_bytes = static_cast<size_t>(env_long("ZCTEST_FAULT_BYTES", 64L << 20));
+  long ops = env_long("ZCTEST_FAULT_OPS", 200);
+  long kill_after = env_long("ZCTEST_FAULT_KILL_AFTER", 20);
+  long stall_s = env_long("ZCTEST_FAULT_STALL_S", 5);
+  long bound_s = env_long("ZCTEST_FAULT_BOUND_S", 30);
+  long abort_bound_s = env_long("ZCTEST_FAULT_ABORT_BOUND_S", 10);
   std::string allgather =
-      getenv("ZEROCTA_FAULT_ALLGATHER") ? getenv("ZEROCTA_FAULT_ALLGATHER") : "zerocta";
+      getenv("ZCTEST_FAULT_ALLGATHER") ? getenv("ZCTEST_FAULT_ALLGATHER") : "zerocta";
 };
 
 // What a rank leaves in its shared block (times are now_ns() readings, 0 = never). The fields
@@ -761,8 +761,8 @@ int agreement_rank(const RankContext& ctx, const AgreementCase& c) {
 
 void run_agreement(const AgreementCase& c) {
   ZG_REQUIRE_GPUS(kRanks);
-  // A rank that waits for a mismatched peer is a FAIL (ZEROCTA_FAULT_AGREE_S, default 240 s).
-  RunOptions o = default_run_options(static_cast<int>(env_long("ZEROCTA_FAULT_AGREE_S", 240)));
+  // A rank that waits for a mismatched peer is a FAIL (ZCTEST_FAULT_AGREE_S, default 240 s).
+  RunOptions o = default_run_options(static_cast<int>(env_long("ZCTEST_FAULT_AGREE_S", 240)));
   o.num_ids = 2;
   o.before_cuda = [c](int rank) {
     capture_stderr(rank);

@@ -17,12 +17,12 @@
 
 namespace zgpu {
 
-// Timeouts for one run of ranks: env ZEROCTA_GPU_TEST_TIMEOUT_S (total, default `total_s`)
-// and ZEROCTA_GPU_IDLE_TIMEOUT_S (no heartbeat, default 180).
+// Timeouts for one run of ranks: env ZCTEST_GPU_TEST_TIMEOUT_S (total, default `total_s`)
+// and ZCTEST_GPU_IDLE_TIMEOUT_S (no heartbeat, default 180).
 inline RunOptions default_run_options(int total_s = 600) {
   RunOptions options;
-  options.total_timeout_s = static_cast<int>(env_long("ZEROCTA_GPU_TEST_TIMEOUT_S", total_s));
-  options.idle_timeout_s = static_cast<int>(env_long("ZEROCTA_GPU_IDLE_TIMEOUT_S", 180));
+  options.total_timeout_s = static_cast<int>(env_long("ZCTEST_GPU_TEST_TIMEOUT_S", total_s));
+  options.idle_timeout_s = static_cast<int>(env_long("ZCTEST_GPU_IDLE_TIMEOUT_S", 180));
   return options;
 }
 

@@ -19,9 +19,9 @@ host_paths() {
   }
   SHIM=$BUILD/libzerocta.so
   BIN=$BUILD/tests/gpu
-  CUDA_LIB=${ZEROCTA_CUDA_LIB:-/usr/local/cuda/lib64}
-  NCCL_SYSTEM_DIR=${ZEROCTA_NCCL_SYSTEM_DIR:-/usr/lib/x86_64-linux-gnu}
-  TORCHRUN=${ZEROCTA_TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
+  CUDA_LIB=${ZCTEST_CUDA_LIB:-/usr/local/cuda/lib64}
+  NCCL_SYSTEM_DIR=${ZCTEST_NCCL_SYSTEM_DIR:-/usr/lib/x86_64-linux-gnu}
+  TORCHRUN=${ZCTEST_TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
 }
 
 # Number of GPUs this process would use, without touching them beyond a query.

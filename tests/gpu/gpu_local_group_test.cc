@@ -7,14 +7,14 @@
 // see) on the same communicators. Some rounds hold two all-gathers per rank (two sets) or an
 // all-reduce beside them (NCCL's).
 //
-// ZEROCTA_LOCAL_GROUP_ROUNDS (default 200) rounds over min(8, visible) GPUs, every
-// ZEROCTA_LOCAL_GROUP_TWO_EVERY-th (default 7) with two all-gathers per rank. ZEROCTA_EXPECT_CE=1
+// ZCTEST_LOCAL_GROUP_ROUNDS (default 200) rounds over min(8, visible) GPUs, every
+// ZCTEST_LOCAL_GROUP_TWO_EVERY-th (default 7) with two all-gathers per rank. ZCTEST_EXPECT_CE=1
 // also requires every all-gather to have taken the copy-engine route (the shim's counters) —
 // or, for cudaMalloc buffers of processes with several GPUs each, to have gone to NCCL;
-// ZEROCTA_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for;
-// ZEROCTA_LOCAL_GROUP_TIME_MIB=S then times in-place all-gathers of S MiB per rank against
+// ZCTEST_LOCAL_GROUP_VERBOSE=1 prints each round as it is issued and waited for;
+// ZCTEST_LOCAL_GROUP_TIME_MIB=S then times in-place all-gathers of S MiB per rank against
 // NCCL's kernel path and its copy-engine path on symmetric windows;
-// ZEROCTA_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only, cumem-shared
+// ZCTEST_LOCAL_GROUP_ALLOC=cumem takes cuMem memory open to its own GPU only, cumem-shared
 // open to every GPU of its process (both exportable, so that processes with several GPUs each
 // reach the other processes' buffers by import).
 #include <cuda_runtime.h>
@@ -62,12 +62,12 @@ size_t type_size(ncclDataType_t t) {
   }
 }
 
-// ZEROCTA_LOCAL_GROUP_ALLOC=cumem: buffers in 20 MiB cuMem allocations open to their own GPU
+// ZCTEST_LOCAL_GROUP_ALLOC=cumem: buffers in 20 MiB cuMem allocations open to their own GPU
 // only (the route maps them a second time for the others); cumem-shared: open to every GPU of
 // this process too (as PyTorch's expandable segments once peer access is enabled); default
 // cudaMalloc.
 std::string alloc_kind() {
-  const char* v = getenv("ZEROCTA_LOCAL_GROUP_ALLOC");
+  const char* v = getenv("ZCTEST_LOCAL_GROUP_ALLOC");
   return v ? v : "";
 }
 bool cumem_buffers() { return alloc_kind() == "cumem" || alloc_kind() == "cumem-shared"; }
@@ -142,18 +142,18 @@ long run_rounds(Layout& l, const char* who) {
     ZG_CUDA(cudaStreamCreateWithFlags(&dev[static_cast<size_t>(i)].stream, cudaStreamNonBlocking));
     dev[static_cast<size_t>(i)].reduce.make(4096);
   }
-  const long rounds = env_long("ZEROCTA_LOCAL_GROUP_ROUNDS", 200);
-  const bool expect_ce = env_long("ZEROCTA_EXPECT_CE", 0) == 1;
+  const long rounds = env_long("ZCTEST_LOCAL_GROUP_ROUNDS", 200);
+  const bool expect_ce = env_long("ZCTEST_EXPECT_CE", 0) == 1;
   // cudaMalloc buffers that another process would have to reach go to NCCL on every rank by
-  // design (legacy IPC has no release protocol): there ZEROCTA_EXPECT_CE=1 asks that every
+  // design (legacy IPC has no release protocol): there ZCTEST_EXPECT_CE=1 asks that every
   // all-gather went to NCCL instead.
   const bool to_nccl = n > m && !cumem_buffers();
   const zerocta_route_t expected_route = to_nccl ? zerocta_route_passthrough : zerocta_route_ce;
-  const long two_every = std::max(1L, env_long("ZEROCTA_LOCAL_GROUP_TWO_EVERY", 7));
-  const bool verbose = env_long("ZEROCTA_LOCAL_GROUP_VERBOSE", 0) == 1;
+  const long two_every = std::max(1L, env_long("ZCTEST_LOCAL_GROUP_TWO_EVERY", 7));
+  const bool verbose = env_long("ZCTEST_LOCAL_GROUP_VERBOSE", 0) == 1;
   // Two per rank: each rank's both in turn (default), or (=1) every rank's first, then every
   // rank's second.
-  const bool two_by_op = env_long("ZEROCTA_LOCAL_GROUP_TWO_BY_OP", 0) == 1;
+  const bool two_by_op = env_long("ZCTEST_LOCAL_GROUP_TWO_BY_OP", 0) == 1;
   std::mt19937_64 rng(20261126);
   int rounds_in_place = 0, rounds_legacy = 0, rounds_two = 0;
   long issued = 0;
@@ -256,7 +256,7 @@ long run_rounds(Layout& l, const char* who) {
                     : ": not every all-gather took the copy-engine route (") +
            shim_allgather_stats_line() + ")");
   }
-  if (const long mib = env_long("ZEROCTA_LOCAL_GROUP_TIME_MIB", 0); mib > 0) {
+  if (const long mib = env_long("ZCTEST_LOCAL_GROUP_TIME_MIB", 0); mib > 0) {
     // Back-to-back in-place all-gathers of `mib` MiB per rank on the same communicators: the
     // route (ncclAllGather), NCCL's kernel path (pncclAllGather on the same buffers) and NCCL's
     // copy-engine path (pncclAllGather on ncclMemAlloc buffers registered as symmetric windows;
@@ -400,13 +400,13 @@ TEST(LocalGroup, RandomRoundsMatchNccl) {
   EXPECT_TRUE(result.ok()) << result.summary();
 }
 
-// Processes that drive several GPUs each (ZEROCTA_LOCAL_GROUP_PROCESSES, default 2, over
+// Processes that drive several GPUs each (ZCTEST_LOCAL_GROUP_PROCESSES, default 2, over
 // min(8, visible) GPUs split evenly; an MPI job of nccl-tests -g 2 per process): each process's
 // ranks issue their all-gathers in one group of its thread, and the route pairs them with the
 // other process's through the op exchange — pairs in one process and pairs across processes in
 // the same op.
 TEST(LocalGroup, ProcessesWithSeveralGpusEachMatchNccl) {
-  const int procs = static_cast<int>(env_long("ZEROCTA_LOCAL_GROUP_PROCESSES", 2));
+  const int procs = static_cast<int>(env_long("ZCTEST_LOCAL_GROUP_PROCESSES", 2));
   const int gpus = visible_gpu_count() > 8 ? 8 : visible_gpu_count();
   if (gpus == 0) GTEST_SKIP() << "no GPU";
   if (procs < 2 || gpus < 2 * procs || gpus % procs != 0)

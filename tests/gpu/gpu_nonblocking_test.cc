@@ -214,7 +214,7 @@ int nonblocking_rank(const RankContext& ctx) {
 
 TEST(NonBlockingComm, AllGathersBitwiseOnTheShimRoute) {
   ZG_REQUIRE_GPUS(2);
-  const int nranks = static_cast<int>(env_long("ZEROCTA_NB_RANKS", 2));
+  const int nranks = static_cast<int>(env_long("ZCTEST_NB_RANKS", 2));
   RunResult result = run_ranks(nranks, nonblocking_rank, default_run_options(300));
   EXPECT_TRUE(result.ok()) << result.summary();
 }

@@ -6,8 +6,8 @@
 // the kernels the GPU ran with CUPTI: 0 means the copy-engine path (policy active), > 0 the
 // kernel path.
 //
-//   ZEROCTA_EXPECT_CE=1  every communicator must take the copy-engine path (run with the shim)
-//   ZEROCTA_EXPECT_CE=0  every communicator must launch kernels (run without the shim)
+//   ZCTEST_EXPECT_CE=1   every communicator must take the copy-engine path (run with the shim)
+//   ZCTEST_EXPECT_CE=0   every communicator must launch kernels (run without the shim)
 //   unset                only report: policy-check comm=<name> kernels=<n> ce=<yes|no> ...
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -37,10 +37,10 @@ std::string join(const std::vector<std::string>& names) {
 // Runs the window-registered all-gather on `comm` and reports whether a kernel ran. Returns
 // false when an expectation failed.
 bool policy_check(ncclComm_t comm, const char* name, int rank, int nranks) {
-  const size_t bytes = static_cast<size_t>(env_long("ZEROCTA_POLICY_BYTES", 8 << 20));
+  const size_t bytes = static_cast<size_t>(env_long("ZCTEST_POLICY_BYTES", 8 << 20));
   const size_t count = bytes / sizeof(float);
   const size_t cb = count * sizeof(float);
-  const long expect = env_long("ZEROCTA_EXPECT_CE", -1);
+  const long expect = env_long("ZCTEST_EXPECT_CE", -1);
 
   cudaStream_t stream;
   ZG_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -216,7 +216,7 @@ TEST(Digest, PartsAreMergedInRankOrder) {
   char dir[] = "/tmp/zerocta-digest-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string file = std::string(dir) + "/digests.txt";
-  setenv("ZEROCTA_DIGEST_FILE", file.c_str(), 1);
+  setenv("ZCTEST_DIGEST_FILE", file.c_str(), 1);
   digest_begin(3);
   RunResult r = run_ranks(
       3,
@@ -233,7 +233,7 @@ TEST(Digest, PartsAreMergedInRankOrder) {
       cpu_options());
   ASSERT_TRUE(r.ok()) << r.summary();
   EXPECT_EQ(digest_merge(3), "");
-  unsetenv("ZEROCTA_DIGEST_FILE");
+  unsetenv("ZCTEST_DIGEST_FILE");
   std::ifstream in(file);
   std::stringstream content;
   content << in.rdbuf();
@@ -256,10 +256,10 @@ TEST(Digest, MissingRankIsMarked) {
   char dir[] = "/tmp/zerocta-digest-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string file = std::string(dir) + "/digests.txt";
-  setenv("ZEROCTA_DIGEST_FILE", file.c_str(), 1);
+  setenv("ZCTEST_DIGEST_FILE", file.c_str(), 1);
   digest_begin(2);
   EXPECT_NE(digest_merge(2), "");
-  unsetenv("ZEROCTA_DIGEST_FILE");
+  unsetenv("ZCTEST_DIGEST_FILE");
   std::ifstream in(file);
   std::string line;
   std::getline(in, line);

@@ -5,7 +5,7 @@
 Rank 1 SIGKILLs itself after its 5th all-gather; the other ranks keep issuing all-gathers
 until PyTorch's watchdog ends them (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: the process exits;
 =1: the communicators are aborted first, then the process exits). The process group timeout
-is ZEROCTA_KILL_PG_TIMEOUT_S (default 20 s). A surviving rank that gets past 200 all-gathers
+is ZCTEST_KILL_PG_TIMEOUT_S (default 20 s). A surviving rank that gets past 200 all-gathers
 after the kill has not noticed it and exits with 3.
 """
 import datetime
@@ -20,7 +20,7 @@ def main():
     rank = int(os.environ["RANK"])
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(dev)
-    timeout = datetime.timedelta(seconds=int(os.environ.get("ZEROCTA_KILL_PG_TIMEOUT_S", "20")))
+    timeout = datetime.timedelta(seconds=int(os.environ.get("ZCTEST_KILL_PG_TIMEOUT_S", "20")))
     dist.init_process_group("nccl", device_id=dev, timeout=timeout)
     world = dist.get_world_size()
     per_rank = 64 << 20

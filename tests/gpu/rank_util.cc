@@ -99,7 +99,7 @@ const char* dtype_name(ncclDataType_t dt) {
 }
 
 double op_timeout_s() {
-  static const double seconds = static_cast<double>(env_long("ZEROCTA_OP_TIMEOUT_S", 60));
+  static const double seconds = static_cast<double>(env_long("ZCTEST_OP_TIMEOUT_S", 60));
   return seconds;
 }
 

@@ -39,7 +39,7 @@ size_t dtype_size(ncclDataType_t dt);
 const char* dtype_name(ncclDataType_t dt);
 
 // Seconds a single operation may take before the rank declares a hang (env
-// ZEROCTA_OP_TIMEOUT_S, default 60).
+// ZCTEST_OP_TIMEOUT_S, default 60).
 double op_timeout_s();
 
 // Waits for `stream` with cudaStreamQuery polling; throws RankError naming `what` when the

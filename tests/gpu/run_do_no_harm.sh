@@ -29,11 +29,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/gpu/gpu_host_lib.sh
 . "$HERE/gpu_host_lib.sh"
 host_paths "$@"
-ONLY=${ZEROCTA_SUITE_ONLY:-}
+ONLY=${ZCTEST_SUITE_ONLY:-}
 # The test hosts' rule (not a product default): NVLink multicast stays off.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_LOG ZEROCTA_ENABLE
-PY=${ZEROCTA_PYTHON:-$(dirname "$TORCHRUN")/python3}
+PY=${ZCTEST_PYTHON:-$(dirname "$TORCHRUN")/python3}
 # The native test binaries take the system NCCL; PyTorch keeps its own.
 NATIVE=(env "LD_LIBRARY_PATH=$NCCL_SYSTEM_DIR:$CUDA_LIB")
 RECORD_WIDTH=28
@@ -104,9 +104,9 @@ if selected rank0-symm-mem; then
 fi
 unset ZEROCTA_LOG
 
-step auto-grouped-init 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZEROCTA_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
+step auto-grouped-init 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZCTEST_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
   "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*Grouped*'
-step auto-initall-split 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZEROCTA_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
+step auto-initall-split 300 "${NATIVE[@]}" ZEROCTA_ALLGATHER=auto ZCTEST_EXPECT_CE=1 LD_PRELOAD="$SHIM" \
   "$BIN/zerocta_gpu_creation_paths_test" --gtest_filter='*InitAll*'
 # PyTorch with expandable segments: cuMem memory the route reaches across processes (with the
 # default allocator's cudaMalloc memory every all-gather goes to NCCL, alike on every rank).
@@ -146,8 +146,8 @@ for t in $("$BIN/zerocta_gpu_fault_test" --gtest_list_tests | awk '/^[^ ]/{s=$1}
 done
 
 # 1000 create / all-gather / destroy cycles with auto, destroys on a second thread.
-step cycles-1000 480 "${NATIVE[@]}" LD_PRELOAD="$SHIM" ZEROCTA_CYCLES_ALLGATHER=auto \
-  ZEROCTA_CYCLES="${ZEROCTA_DNH_CYCLES:-1000}" ZEROCTA_CYCLES_DESTROY_LAG=4 \
+step cycles-1000 480 "${NATIVE[@]}" LD_PRELOAD="$SHIM" ZCTEST_CYCLES_ALLGATHER=auto \
+  ZCTEST_CYCLES="${ZCTEST_DNH_CYCLES:-1000}" ZCTEST_CYCLES_DESTROY_LAG=4 \
   "$BIN/zerocta_gpu_cycles_test"
 [ -f "$OUT/cycles-1000.log" ] && grep '^RELIABILITY cycles rank' "$OUT/cycles-1000.log"
 

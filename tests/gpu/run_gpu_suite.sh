@@ -7,33 +7,33 @@
 # PyTorch wheel), without and with LD_PRELOAD=$ZEROCTA_BUILD/libzerocta.so:
 #   collectives   zerocta_gpu_collectives_test; the two digest files must be identical
 #   policy        zerocta_gpu_policy_test: kernel path without the shim, copy engines with it
-#   soak          zerocta_gpu_ag_soak with the shim (ZEROCTA_SOAK_ITERS, default 200) and a
-#                 short control run without it (ZEROCTA_SUITE_NOSHIM_SOAK_ITERS, default 50)
+#   soak          zerocta_gpu_ag_soak with the shim (ZCTEST_SOAK_ITERS, default 200) and a
+#                 short control run without it (ZCTEST_SUITE_NOSHIM_SOAK_ITERS, default 50)
 # and torch_smoke.py under torchrun (PyTorch always uses its own NCCL), digests diffed.
 # Logs, digests and gtest XML go to OUTDIR; a PASS/FAIL/SKIP table ends the output and
 # OUTDIR/summary.txt. Exit status 1 if any step failed.
 #
 # Optional environment:
-#   ZEROCTA_SUITE_ONLY=REGEX      run only the steps whose name matches (grep -E)
-#   ZEROCTA_NCCL_SYSTEM_DIR, ZEROCTA_NCCL_TORCH_DIR   where the two libnccl.so.2 live
-#   ZEROCTA_CUDA_LIB (/usr/local/cuda/lib64), ZEROCTA_TORCHRUN, ZEROCTA_SOAK_SEED
-#   ZEROCTA_SOAK_EXPECT_CE (1): the soak with the shim fails unless some all-gather took a
-#                               copy-engine route
+#   ZCTEST_SUITE_ONLY=REGEX      run only the steps whose name matches (grep -E)
+#   ZCTEST_NCCL_SYSTEM_DIR, ZCTEST_NCCL_TORCH_DIR   where the two libnccl.so.2 live
+#   ZCTEST_CUDA_LIB (/usr/local/cuda/lib64), ZCTEST_TORCHRUN, ZCTEST_SOAK_SEED
+#   ZCTEST_SOAK_EXPECT_CE (1): the soak with the shim fails unless some all-gather took a
+#                              copy-engine route
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/gpu/gpu_host_lib.sh
 . "$HERE/gpu_host_lib.sh"
 host_paths "$@"
-NCCL_TORCH_DIR=${ZEROCTA_NCCL_TORCH_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
-SOAK_ITERS=${ZEROCTA_SOAK_ITERS:-200}
-NOSHIM_SOAK_ITERS=${ZEROCTA_SUITE_NOSHIM_SOAK_ITERS:-50}
-ONLY=${ZEROCTA_SUITE_ONLY:-}
+NCCL_TORCH_DIR=${ZCTEST_NCCL_TORCH_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
+SOAK_ITERS=${ZCTEST_SOAK_ITERS:-200}
+NOSHIM_SOAK_ITERS=${ZCTEST_SUITE_NOSHIM_SOAK_ITERS:-50}
+ONLY=${ZCTEST_SUITE_ONLY:-}
 
 # Never NVLink multicast on the shared hosts; nothing inherited may change the policy.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_DIGEST_FILE ZEROCTA_EXPECT_CE ZEROCTA_EXPECT_SHIM \
-  ZEROCTA_EXPECT_NCCL_VERSION
+unset NCCL_CTA_POLICY LD_PRELOAD ZCTEST_DIGEST_FILE ZCTEST_EXPECT_CE ZCTEST_EXPECT_SHIM \
+  ZCTEST_EXPECT_NCCL_VERSION
 
 # --- GPU count, without touching the GPUs beyond a query ------------------------------------
 RECORD_WIDTH=34
@@ -120,11 +120,11 @@ for NCCL_DIR in "$NCCL_SYSTEM_DIR" "$NCCL_TORCH_DIR"; do
   fi
   V="nccl$CODE"
   LIBPATH="$NCCL_DIR:$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  BASE_ENV=(env "LD_LIBRARY_PATH=$LIBPATH" "ZEROCTA_EXPECT_NCCL_VERSION=$CODE")
-  NOSHIM=("${BASE_ENV[@]}" ZEROCTA_EXPECT_SHIM=0)
+  BASE_ENV=(env "LD_LIBRARY_PATH=$LIBPATH" "ZCTEST_EXPECT_NCCL_VERSION=$CODE")
+  NOSHIM=("${BASE_ENV[@]}" ZCTEST_EXPECT_SHIM=0)
   # The copy-engine route is opt-in (ZEROCTA_ALLGATHER defaults to nccl): exercise it.
-  WITHSHIM=("${BASE_ENV[@]}" ZEROCTA_EXPECT_SHIM=1 "LD_PRELOAD=$SHIM"
-    "ZEROCTA_ALLGATHER=${ZEROCTA_SUITE_ALLGATHER:-auto}")
+  WITHSHIM=("${BASE_ENV[@]}" ZCTEST_EXPECT_SHIM=1 "LD_PRELOAD=$SHIM"
+    "ZEROCTA_ALLGATHER=${ZCTEST_SUITE_ALLGATHER:-auto}")
 
   # Collectives: results with and without the shim must be bitwise identical.
   if selected "collectives-$V"; then
@@ -135,7 +135,7 @@ for NCCL_DIR in "$NCCL_SYSTEM_DIR" "$NCCL_TORCH_DIR"; do
       if [ $mode = noshim ]; then prefix=("${NOSHIM[@]}"); else prefix=("${WITHSHIM[@]}"); fi
       need "$step" "$BIN/zerocta_gpu_collectives_test" || continue
       [ $mode = noshim ] || need "$step" "$SHIM" || continue
-      run_step "$step" 3600 "${prefix[@]}" "ZEROCTA_DIGEST_FILE=$digest" \
+      run_step "$step" 3600 "${prefix[@]}" "ZCTEST_DIGEST_FILE=$digest" \
         "$BIN/zerocta_gpu_collectives_test" "--gtest_output=xml:$OUT/$step.xml"
     done
     diff_step "collectives-$V-digest-diff" "$OUT/collectives-$V-noshim.digest" \
@@ -146,8 +146,8 @@ for NCCL_DIR in "$NCCL_SYSTEM_DIR" "$NCCL_TORCH_DIR"; do
   if selected "policy-$V"; then
     for mode in noshim shim; do
       step="policy-$V-$mode"
-      if [ $mode = noshim ]; then prefix=("${NOSHIM[@]}" ZEROCTA_EXPECT_CE=0); else
-        prefix=("${WITHSHIM[@]}" ZEROCTA_EXPECT_CE=1); fi
+      if [ $mode = noshim ]; then prefix=("${NOSHIM[@]}" ZCTEST_EXPECT_CE=0); else
+        prefix=("${WITHSHIM[@]}" ZCTEST_EXPECT_CE=1); fi
       need "$step" "$BIN/zerocta_gpu_policy_test" || continue
       [ $mode = noshim ] || need "$step" "$SHIM" || continue
       run_step "$step" 600 "${prefix[@]}" "$BIN/zerocta_gpu_policy_test" \
@@ -160,16 +160,16 @@ for NCCL_DIR in "$NCCL_SYSTEM_DIR" "$NCCL_TORCH_DIR"; do
     for mode in noshim shim; do
       step="soak-$V-$mode"
       if [ $mode = noshim ]; then
-        prefix=("${NOSHIM[@]}" "ZEROCTA_SOAK_ITERS=$NOSHIM_SOAK_ITERS")
+        prefix=("${NOSHIM[@]}" "ZCTEST_SOAK_ITERS=$NOSHIM_SOAK_ITERS")
         iters=$NOSHIM_SOAK_ITERS
       else
-        prefix=("${WITHSHIM[@]}" "ZEROCTA_SOAK_ITERS=$SOAK_ITERS"
-          "ZEROCTA_SOAK_EXPECT_CE=${ZEROCTA_SOAK_EXPECT_CE:-1}")
+        prefix=("${WITHSHIM[@]}" "ZCTEST_SOAK_ITERS=$SOAK_ITERS"
+          "ZCTEST_SOAK_EXPECT_CE=${ZCTEST_SOAK_EXPECT_CE:-1}")
         iters=$SOAK_ITERS
       fi
       need "$step" "$BIN/zerocta_gpu_ag_soak" || continue
       [ $mode = noshim ] || need "$step" "$SHIM" || continue
-      run_step "$step" $((900 + 3 * iters)) "${prefix[@]}" "ZEROCTA_SOAK_TIMEOUT_S=$((600 + 3 * iters))" \
+      run_step "$step" $((900 + 3 * iters)) "${prefix[@]}" "ZCTEST_SOAK_TIMEOUT_S=$((600 + 3 * iters))" \
         "$BIN/zerocta_gpu_ag_soak" "--gtest_output=xml:$OUT/$step.xml"
       grep -h '^soak: iterations=' "$OUT/$step.log" | sed "s/^/    $step /"
     done
@@ -181,13 +181,13 @@ if selected "torch"; then
   if [ "$NGPU" -lt 2 ]; then
     record "torch" SKIP "needs 2 GPUs, $NGPU visible"
   elif [ ! -x "$TORCHRUN" ]; then
-    record "torch" SKIP "torchrun not found (ZEROCTA_TORCHRUN)"
+    record "torch" SKIP "torchrun not found (ZCTEST_TORCHRUN)"
   else
     for mode in noshim shim; do
       step="torch-$mode"
       if [ $mode = noshim ]; then prefix=(env); else
         need "$step" "$SHIM" || continue
-        prefix=(env "LD_PRELOAD=$SHIM" "ZEROCTA_ALLGATHER=${ZEROCTA_SUITE_ALLGATHER:-auto}")
+        prefix=(env "LD_PRELOAD=$SHIM" "ZEROCTA_ALLGATHER=${ZCTEST_SUITE_ALLGATHER:-auto}")
       fi
       run_step "$step" 900 "${prefix[@]}" "$TORCHRUN" --standalone "--nproc-per-node=$NRANKS" \
         "$HERE/torch_smoke.py"

@@ -82,10 +82,10 @@ RECORD_WIDTH=16
 soak() {
   local name=$1 secs=$2 ranks=$3 alloc=$4 iters=$5
   step "$name" "$secs" env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
-    ZEROCTA_EXPECT_SHIM=1 ZEROCTA_ALLGATHER=zerocta ZEROCTA_SOAK_EXPECT_CE=1 \
-    ZEROCTA_SOAK_NRANKS="$ranks" \
-    ZEROCTA_SOAK_ALLOC="$alloc" ZEROCTA_SOAK_ITERS="$iters" \
-    ZEROCTA_SOAK_TIMEOUT_S=$((secs - 20)) "$BIN/zerocta_gpu_ag_soak"
+    ZCTEST_EXPECT_SHIM=1 ZEROCTA_ALLGATHER=zerocta ZCTEST_SOAK_EXPECT_CE=1 \
+    ZCTEST_SOAK_NRANKS="$ranks" \
+    ZCTEST_SOAK_ALLOC="$alloc" ZCTEST_SOAK_ITERS="$iters" \
+    ZCTEST_SOAK_TIMEOUT_S=$((secs - 20)) "$BIN/zerocta_gpu_ag_soak"
   grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
 }
 
@@ -94,9 +94,9 @@ soak() {
 soak_nccl() {
   local name=$1 secs=$2 alloc=$3 iters=$4
   shift 4
-  step "$name" "$secs" env LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" ZEROCTA_EXPECT_SHIM=0 \
-    ZEROCTA_SOAK_NRANKS=2 ZEROCTA_SOAK_ALLOC="$alloc" ZEROCTA_SOAK_ITERS="$iters" \
-    ZEROCTA_SOAK_TIMEOUT_S=$((secs - 20)) "$@" "$BIN/zerocta_gpu_ag_soak"
+  step "$name" "$secs" env LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" ZCTEST_EXPECT_SHIM=0 \
+    ZCTEST_SOAK_NRANKS=2 ZCTEST_SOAK_ALLOC="$alloc" ZCTEST_SOAK_ITERS="$iters" \
+    ZCTEST_SOAK_TIMEOUT_S=$((secs - 20)) "$@" "$BIN/zerocta_gpu_ag_soak"
   grep -h '^soak: iterations=' "$OUT/$name.log" 2>/dev/null | sed "s/^/    /"
 }
 
@@ -119,15 +119,15 @@ fi
 
 case "$PART" in
   a)
-    step zero-copy 200 env ZEROCTA_SUITE_ONLY='torch-expandable|torch-isolated|torch-default|shm-clean' \
+    step zero-copy 200 env ZCTEST_SUITE_ONLY='torch-expandable|torch-isolated|torch-default|shm-clean' \
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy"
     soak soak-cumem 60 2 cumem 7000
     # NCCL_GRAPH_REGISTER=0: NCCL 2.28.3 alone hangs in a grouped graph replay over cuMem on one
     # rank and cudaMalloc on the other (iteration 87; docs/RELIABILITY.md), and those ops are NCCL's
     NCCL_GRAPH_REGISTER=0 soak soak-mixed 90 2 mixed 1000
     soak soak-fabric 60 2 fabric 1000  # skips where no IMEX channel lets a process make FABRIC memory
-    step reliability 180 env ZEROCTA_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
-      ZEROCTA_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"
+    step reliability 180 env ZCTEST_RELIABILITY_ONLY='capture-shim|abort-shim|cycles-shim' \
+      ZCTEST_RELIABILITY_BUDGET_S=160 "$HERE/run_reliability.sh" "$BUILD" "$OUT/reliability"
     step isolated 40 "$BIN/zerocta_gpu_probe_isolated_import"
     grep -h '^RESULT' "$OUT/isolated.log" 2>/dev/null | sed "s/^/    /"
     ;;
@@ -143,7 +143,7 @@ case "$PART" in
   c)
     step overlap 350 env OVERLAP_REPEATS=3 OVERLAP_TIMEOUT_S=110 \
       "$REPO/LD_PRELOAD-examples/run_overlap.sh" 2 "$OUT/overlap"
-    step do-no-harm 180 env ZEROCTA_SUITE_ONLY='cycles-1000|ce-route|shm-clean' \
+    step do-no-harm 180 env ZCTEST_SUITE_ONLY='cycles-1000|ce-route|shm-clean' \
       "$HERE/run_do_no_harm.sh" "$OUT/do-no-harm"
     step flag-probe 30 "$BIN/zerocta_gpu_probe_flag_latency"
     grep -h ' us$' "$OUT/flag-probe.log" 2>/dev/null | sed "s/^/    /"
@@ -157,8 +157,8 @@ case "$PART" in
     ;;
   e)
     step cycles-1000-serial 590 env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
-      ZEROCTA_CYCLES_ALLGATHER=auto ZEROCTA_CYCLES=1000 ZEROCTA_CYCLES_DESTROY_LAG=0 \
-      ZEROCTA_CYCLES_BUDGET_S=575 "$BIN/zerocta_gpu_cycles_test"
+      ZCTEST_CYCLES_ALLGATHER=auto ZCTEST_CYCLES=1000 ZCTEST_CYCLES_DESTROY_LAG=0 \
+      ZCTEST_CYCLES_BUDGET_S=575 "$BIN/zerocta_gpu_cycles_test"
     grep -h '^RELIABILITY cycles' "$OUT/cycles-1000-serial.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
@@ -170,7 +170,7 @@ case "$PART" in
     # NCCL_GRAPH_REGISTER=0: NCCL 2.28.3 alone hangs on captured ops over cuMem on some ranks and
     # cudaMalloc on others (docs/RELIABILITY.md), and those ops are NCCL's
     NCCL_GRAPH_REGISTER=0 soak soak-mixed-4 120 4 mixed 7000
-    step torch-4 150 env ZEROCTA_SUITE_ONLY='torch-expandable' \
+    step torch-4 150 env ZCTEST_SUITE_ONLY='torch-expandable' \
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy-4"
     step fsdp2-4 260 env FSDP_ARGS="--steps 40" \
       "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 4 "$OUT/fsdp2-4" comm compute

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs zerocta's reliability tests on a GPU host with 2 or more GPUs; builds nothing. The
-# whole run stays within ZEROCTA_RELIABILITY_BUDGET_S (360 s): each step gets its own timeout,
+# whole run stays within ZCTEST_RELIABILITY_BUDGET_S (360 s): each step gets its own timeout,
 # cut to what is left, and the optional baselines run only if time remains.
 #
 #   tests/gpu/run_reliability.sh BUILD OUTDIR
@@ -19,10 +19,10 @@
 # a PASS/FAIL/SKIP table end the output and OUTDIR/summary.txt. Exit status 1 if a step
 # failed.
 #
-# Optional environment: ZEROCTA_NCCL_DIR (directory of the libnccl.so.2 to use, default the
-# system's /usr/lib/x86_64-linux-gnu), ZEROCTA_CUDA_LIB (/usr/local/cuda/lib64),
-# ZEROCTA_RELIABILITY_BUDGET_S (360), ZEROCTA_RELIABILITY_ONLY=REGEX (steps to run), and the
-# tests' own knobs (ZEROCTA_FAULT_*, ZEROCTA_CYCLES*), which are passed through.
+# Optional environment: ZCTEST_NCCL_DIR (directory of the libnccl.so.2 to use, default the
+# system's /usr/lib/x86_64-linux-gnu), ZCTEST_CUDA_LIB (/usr/local/cuda/lib64),
+# ZCTEST_RELIABILITY_BUDGET_S (360), ZCTEST_RELIABILITY_ONLY=REGEX (steps to run), and the
+# tests' own knobs (ZCTEST_FAULT_*, ZCTEST_CYCLES*), which are passed through.
 set -u -o pipefail
 
 if [ $# -ne 2 ]; then
@@ -37,16 +37,16 @@ mkdir -p "$2" || exit 2
 OUT=$(cd "$2" && pwd)
 SHIM=$BUILD/libzerocta.so
 BIN=$BUILD/tests/gpu
-NCCL_DIR=${ZEROCTA_NCCL_DIR:-/usr/lib/x86_64-linux-gnu}
-CUDA_LIB=${ZEROCTA_CUDA_LIB:-/usr/local/cuda/lib64}
-BUDGET=${ZEROCTA_RELIABILITY_BUDGET_S:-360}
-ONLY=${ZEROCTA_RELIABILITY_ONLY:-}
+NCCL_DIR=${ZCTEST_NCCL_DIR:-/usr/lib/x86_64-linux-gnu}
+CUDA_LIB=${ZCTEST_CUDA_LIB:-/usr/local/cuda/lib64}
+BUDGET=${ZCTEST_RELIABILITY_BUDGET_S:-360}
+ONLY=${ZCTEST_RELIABILITY_ONLY:-}
 LIBPATH="$NCCL_DIR:$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # Never NVLink multicast on the shared hosts; nothing inherited may steer the shim.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_EXPECT_SHIM \
-  ZEROCTA_EXPECT_NCCL_VERSION
+unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZCTEST_EXPECT_SHIM \
+  ZCTEST_EXPECT_NCCL_VERSION
 
 # shellcheck source=tests/gpu/gpu_host_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_host_lib.sh"
@@ -92,8 +92,8 @@ run_step() {
   fi
   # Per-operation deadlines well inside the step's timeout, so a hang is reported by the test
   # itself (which rank, which operation) rather than by `timeout`.
-  local envs=("LD_LIBRARY_PATH=$LIBPATH" "ZEROCTA_EXPECT_SHIM=$shim"
-    "ZEROCTA_OP_TIMEOUT_S=${ZEROCTA_OP_TIMEOUT_S:-20}")
+  local envs=("LD_LIBRARY_PATH=$LIBPATH" "ZCTEST_EXPECT_SHIM=$shim"
+    "ZCTEST_OP_TIMEOUT_S=${ZCTEST_OP_TIMEOUT_S:-20}")
   [ "$shim" = 1 ] && envs+=("LD_PRELOAD=$SHIM")
   local log="$OUT/$name.log" start=$SECONDS
   echo "== $name (timeout ${secs}s): ${envs[*]} $* $bin --gtest_filter=$filter" >"$log"
@@ -121,10 +121,10 @@ run_step mismatch-shim 90 45 1 zerocta_gpu_fault_test 'ConfigMismatch.*'
 # The cycles test sizes its run from its budget: keep it inside the step's timeout, with room
 # for its first measured cycles and its teardown.
 run_step cycles-shim 150 60 1 zerocta_gpu_cycles_test 'CommCycles.*' \
-  "ZEROCTA_CYCLES_BUDGET_S=${ZEROCTA_CYCLES_BUDGET_S:-$(($(step_seconds 150) - 25))}"
+  "ZCTEST_CYCLES_BUDGET_S=${ZCTEST_CYCLES_BUDGET_S:-$(($(step_seconds 150) - 25))}"
 run_step kill-noshim 60 45 0 zerocta_gpu_fault_test 'FaultKill.*'
 run_step cycles-noshim 60 45 0 zerocta_gpu_cycles_test 'CommCycles.*' \
-  "ZEROCTA_CYCLES=${ZEROCTA_NOSHIM_CYCLES:-100}"
+  "ZCTEST_CYCLES=${ZCTEST_NOSHIM_CYCLES:-100}"
 
 failed=0
 {

@@ -32,8 +32,8 @@ step() {  # step NAME LIMIT_S command... : runs it, records PASS/FAIL with its t
     record "$name" FAIL "rc=$? after $((SECONDS - t0))s, see $out/$name.log"
   fi
 }
-soak=(env LD_PRELOAD="$build/libzerocta.so" ZEROCTA_ALLGATHER=zerocta ZEROCTA_SOAK_ITERS=1000
-  ZEROCTA_SOAK_TIMEOUT_S=60 ZEROCTA_SOAK_EXPECT_CE=1 ZEROCTA_SOAK_NRANKS="$ngpu")
+soak=(env LD_PRELOAD="$build/libzerocta.so" ZEROCTA_ALLGATHER=zerocta ZCTEST_SOAK_ITERS=1000
+  ZCTEST_SOAK_TIMEOUT_S=60 ZCTEST_SOAK_EXPECT_CE=1 ZCTEST_SOAK_NRANKS="$ngpu")
 step soak-push 70 "${soak[@]}" ZEROCTA_CE_DIRECTION=push "$build/tests/gpu/zerocta_gpu_ag_soak"
 step soak-pull 70 "${soak[@]}" ZEROCTA_CE_DIRECTION=pull "$build/tests/gpu/zerocta_gpu_ag_soak"
 bench=("$build/tools/zerocta-bench" -g "$ngpu" -b 16M -e 1G -f 4 -n 10 -w 3 --contention)

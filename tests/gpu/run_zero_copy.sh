@@ -22,7 +22,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/gpu/gpu_host_lib.sh
 . "$HERE/gpu_host_lib.sh"
 host_paths "$@"
-ONLY=${ZEROCTA_SUITE_ONLY:-}
+ONLY=${ZCTEST_SUITE_ONLY:-}
 # The test hosts' rule (not a product default): NVLink multicast stays off.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 unset NCCL_CTA_POLICY LD_PRELOAD ZEROCTA_ALLGATHER ZEROCTA_LOG ZEROCTA_ENABLE PYTORCH_CUDA_ALLOC_CONF
@@ -34,7 +34,7 @@ RECORD_WIDTH=20
 SHIMMED=(env "LD_PRELOAD=$SHIM" ZEROCTA_ALLGATHER=zerocta ZEROCTA_LOG=info)
 TORCH=("$TORCHRUN" --standalone "--nproc-per-node=$NPROC" "$HERE/zero_copy_torch.py")
 
-step one-process 300 "${NATIVE[@]}" "${SHIMMED[@]}" ZEROCTA_EXPECT_CE=1 \
+step one-process 300 "${NATIVE[@]}" "${SHIMMED[@]}" ZCTEST_EXPECT_CE=1 \
   "$BIN/zerocta_gpu_creation_paths_test"
 step torch-expandable 300 "${SHIMMED[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   ZG_EXPECT=ce "${TORCH[@]}" --bench

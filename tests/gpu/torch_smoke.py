@@ -225,7 +225,7 @@ def main():
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     torch.manual_seed(SEED + int(os.environ.get("RANK", local_rank)))
-    timeout = datetime.timedelta(seconds=int(os.environ.get("ZEROCTA_TORCH_TIMEOUT_S", "300")))
+    timeout = datetime.timedelta(seconds=int(os.environ.get("ZCTEST_TORCH_TIMEOUT_S", "300")))
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timeout)
     smoke = Smoke()
     if smoke.rank == 0:

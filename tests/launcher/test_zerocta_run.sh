@@ -402,9 +402,9 @@ case_unknown_vars() {
   grep -qE "^zerocta-run: warning: ZEROCTA_SOMETHING_ELSE_ENTIRELY is not a zerocta variable and is ignored \(the nearest zerocta variable is ZEROCTA_[A-Z_]+\)$" \
     "$T/err" || fail "no plain warning for a far name"
   [[ $(wc -l <"$T/err") == 6 ]] || fail "expected one warning per unknown name"
-  # Known names: silent (ZEROCTA_LIB is the launcher's own).
+  # Known names: silent (ZEROCTA_LIB is the launcher's own, ZEROCTA_BUILD an example script's).
   run env ZEROCTA_LIB="$LIB" ZEROCTA_LOG=info ZEROCTA_MIN_BYTES=1M ZEROCTA_NCCL_LIBRARY=/x \
-    "$LAUNCHER" --dry-run
+    ZEROCTA_BUILD=/x "$LAUNCHER" --dry-run
   expect_rc 0
   [[ ! -s $T/err ]] || fail "a known name was reported"
   # Unexported shell variables are nobody's business.

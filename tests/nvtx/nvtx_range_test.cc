@@ -54,7 +54,9 @@ class NvtxRangeTest : public ::testing::Test {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string var(*e);
-      if (var.rfind("NVTX_INJECTION", 0) == 0 || var.rfind("ZEROCTA_", 0) == 0) continue;
+      if (var.rfind("NVTX_INJECTION", 0) == 0 || var.rfind("ZEROCTA_", 0) == 0 ||
+          var.rfind("ZCTEST_", 0) == 0)
+        continue;
       env.push_back(var);
     }
     env.insert(env.end(), extra.begin(), extra.end());
@@ -89,7 +91,7 @@ class NvtxRangeTest : public ::testing::Test {
 
 TEST_F(NvtxRangeTest, ToolSeesDomainMessagePayloadAndBalancedRanges) {
   ASSERT_EQ(run_probe({"NVTX_INJECTION64_PATH=" ZEROCTA_NVTX_RECORDER_PATH,
-                       "ZEROCTA_NVTX_RECORD=" + record_, "ZEROCTA_NVTX=1"}),
+                       "ZCTEST_NVTX_RECORD=" + record_, "ZEROCTA_NVTX=1"}),
             0);
   const std::vector<std::string> lines = record_lines();
   ASSERT_FALSE(lines.empty()) << "the recorder was not loaded";
@@ -162,7 +164,7 @@ TEST_F(NvtxRangeTest, ToolSeesDomainMessagePayloadAndBalancedRanges) {
 
 TEST_F(NvtxRangeTest, DisabledByConfigRecordsNothing) {
   ASSERT_EQ(run_probe({"NVTX_INJECTION64_PATH=" ZEROCTA_NVTX_RECORDER_PATH,
-                       "ZEROCTA_NVTX_RECORD=" + record_, "ZEROCTA_NVTX=0"}),
+                       "ZCTEST_NVTX_RECORD=" + record_, "ZEROCTA_NVTX=0"}),
             0);
   // Not even "init": with ZEROCTA_NVTX=0 zerocta makes no NVTX call, so NVTX never loads a tool.
   EXPECT_FALSE(record_exists()) << "recorded with ZEROCTA_NVTX=0";
@@ -170,7 +172,7 @@ TEST_F(NvtxRangeTest, DisabledByConfigRecordsNothing) {
 
 TEST_F(NvtxRangeTest, RunsWithoutATool) {
   // No injection: the domain handle is null and ranges are skipped, without crashing.
-  ASSERT_EQ(run_probe({"ZEROCTA_NVTX_RECORD=" + record_, "ZEROCTA_NVTX=1"}), 0);
+  ASSERT_EQ(run_probe({"ZCTEST_NVTX_RECORD=" + record_, "ZEROCTA_NVTX=1"}), 0);
   EXPECT_FALSE(record_exists());
 }
 

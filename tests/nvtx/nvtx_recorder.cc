@@ -1,6 +1,6 @@
 // A minimal NVTX tool: an injection library that NVTX3 loads from NVTX_INJECTION64_PATH (the way
 // Nsight Systems attaches) and that appends one line per domain event to the file named by
-// ZEROCTA_NVTX_RECORD. Lines (fields separated by tabs):
+// ZCTEST_NVTX_RECORD. Lines (fields separated by tabs):
 //   init
 //   domain_create  <domain>
 //   register       <domain>  <text>
@@ -114,11 +114,11 @@ bool attach(NvtxFunctionTable table, unsigned size, NvtxCallbackIdCore2 id, Fn f
 // tells NVTX the tool failed to attach (NVTX then unloads it and turns every call into a no-op).
 extern "C" __attribute__((visibility("default"))) int InitializeInjectionNvtx2(
     NvtxGetExportTableFunc_t get_export_table) {
-  const char* path = getenv("ZEROCTA_NVTX_RECORD");
+  const char* path = getenv("ZCTEST_NVTX_RECORD");
   if (path == nullptr || get_export_table == nullptr) return 0;
   g_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (g_fd < 0) {
-    perror("zerocta_nvtx_recorder: open ZEROCTA_NVTX_RECORD");
+    perror("zerocta_nvtx_recorder: open ZCTEST_NVTX_RECORD");
     return 0;
   }
 

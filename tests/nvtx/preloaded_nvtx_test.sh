@@ -11,7 +11,7 @@ run() {  # run RECORD_FILE [VAR=VALUE...]
   local out=$1
   shift
   env -i PATH="$PATH" LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" FAKE_NCCL_LOG=/dev/null \
-    NVTX_INJECTION64_PATH="$recorder" ZEROCTA_NVTX_RECORD="$out" "$@" \
+    NVTX_INJECTION64_PATH="$recorder" ZCTEST_NVTX_RECORD="$out" "$@" \
     "$driver" init allgather allreduce bcast destroy >/dev/null
 }
 

@@ -791,13 +791,19 @@ TEST(UnknownVars, KnownToolAndForeignNamesAreNotReported) {
   for (const ConfigVar& v : config_table()) keep.push_back(std::string(v.name) + "=x");
   for (const char* tool : tool_var_names()) keep.push_back(std::string(tool) + "=x");
   for (const std::string& e : keep) env.push_back(e.c_str());
+  // ZCTEST_*: the project's test programs' own variables, outside the prefix on purpose.
   for (const char* other : {"NCCL_DEBUG=INFO", "zerocta_log=info", "ZEROCTA=1", "XZEROCTA_LOG=1",
-                            "LD_PRELOAD=/x/libzerocta.so", "=", ""})
+                            "LD_PRELOAD=/x/libzerocta.so", "ZCTEST_SOAK_ITERS=3", "=", ""})
     env.push_back(other);
   EXPECT_TRUE(unknown_in(env).empty());
   EXPECT_TRUE(find_unknown_vars(nullptr).empty());
   EXPECT_NE(std::find(tool_var_names().begin(), tool_var_names().end(), std::string("ZEROCTA_LIB")),
             tool_var_names().end());
+  // An example script's variable (LD_PRELOAD-examples/) is a tool's too.
+  EXPECT_NE(
+      std::find(tool_var_names().begin(), tool_var_names().end(), std::string("ZEROCTA_BUILD")),
+      tool_var_names().end());
+  EXPECT_TRUE(unknown_in({"ZEROCTA_BUILD=build"}).empty());
 }
 
 TEST(UnknownVars, EachNameOnceInEnvironmentOrder) {

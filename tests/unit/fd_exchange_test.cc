@@ -44,7 +44,7 @@ using zc::FdService;
 namespace wire = zc::fd_wire;
 
 constexpr int kTimeoutMs = 5000;
-constexpr const char* kExitChildEnv = "ZEROCTA_FD_EXIT_CHILD";
+constexpr const char* kExitChildEnv = "ZCTEST_FD_EXIT_CHILD";
 
 int64_t elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -

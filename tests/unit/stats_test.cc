@@ -369,7 +369,7 @@ TEST_F(StatsFileTest, RefusesFileOwnedByAnotherUser) {
 }
 
 TEST(StatsFork, ChildStartsFromZero) {
-  if (getenv("ZEROCTA_STATS_TEST_LOG_NONE") != nullptr) zc::log_set_level(zc::LogLevel::kNone);
+  if (getenv("ZCTEST_STATS_TEST_LOG_NONE") != nullptr) zc::log_set_level(zc::LogLevel::kNone);
   zc::stats_install_reporter();
   zerocta_reset_stats();
   zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
@@ -404,7 +404,7 @@ TEST(StatsFork, ChildStartsFromZero) {
 // Runs only inside the re-executed binary (StatsExitReport tests below): counts, then makes two
 // grandchildren that exit normally: one by fork(), one by a raw clone.
 TEST(StatsExitReportChild, Run) {
-  if (getenv("ZEROCTA_STATS_TEST_CHILD") == nullptr) {
+  if (getenv("ZCTEST_STATS_TEST_CHILD") == nullptr) {
     GTEST_SKIP() << "runs only as the child of the other StatsExitReport tests";
   }
   zc::stats_install_reporter();
@@ -431,11 +431,11 @@ TEST(StatsExitReportChild, Run) {
 // Runs only inside the re-executed binary (StatsWriteNow tests below): ZEROCTA_STATS names a
 // file; stats_write_now() must write it without any exit handler (the child leaves by _exit).
 TEST(StatsWriteNowChild, Run) {
-  if (getenv("ZEROCTA_STATS_TEST_WRITE_NOW") == nullptr) {
+  if (getenv("ZCTEST_STATS_TEST_WRITE_NOW") == nullptr) {
     GTEST_SKIP() << "runs only as the child of the StatsWriteNow tests";
   }
-  const std::string file = getenv("ZEROCTA_STATS_TEST_WRITE_NOW");
-  if (getenv("ZEROCTA_STATS_TEST_UNWRITABLE") != nullptr) {
+  const std::string file = getenv("ZCTEST_STATS_TEST_WRITE_NOW");
+  if (getenv("ZCTEST_STATS_TEST_UNWRITABLE") != nullptr) {
     // Every write fails: one WARN for the process, however many teardowns and the exit.
     zc::stats_install_reporter();
     for (int i = 0; i < 3; ++i) {
@@ -485,7 +485,7 @@ class StatsExitReport : public StatsFileTest {
                   const std::string& write_now = "") {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
-      if (strncmp(*e, "ZEROCTA_", 8) == 0) continue;
+      if (strncmp(*e, "ZEROCTA_", 8) == 0 || strncmp(*e, "ZCTEST_", 7) == 0) continue;
       // The rank variables steer %r; the tests set them as they need.
       bool rank_var = false;
       for (const char* v : {"RANK=", "OMPI_COMM_WORLD_RANK=", "PMI_RANK=", "SLURM_PROCID="})
@@ -494,11 +494,11 @@ class StatsExitReport : public StatsFileTest {
     }
     env.push_back("ZEROCTA_STATS=" + stats);
     if (write_now.empty()) {
-      env.push_back("ZEROCTA_STATS_TEST_CHILD=1");
+      env.push_back("ZCTEST_STATS_TEST_CHILD=1");
     } else {
-      env.push_back("ZEROCTA_STATS_TEST_WRITE_NOW=" + write_now);
+      env.push_back("ZCTEST_STATS_TEST_WRITE_NOW=" + write_now);
     }
-    if (log_none) env.push_back("ZEROCTA_STATS_TEST_LOG_NONE=1");
+    if (log_none) env.push_back("ZCTEST_STATS_TEST_LOG_NONE=1");
     for (const std::string& extra : extra_env) env.push_back(extra);
     std::vector<char*> envp;
     for (std::string& var : env) envp.push_back(var.data());
@@ -584,7 +584,7 @@ TEST_F(StatsExitReport, WriteNowWritesWithoutExitHandlers) {
 
 TEST_F(StatsExitReport, UnwritableFileWarnsOncePerProcessNamingTheVariable) {
   const std::string bad = path("no-such-dir/s.json");
-  ASSERT_GT(run_child(bad, false, {"ZEROCTA_STATS_TEST_UNWRITABLE=1"}, bad), 0)
+  ASSERT_GT(run_child(bad, false, {"ZCTEST_STATS_TEST_UNWRITABLE=1"}, bad), 0)
       << read_file(stderr_path());
   const std::string err = read_file(stderr_path());
   const size_t at = err.find("stats: cannot write the ZEROCTA_STATS file " + bad + ": ");
