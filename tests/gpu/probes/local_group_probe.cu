@@ -29,10 +29,14 @@
 // order, prefer overlap with compute), as the library issues them, instead of one
 // cudaMemcpyAsync each; =2 the same without "prefer overlap"; =3 with source access order
 // "any"; =4 NCCL's attributes plus each copy's source and destination GPU as location hints;
-// =5 one cudaMemcpyPeerAsync each. What they showed (4 H200s, driver 580, host flags, 4 GPUs;
+// =5 one cudaMemcpyPeerAsync each; =6 each GPU pulls its peers' chunks into its own buffer
+// instead, in one batch with NCCL's attributes; =7 the pulls one cudaMemcpyAsync each (the same
+// bytes over the same links, the copies issued by the receiving GPU). What they showed (4 H200s, driver 580, host flags, 4 GPUs;
 // docs/plots/memory-kinds-4xH200/): on cudaMalloc every mode took 163-167 / 549-555 /
 // 2087-2091 us at 64 MiB / 256 MiB / 1 GiB; on cuMem the batch took 157-160 / 544-545 /
-// 2083-2087 and one copy each 165 / 550-551 / 2087-2088.
+// 2083-2087 and one copy each 165 / 550-551 / 2087-2088. Pulls (4 H100s): on cudaMalloc twice
+// the pushes' time (338-340 / 1102-1105 / 4153-4155 against 163-164 / 550-551 / 2077-2079), on
+// cuMem 2-5 % longer (162-165 / 566-572 / 2176-2182 against 157-160 / 544 / 2075-2076).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -96,15 +100,19 @@ CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 void issue_op(std::vector<Gpu>& g, const Flags& f, size_t chunk, Plan plan, uint32_t seq) {
   const int n = static_cast<int>(g.size());
   static const int batch_mode = getenv("PROBE_BATCH") ? atoi(getenv("PROBE_BATCH")) : 0;
-  const bool batched = batch_mode >= 1 && batch_mode <= 4;
+  const bool pulls = batch_mode == 6 || batch_mode == 7;
+  const bool batched = (batch_mode >= 1 && batch_mode <= 4) || batch_mode == 6;
   auto push_all = [&](int r) {
     CUdeviceptr dsts[kMaxGpus], srcs[kMaxGpus];
     size_t sizes[kMaxGpus];
     for (int i = 1; i < n; ++i) {
       const int q = (r + n - i) % n;
+      // A push writes my chunk into q's buffer; a pull copies q's chunk into mine.
+      char* dst = pulls ? g[r].buf + q * chunk : g[q].buf + r * chunk;
+      const char* src = pulls ? g[q].buf + q * chunk : g[r].buf + r * chunk;
       if (batched) {
-        dsts[i - 1] = reinterpret_cast<CUdeviceptr>(g[q].buf + r * chunk);
-        srcs[i - 1] = reinterpret_cast<CUdeviceptr>(g[r].buf + r * chunk);
+        dsts[i - 1] = reinterpret_cast<CUdeviceptr>(dst);
+        srcs[i - 1] = reinterpret_cast<CUdeviceptr>(src);
         sizes[i - 1] = chunk;
         continue;
       }
@@ -112,8 +120,7 @@ void issue_op(std::vector<Gpu>& g, const Flags& f, size_t chunk, Plan plan, uint
         CK(cudaMemcpyPeerAsync(g[q].buf + r * chunk, q, g[r].buf + r * chunk, r, chunk, g[r].push));
         continue;
       }
-      CK(cudaMemcpyAsync(g[q].buf + r * chunk, g[r].buf + r * chunk, chunk,
-                         cudaMemcpyDeviceToDevice, g[r].push));
+      CK(cudaMemcpyAsync(dst, src, chunk, cudaMemcpyDeviceToDevice, g[r].push));
     }
     if (!batched) return;
     CUmemcpyAttributes attrs[kMaxGpus]{};
