@@ -620,7 +620,8 @@ TEST(FdExchange, SilentClientDoesNotStallOthers) {
   const char* why = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(fd_fetch(address.c_str(), getpid(), &token, 1, &fds, kTimeoutMs, &why)) << why;
-  EXPECT_LT(elapsed_ms(t0), 500);
+  // Stalled behind the silent ones, it would wait for their idle limit.
+  EXPECT_LT(elapsed_ms(t0), zc::kFdServiceIdleMs / 2);
   ASSERT_GE(fds[0], 0);
   EXPECT_EQ(content_of(fds[0]), "served despite silence");
   close_all(&fds);
