@@ -50,6 +50,14 @@
 #   soak-mixed-4   the same with rank 0 on cudaMalloc, NCCL_GRAPH_REGISTER=0
 #   torch-4        PyTorch, 4 processes, expandable segments (run_zero_copy.sh torch-expandable)
 #   fsdp2-4        FSDP2 comm and compute on 4 ranks, plain against zerocta-run --allgather auto
+# Part mem4 (4 GPUs): which property of ncclMemAlloc memory puts the route level with NCCL CE at
+#   1 GiB in place, where PyTorch's 20 MiB allocations leave it 0.2 % behind: 1 GiB, 9 rounds of
+#   nccl-ce and zerocta a pass (zerocta-bench --rounds), the route's memory in each pass:
+#   mem-cumem            PyTorch's layout: 20 MiB chunks, minimum granularity, owner access
+#   mem-cumem-props      the same chunks with ncclMemAlloc's rdma, recommended and peers
+#   mem-cumem-1g         one allocation a buffer, PyTorch's properties
+#   mem-cumem-1g-props   one allocation with ncclMemAlloc's properties (all but FABRIC)
+#   mem-ncclmem          ncclMemAlloc itself
 # Parts x8 and x8f (8 GPUs; never lent so far): what it takes to raise ZEROCTA_AUTO_MAX_RANKS
 #   from 4. auto stops at 4 ranks, so these ask for the route itself (ZEROCTA_ALLGATHER=zerocta):
 #   bench-8        zerocta-bench -g 8, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
@@ -64,8 +72,8 @@ set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|x4|x8|x8f)$ ]]; then
-  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|x4|x8|x8f OUTDIR" >&2
+if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|x4|mem4|x8|x8f)$ ]]; then
+  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|x4|mem4|x8|x8f OUTDIR" >&2
   exit 2
 fi
 PART=$1
@@ -110,8 +118,11 @@ bench() {
     -b 64M -e 1G -f 4 --json "$OUT/$name.json" "$@"
 }
 
-need_gpus=2
-[ "$PART" = x4 ] && need_gpus=4
+case "$PART" in
+  x4 | mem4) need_gpus=4 ;;
+  x8 | x8f) need_gpus=8 ;;
+  *) need_gpus=2 ;;
+esac
 if [ "$(count_gpus)" -lt "$need_gpus" ]; then
   echo "part $PART: SKIP, needs $need_gpus GPUs, $(count_gpus) visible"
   exit 0
@@ -174,6 +185,18 @@ case "$PART" in
       "$HERE/run_zero_copy.sh" "$OUT/zero-copy-4"
     step fsdp2-4 260 env FSDP_ARGS="--steps 40" \
       "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 4 "$OUT/fsdp2-4" comm compute
+    ;;
+  mem4)
+    props=rdma,recommended,peers
+    for variant in "cumem:20M:none" "cumem-props:20M:$props" "cumem-1g:1G:none" \
+      "cumem-1g-props:1G:$props" "ncclmem"; do
+      IFS=: read -r name chunk with <<<"$variant"
+      alloc=(--alloc cumem --cumem-chunk "$chunk" --cumem-props "$with")
+      [ "$name" = ncclmem ] && alloc=(--alloc ncclmem)
+      bench "mem-$name" 80 -g 4 "${alloc[@]}" --paths nccl-ce,zerocta -b 1G -e 1G -n 100 \
+        --rounds 9 --deadline 70
+      sed -n '/^# Rounds:/,/^# zerocta-bench/p' "$OUT/mem-$name.log" 2>/dev/null | sed "s/^/    /"
+    done
     ;;
   x8)
     bench bench-8 150 -g 8 --alloc cumem

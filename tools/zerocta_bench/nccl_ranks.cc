@@ -149,7 +149,7 @@ std::vector<char*> NcclRanks::alloc(size_t bytes) {
       ZCB_NCCL(ncclMemAlloc(&b.ptr, bytes));
       b.nccl_mem = true;
     } else if (o_.alloc == BufferAlloc::kCuMem) {
-      b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes, o_.cumem_chunk_bytes);
+      b.cumem = std::make_unique<CumemBuffer>(k.rank, bytes, o_.cumem_chunk_bytes, o_.cumem_props);
       b.ptr = b.cumem->ptr();
     } else {
       ZCB_CUDA(cudaMalloc(&b.ptr, bytes));

@@ -478,6 +478,9 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!need(&v)) return false;
       if (!parse_size(v, &o->cumem_chunk_bytes) || o->cumem_chunk_bytes == 0)
         return bad(v, "a size like 20M");
+    } else if (a == "--cumem-props") {
+      if (!need(&v)) return false;
+      if (!parse_cumem_props(v, &o->cumem_props)) return bad(v, "none or rdma,recommended,peers");
     } else if (a == "--one-process") {
       o->one_process = true;
     } else if (a == "--graph") {
@@ -628,6 +631,10 @@ Other options:
                          cuMemCreate chunks with POSIX fd handles, mapped back to back)
   --cumem-chunk SIZE     the physical allocations of --alloc cumem buffers (default 20M; a
                          size at least the buffer's gives one allocation, as ncclMemAlloc)
+  --cumem-props LIST     what ncclMemAlloc also gives its memory, for --alloc cumem buffers:
+                         rdma (gpuDirectRDMACapable), recommended (the recommended
+                         granularity for chunks and VA alignment, not the minimum), peers
+                         (access for every device that can reach it); default none
   --one-process          the NCCL paths as one process, one thread driving every GPU
                          (nccl-tests -g N); default: one process per rank
   --graph                the sweep's checked op and timed iterations are replays of a CUDA

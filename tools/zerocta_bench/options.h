@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "coll_op.h"
+#include "cumem_buffer.h"
 
 namespace zcb {
 
@@ -64,8 +65,8 @@ bool parse_dtype(const std::string& name, DataType* out);
 // (--alloc). nccl-ce always uses ncclMemAlloc; the ceiling and bare-ce use cudaMalloc.
 enum class BufferAlloc {
   kCudaMalloc,
-  kCuMem,     // PyTorch's expandable segments: one VA range, 20 MiB cuMemCreate chunks
-  kNcclMem,   // ncclMemAlloc without a window: the memory NCCL CE's windows are made of
+  kCuMem,    // PyTorch's expandable segments: one VA range, 20 MiB cuMemCreate chunks
+  kNcclMem,  // ncclMemAlloc without a window: the memory NCCL CE's windows are made of
 };
 const char* alloc_name(BufferAlloc a);
 bool parse_alloc(const std::string& name, BufferAlloc* out);
@@ -103,6 +104,7 @@ struct Options {
   // --cumem-chunk: the physical allocations of a --alloc cumem buffer (PyTorch's expandable
   // segments: 20 MiB; a size at least the buffer's: one allocation, as ncclMemAlloc's).
   uint64_t cumem_chunk_bytes = 20ull << 20;
+  CumemProps cumem_props;  // --cumem-props: ncclMemAlloc's properties, one at a time
   // --one-process: the NCCL-program paths run as one process whose one thread drives every
   // GPU (nccl-tests -g N); default: one process per rank.
   bool one_process = false;

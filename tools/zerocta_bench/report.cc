@@ -261,7 +261,11 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
           events_every(*b.o, b.o->iters), b.o->check ? 1 : 0, r.timeout_s);
   const int procs = path_process_count(r.path, b.o->one_process, b.nranks);
   std::string buffers = path_alloc_label(r.path, b.o->alloc);
-  if (buffers == "cumem") buffers += " in " + format_size(b.o->cumem_chunk_bytes) + " allocations";
+  if (buffers == "cumem") {
+    buffers += " in " + format_size(b.o->cumem_chunk_bytes) + " allocations";
+    const std::string props = cumem_props_name(b.o->cumem_props);
+    if (props != "none") buffers += " (" + props + ")";
+  }
   fprintf(f, "# buffers: %s  processes: %d (%s)\n", buffers.c_str(), procs,
           procs == 1 ? "one thread drives every GPU" : "one per rank");
   if (path_uses_shim(r.path)) fprintf(f, "# LD_PRELOAD=%s\n", b.shim_lib.c_str());

@@ -64,6 +64,7 @@ void write_options(JsonWriter& w, const BenchReport& b) {
   w.kv("dtype", o.dtype.name).kv("dtype_bytes", o.dtype.bytes);
   w.kv("quick", o.quick).kv("seed", o.seed).kv("zerocta_lib", b.shim_lib);
   w.kv("alloc", alloc_name(o.alloc)).kv("one_process", o.one_process).kv("graph", o.graph);
+  w.kv("cumem_chunk_bytes", o.cumem_chunk_bytes).kv("cumem_props", cumem_props_name(o.cumem_props));
   w.kv("contention", o.contention);
   w.kv("contention_mode", contention_mode_name(o.contention_mode));
   w.kv("contention_ops", o.contention_ops).kv("repeats", o.repeats);

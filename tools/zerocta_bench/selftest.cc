@@ -517,6 +517,16 @@ void test_new_options() {
   EXPECT(g.cumem_chunk_bytes == (20ull << 20));
   EXPECT(parse({"--cumem-chunk", "1G"}, &chunk) && chunk.cumem_chunk_bytes == (1ull << 30));
   EXPECT(!parse({"--cumem-chunk", "0"}, &chunk0));
+  Options props, props_bad;  // PyTorch's properties unless asked; ncclMemAlloc's one by one
+  EXPECT(cumem_props_name(g.cumem_props) == "none");
+  EXPECT(parse({"--cumem-props", "peers,rdma"}, &props) && props.cumem_props.rdma &&
+         props.cumem_props.peer_access && !props.cumem_props.recommended);
+  EXPECT(cumem_props_name(props.cumem_props) == "rdma,peers");
+  EXPECT(parse({"--cumem-props", "recommended"}, &props) && props.cumem_props.recommended &&
+         !props.cumem_props.rdma && !props.cumem_props.peer_access);
+  EXPECT(parse({"--cumem-props", "none"}, &props) && cumem_props_name(props.cumem_props) == "none");
+  for (const char* bad : {"", "rdma,", ",rdma", "fabric", "rdma,,peers", "RDMA"})
+    EXPECT(!parse({"--cumem-props", bad}, &props_bad));
   EXPECT(o.contention_mode == ContentionMode::kSaturate && o.contention_ops == 12);
   EXPECT(o.repeats == 7 && o.contention_placement == "in");
   EXPECT(std::string(alloc_name(o.alloc)) == "cumem");
@@ -628,7 +638,8 @@ void test_rounds() {
   const RoundsCell c = rounds_cell(rep, PathId::kZerocta, base, 0, true);
   EXPECT(c.busbw.n == 3 && c.ratio.n == 3);
   EXPECT(std::fabs(c.ratio.median - 1.0) < 1e-12);
-  EXPECT(std::fabs(c.ratio.max - 100.0 / 99) < 1e-12 && std::fabs(c.ratio.min - 105 / 106.05) < 1e-12);
+  EXPECT(std::fabs(c.ratio.max - 100.0 / 99) < 1e-12 &&
+         std::fabs(c.ratio.min - 105 / 106.05) < 1e-12);
   EXPECT(c.at_least_base == 2);  // the faster round and the level one
   // A round in which the baseline did not run pairs with nothing; it stays the baseline.
   rep.sweep[0].status = "SKIPPED";
