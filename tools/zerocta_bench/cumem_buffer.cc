@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <sstream>
 
 #include "channel.h"
@@ -80,8 +81,19 @@ CUmemAllocationProp chunk_properties(int device, const CumemProps& props) {
     check(api().device_attribute(&supported,
                                  CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev),
           "cuDeviceGetAttribute");
-    if (!supported) fatal("--cumem-props rdma: GPU %d has no GPUDirect RDMA for cuMem", device);
-    prop.allocFlags.gpuDirectRDMACapable = 1;
+    // As ncclMemAlloc: the flag where the GPU supports it, else off (said once a process, so
+    // that a pass that asked for it is not read as having had it).
+    if (supported) {
+      prop.allocFlags.gpuDirectRDMACapable = 1;
+    } else {
+      static bool said = false;
+      if (!said)
+        fprintf(stderr,
+                "# --cumem-props rdma: GPU %d has no GPUDirect RDMA for cuMem; the flag stays "
+                "off, as ncclMemAlloc leaves it\n",
+                device);
+      said = true;
+    }
   }
   return prop;
 }

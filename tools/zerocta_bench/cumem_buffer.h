@@ -24,7 +24,7 @@ std::vector<size_t> cumem_chunk_sizes(size_t bytes, size_t chunk, size_t granula
 // (ncclMemAlloc's FABRIC handle type is left out: the lent hosts refuse FABRIC memory, so their
 // ncclMemAlloc buffers have none either.)
 struct CumemProps {
-  bool rdma = false;         // allocFlags.gpuDirectRDMACapable (fatal where unsupported)
+  bool rdma = false;         // allocFlags.gpuDirectRDMACapable where the GPU supports it
   bool recommended = false;  // chunks and VA alignment at the recommended granularity
   bool peer_access = false;  // read/write access for every device that can reach this one
 };

@@ -632,9 +632,10 @@ Other options:
   --cumem-chunk SIZE     the physical allocations of --alloc cumem buffers (default 20M; a
                          size at least the buffer's gives one allocation, as ncclMemAlloc)
   --cumem-props LIST     what ncclMemAlloc also gives its memory, for --alloc cumem buffers:
-                         rdma (gpuDirectRDMACapable), recommended (the recommended
-                         granularity for chunks and VA alignment, not the minimum), peers
-                         (access for every device that can reach it); default none
+                         rdma (gpuDirectRDMACapable where supported), recommended
+                         (the recommended granularity for chunks and VA alignment, not
+                         the minimum), peers (access for every device that can reach
+                         it); default none
   --one-process          the NCCL paths as one process, one thread driving every GPU
                          (nccl-tests -g N); default: one process per rank
   --graph                the sweep's checked op and timed iterations are replays of a CUDA
