@@ -4,6 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <memory>
 #include <optional>
 
 #include "ce_exec.h"
@@ -42,7 +43,7 @@ bool described_with_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes,
 void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDataType_t type,
               uint64_t chunk, bool capturing, OpPost* p) {
   CeComm& ce = *st.ce;
-  *p = OpPost{};
+  p->clear();
   p->seq = ce.seq;
   p->mode = capturing ? OpMode::kCaptured : OpMode::kEager;
   p->count = count;
@@ -136,12 +137,13 @@ bool stage_mine(CommState& st, uint64_t seq, uint64_t chunk, GraphHold* hold, ui
   OpStage published;
   published.addr = buf->addr();
   published.bytes = total;
-  OpBuffer described;
-  if (!describe_buffer(cu, published.addr, total, ce.needs, &described) || described.nextents > 1) {
+  std::unique_ptr<OpBuffer> described(new OpBuffer);  // 16 KiB: off the stack
+  if (!describe_buffer(cu, published.addr, total, ce.needs, described.get()) ||
+      described->nextents > 1) {
     *why = "its stage cannot be reached by its peers";
     return false;
   }
-  if (described.nextents == 1) published.extent = described.extents[0];
+  if (described->nextents == 1) published.extent = described->extents[0];
   ce.ops->publish_stage(me, seq, published);
   stats_op_staged();
   *stage = published.addr;
@@ -207,7 +209,7 @@ bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_
   for (int p = 0; p < st.nranks; ++p) {
     if (p == st.rank || !(a.before >> p & 1)) continue;
     PeerPart& part = ce.view.peers[p];
-    OpPost& e = ce.earlier[static_cast<size_t>(p)];
+    OpPost& e = ce.peer_posts[static_cast<size_t>(p)];
     if (e.reach == 0 && !use_stage_of(st, p, a.seq, chunk, &e, why)) return false;
     // Each pushes wherever my buffers can be reached: across processes one GPU's copies to and
     // from another process's memory take turns (docs/PERFORMANCE.md); in this process the
@@ -261,7 +263,7 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
     part.staged = stage != 0;
     if (ops.settle_pair(me, q, a.seq, PairMode::kLaterDoesBoth) == PairMode::kLaterDoesBoth)
       continue;
-    OpPost l;
+    OpPost& l = ce.peer_posts[q];  // q arrived after me: its entry is free for this op
     if (!ops.read_post(q, a.seq, &l)) {
       *why = "a peer settled a pair without its post";
       return false;
@@ -526,7 +528,7 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
     return peer_failed(st);
   };
   x.claim.emplace(ce->ops->blocks(), me, x.mine.block);
-  if (!ce->ops->arrive(me, x.mine, &x.a, ce->earlier.data(), give_up)) {
+  if (!ce->ops->arrive(me, x.mine, &x.a, ce->peer_posts.data(), give_up)) {
     *result = fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
     return false;
   }

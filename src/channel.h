@@ -10,9 +10,10 @@
 //
 // Layout: a header (magic, version, capacity, key, the `broken` and `poison` words), then
 // `capacity` slots of {state word, MemberFacts}, then, page aligned, the region of the per-op
-// exchange (op_exchange.h) for `op_ranks` ranks: the most that could ever route here (456 KiB
-// for 2 ranks, 3.3 MiB for 8, pinned once registered, so a child of a large parent must not
-// reserve room for all of the parent's ranks). A slot is claimed by a
+// exchange (op_exchange.h) for `op_ranks` ranks: the most that could ever route here (1.1 MiB
+// for 2 ranks, 6 MiB for 8, all allocated at creation; of that the GPUs' part, 132 KiB and
+// 2 MiB, is pinned once registered; so a child of a large parent must not reserve room for all
+// of the parent's ranks). A slot is claimed by a
 // compare-and-swap of its state (empty -> writing), filled, then published (-> joined, release
 // order); a joined slot never changes again.
 #pragma once

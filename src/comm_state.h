@@ -33,10 +33,12 @@ enum class RouteState : int {
 // events the plans run on (direct_plan.h).
 struct CeComm {
   uint32_t join_index = 0;     // this rank's slot in the channel
-  void* registered = nullptr;  // the channel's op region, registered with CUDA (host address)
+  // The GPUs' part of the channel's op region (OpExchange::device_offset on), registered with
+  // CUDA (host address).
+  void* registered = nullptr;
   size_t registered_bytes = 0;
-  CUdeviceptr registered_dev = 0;   // the same region as the GPU addresses it
-  std::unique_ptr<OpExchange> ops;  // at commit, over the registered region
+  CUdeviceptr registered_dev = 0;   // the same part as the GPU addresses it
+  std::unique_ptr<OpExchange> ops;  // at commit, over the whole op region
   bool prepared = false;
   bool told_local_group = false;  // its INFO line about local group plans was logged
   bool told_one_by_one = false;   // ... and the one about ops of all-local ranks going to NCCL
@@ -61,7 +63,9 @@ struct CeComm {
   CUstream capture_streams[kDirectStreams] = {};
   CUevent capture_events[kDirectEvents] = {};
   // Reused per op.
-  std::vector<OpPost> earlier;  // the posts of the ranks that arrived before me, by rank
+  // The peers' posts of the current op, by rank: of the ranks that arrived before me (arrive),
+  // then of the later ones whose pairs I settle (each OpPost is 32 KiB: not for the stack).
+  std::vector<OpPost> peer_posts;
   std::vector<CaptureRef> peer_blocks;  // captured: the block of each peer whose post was read
   DirectOpView view;
   std::vector<DirectOp> plan;

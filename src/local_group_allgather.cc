@@ -111,7 +111,7 @@ std::vector<LocalSet> find_sets(const std::vector<PendingOp>& ops) {
 bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
   const CudaDriver* cu = cuda_driver();
   if (!cu || !cu->ce_ok) return false;
-  std::unique_ptr<OpBuffer> described(new OpBuffer);  // ~5 KB: off the stack
+  std::unique_ptr<OpBuffer> described(new OpBuffer);  // 16 KiB: off the stack
   int devices[kMaxRanks];
   for (size_t r = 0; r < set->by_rank.size(); ++r) devices[r] = ag(ops, set->by_rank[r]).st->device;
   set->recv_for_peers.assign(set->by_rank.size(), 0);

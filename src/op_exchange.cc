@@ -1,6 +1,9 @@
 #include "op_exchange.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 namespace zc {
 
@@ -9,6 +12,7 @@ namespace zc {
 //   posts    [nranks][kOpRing] of {seq word, OpPost}
 //   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
+//   --- page boundary: the GPUs' part (device_offset), the only part registered with CUDA ---
 //   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing]   (uint32_t each)
 //   blocks   the captured ops' flag blocks (capture_blocks.h)
 struct OpExchange::Shared {
@@ -42,8 +46,11 @@ size_t stages_offset(uint32_t nranks) {
 size_t pairs_offset(uint32_t nranks) {
   return stages_offset(nranks) + sizeof(SharedStage) * nranks * kOpRing;
 }
+// Page aligned: the GPUs' part starts here (device_offset).
 size_t flags_offset(uint32_t nranks) {
-  return pairs_offset(nranks) + sizeof(std::atomic<uint64_t>) * nranks * nranks * kOpRing;
+  const size_t end =
+      pairs_offset(nranks) + sizeof(std::atomic<uint64_t>) * nranks * nranks * kOpRing;
+  return (end + kPage - 1) / kPage * kPage;
 }
 size_t flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (1 + nranks); }
 
@@ -69,6 +76,8 @@ size_t OpExchange::region_bytes(uint32_t nranks) {
   return (bytes + kPage - 1) / kPage * kPage;
 }
 
+size_t OpExchange::device_offset(uint32_t nranks) { return flags_offset(nranks); }
+
 OpExchange::OpExchange(void* base, uint32_t nranks)
     : shared_(static_cast<Shared*>(base)),
       nranks_(nranks),
@@ -93,9 +102,38 @@ bool OpExchange::ring_free(uint32_t rank, uint64_t seq) const {
   return true;
 }
 
+void OpPost::clear() {
+  seq = 0;
+  mode = OpMode::kEager;
+  reach = 0;
+  count = 0;
+  datatype = 0;
+  pid = 0;
+  block = CaptureRef{};
+  send.clear();
+  recv.clear();
+}
+
+namespace {
+void copy_buffer(OpBuffer* out, const OpBuffer& in) {
+  // A peer's count is clamped: nothing past the array is ever copied.
+  const uint32_t n = std::min(in.nextents, kMaxExtents);
+  memcpy(static_cast<void*>(out), &in, offsetof(OpBuffer, extents) + n * sizeof(OpExtent));
+  out->nextents = n;
+}
+}  // namespace
+
+void copy_post(OpPost* out, const OpPost& in) {
+  static_assert(std::is_standard_layout_v<OpPost> && std::is_trivially_copyable_v<OpPost>,
+                "posts are copied bytewise in and out of shared memory");
+  memcpy(static_cast<void*>(out), &in, offsetof(OpPost, send));
+  copy_buffer(&out->send, in.send);
+  copy_buffer(&out->recv, in.recv);
+}
+
 void OpExchange::post(uint32_t rank, const OpPost& mine) {
   SharedPost* p = post_at(shared_, rank, mine.seq);
-  memcpy(&p->body, &mine, sizeof mine);
+  copy_post(&p->body, mine);
   p->seq.store(mine.seq, std::memory_order_release);
 }
 
@@ -128,7 +166,7 @@ Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
       a.mismatch = "a peer arrived without its post";
       continue;
     }
-    memcpy(&earlier[r], &p->body, sizeof(OpPost));
+    copy_post(&earlier[r], p->body);
     if (const char* why = compare_posts(mine, earlier[r]); *why && !*a.mismatch) a.mismatch = why;
   }
   return a;
@@ -160,7 +198,7 @@ bool OpExchange::pair_settled(uint32_t earlier, uint32_t later, uint64_t seq) co
 bool OpExchange::read_post(uint32_t rank, uint64_t seq, OpPost* out) const {
   const SharedPost* p = post_at(shared_, rank, seq);
   if (p->seq.load(std::memory_order_acquire) != seq) return false;
-  memcpy(out, &p->body, sizeof(OpPost));
+  copy_post(out, p->body);
   return true;
 }
 

@@ -53,8 +53,12 @@
 namespace zc {
 
 constexpr uint32_t kOpRing = 16;
-constexpr uint32_t kMaxExtents = 160;  // per buffer: physical allocations one post can describe
-constexpr uint32_t kOpRanks = 64;      // ranks the exchange can serve
+// Per buffer: the physical allocations one post can describe. PyTorch's expandable segments
+// are 20 MiB allocations, so 512 is a 10 GiB receive buffer (a 405B model's FSDP2 layer is
+// about 7.4 GiB in bf16). Posts are copied only as far as they are used (copy_post), so the
+// bound costs the channel's shared memory (32 KiB a post), not time.
+constexpr uint32_t kMaxExtents = 512;
+constexpr uint32_t kOpRanks = 64;  // ranks the exchange can serve
 
 enum class OpMode : uint32_t { kEager = 1, kCaptured = 2 };
 enum class OpVerdict : uint32_t { kRoute = 1, kNccl = 2 };
@@ -81,6 +85,11 @@ struct OpBuffer {
   uint64_t local_addr = 0;
   uint32_t nextents = 0, reserved = 0;
   OpExtent extents[kMaxExtents];
+  // Back to an empty description; the extents past nextents are never read, so they stay.
+  void clear() {
+    addr = bytes = local_addr = 0;
+    nextents = reserved = 0;
+  }
 };
 
 // A stage as published: one allocation of the op's receive size, laid out like the receive
@@ -101,7 +110,12 @@ struct OpPost {
   int32_t pid = 0;
   CaptureRef block;  // captured ops: the poster's flag block (capture_blocks.h)
   OpBuffer send, recv;
+  // Back to a fresh post without touching the extent arrays (OpPost{} would write all 32 KiB).
+  void clear();
 };
+
+// Copies the used part of `in`: its fields and each buffer's first nextents extents.
+void copy_post(OpPost* out, const OpPost& in);
 
 // The result of arriving at an op.
 struct Arrival {
@@ -117,6 +131,11 @@ class OpExchange {
  public:
   // Bytes the region needs for `nranks` ranks (a multiple of the page size).
   static size_t region_bytes(uint32_t nranks);
+  // Where the part the GPUs read and write begins (a multiple of the page size): the flags and
+  // the captured ops' flag blocks, to the end of the region. Only that part is registered with
+  // CUDA; the posts before it are host-only, so their room costs shared memory, never pinned
+  // memory.
+  static size_t device_offset(uint32_t nranks);
   // Over a zero-filled region of region_bytes(nranks) bytes at `base` (page aligned).
   OpExchange(void* base, uint32_t nranks);
 

@@ -49,8 +49,10 @@ uint32_t register_flags(const CudaDriver& cu, const JoinPlan& plan, const Channe
     return kProblemOneConnection;
   ScopedDevice on(plan.device);
   if (!on.ok()) return kProblemDevice;
-  void* region = channel.op_region();
-  const size_t bytes = channel.op_region_bytes();
+  // Only the part the GPUs touch is pinned: the posts before it grow with kMaxExtents.
+  const size_t offset = OpExchange::device_offset(channel.op_region_ranks());
+  void* region = static_cast<char*>(channel.op_region()) + offset;
+  const size_t bytes = channel.op_region_bytes() - offset;
   if (cu.cuMemHostRegister(region, bytes,
                            CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP) !=
       CUDA_SUCCESS)
@@ -337,7 +339,7 @@ ncclResult_t route_prepare(CommState& st) {
   }
   ce->imports.reset(new PeerImports(st.device));
   ce->life = std::make_shared<CaptureLife>(st.channel.get(), &ce->ops->blocks(), st.device);
-  ce->earlier.resize(static_cast<size_t>(st.nranks));
+  ce->peer_posts.resize(static_cast<size_t>(st.nranks));
   ce->peer_blocks.resize(static_cast<size_t>(st.nranks));
   ce->prepared = true;
   return ncclSuccess;

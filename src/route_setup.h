@@ -41,7 +41,7 @@ bool route_wanted(int nranks);
 // The size of a communicator's channel (channel.h), from the capacity of its join plan and
 // this process's settings (the same on every rank that agrees): room in the op exchange only
 // for as many ranks as could ever route — in auto mode no more than ZEROCTA_AUTO_MAX_RANKS,
-// which a child of a large parent would otherwise reserve pinned memory for.
+// which a child of a large parent would otherwise reserve shared and pinned memory for.
 ChannelShape channel_shape(uint32_t capacity);
 
 // A communicator of this size never joins (route_wanted() said no): records and logs why, as

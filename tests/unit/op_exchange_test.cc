@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
@@ -45,6 +46,12 @@ TEST(OpExchange, RegionIsWholePagesAndItsFlagsAreDistinct) {
         for (uint32_t b = 0; b < n; ++b) EXPECT_TRUE(seen.insert(x.done_flag(a, b, seq)).second);
       }
     EXPECT_EQ(seen.size(), x.flag_count());
+    // The flags and the captured ops' blocks lie in the GPUs' part, which starts on a page
+    // (only it is registered with CUDA); the posts lie before it.
+    const size_t device = OpExchange::device_offset(n);
+    EXPECT_EQ(device % 4096, 0u);
+    EXPECT_LT(device, r.bytes);
+    EXPECT_GE(reinterpret_cast<char*>(x.flags_begin()), static_cast<char*>(r.base) + device);
     for (uint32_t* f : seen) {
       EXPECT_GE(f, x.flags_begin());
       EXPECT_LT(f, x.flags_begin() + x.flag_count());
@@ -96,6 +103,68 @@ TEST(OpExchange, ACapturedOpTakesTheRouteAndMeetingAnEagerOneIsAMismatch) {
   ASSERT_TRUE(x.arrive(0, post(3, false, 100, OpMode::kCaptured), &a0, earlier.data(), never));
   ASSERT_TRUE(x.arrive(1, post(3, true, 100, OpMode::kCaptured), &a1, earlier.data(), never));
   EXPECT_EQ(a1.verdict, OpVerdict::kNccl) << "the first rank's buffers cannot be reached";
+}
+
+// A post of a buffer across the most allocations a post holds reaches the peers whole, by
+// arrival and by read_post; a shorter post later in the same slot reaches them with its own
+// extents only, however many the slot's earlier post left behind.
+TEST(OpExchange, APostIsHandedOverWithAllItsExtentsAndNoMore) {
+  Region r(2);
+  OpExchange x(r.base, 2);
+  std::vector<OpPost> earlier(2);
+  auto with_extents = [](uint64_t seq, uint32_t n) {
+    std::unique_ptr<OpPost> p(new OpPost(post(seq)));
+    p->recv.addr = 0x10000000 * seq;
+    p->recv.nextents = n;
+    for (uint32_t i = 0; i < n; ++i)
+      p->recv.extents[i] = OpExtent{p->recv.addr + i * 0x1000, 0x1000, seq * 10000 + i, i + 1};
+    p->send.nextents = 1;
+    p->send.extents[0] = p->recv.extents[n - 1];
+    return p;
+  };
+  auto expect_handed_over = [](const OpPost& got, const OpPost& sent) {
+    EXPECT_EQ(got.seq, sent.seq);
+    EXPECT_EQ(got.recv.addr, sent.recv.addr);
+    ASSERT_EQ(got.recv.nextents, sent.recv.nextents);
+    for (uint32_t i = 0; i < sent.recv.nextents; ++i) {
+      EXPECT_EQ(got.recv.extents[i].base, sent.recv.extents[i].base) << i;
+      EXPECT_EQ(got.recv.extents[i].block_id, sent.recv.extents[i].block_id) << i;
+      EXPECT_EQ(got.recv.extents[i].token, sent.recv.extents[i].token) << i;
+    }
+    ASSERT_EQ(got.send.nextents, 1u);
+    EXPECT_EQ(got.send.extents[0].block_id, sent.send.extents[0].block_id);
+  };
+  Arrival a;
+  const auto full = with_extents(1, kMaxExtents);
+  ASSERT_TRUE(x.arrive(0, *full, &a, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, post(1), &a, earlier.data(), never));
+  expect_handed_over(earlier[0], *full);
+  std::unique_ptr<OpPost> read(new OpPost);
+  ASSERT_TRUE(x.read_post(0, 1, read.get()));
+  expect_handed_over(*read, *full);
+  x.finish(0, 1);
+  x.finish(1, 1);
+  for (uint64_t seq = 2; seq <= kOpRing; ++seq)
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(x.arrive(rank, post(seq), &a, earlier.data(), never));
+      x.finish(rank, seq);
+    }
+  const auto shorter = with_extents(1 + kOpRing, 3);
+  ASSERT_TRUE(x.arrive(0, *shorter, &a, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, post(1 + kOpRing), &a, earlier.data(), never));
+  expect_handed_over(earlier[0], *shorter);
+  ASSERT_TRUE(x.read_post(0, 1 + kOpRing, read.get()));
+  expect_handed_over(*read, *shorter);
+}
+
+// A count past the array (a post written by something else) is clamped, never read past.
+TEST(OpExchange, CopyingAPostClampsItsExtentCount) {
+  std::unique_ptr<OpPost> in(new OpPost), out(new OpPost);
+  in->recv.nextents = kMaxExtents + 100;
+  in->send.nextents = ~0u;
+  copy_post(out.get(), *in);
+  EXPECT_EQ(out->recv.nextents, kMaxExtents);
+  EXPECT_EQ(out->send.nextents, kMaxExtents);
 }
 
 TEST(OpExchange, DifferentCountsAtOnePositionAreAMismatch) {

@@ -6,6 +6,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <memory>
+
 #include "peer_memory.h"
 
 namespace zc {
@@ -15,11 +17,13 @@ constexpr uint64_t kBase = 0x7f0000000000ull;
 constexpr uint64_t kAlloc = 2ull << 20;
 constexpr int kAllocs = 8;
 
-int g_queries = 0;  // cuPointerGetAttribute calls
+int g_queries = 0;       // cuPointerGetAttribute calls
+int g_allocs = kAllocs;  // allocations the stub driver has
 
 CUresult stub_attribute(void* data, CUpointer_attribute a, CUdeviceptr p) {
   ++g_queries;
-  if (p < kBase || p >= kBase + kAlloc * kAllocs) return CUDA_ERROR_INVALID_VALUE;
+  if (p < kBase || p >= kBase + kAlloc * static_cast<uint64_t>(g_allocs))
+    return CUDA_ERROR_INVALID_VALUE;
   const uint64_t i = (p - kBase) / kAlloc;
   switch (a) {
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
@@ -124,6 +128,22 @@ TEST(PeerMemory, InsideAnUndescribableBufferStaysUndescribable) {
   // at its end is then no better.
   EXPECT_FALSE(describe_buffer(cu, kBase + (kAllocs - 1) * kAlloc, 2 * kAlloc, needs, &outer));
   EXPECT_FALSE(describe_inside(cu, kBase + kAllocs * kAlloc, kAlloc, needs, outer, &inner));
+}
+
+// A post describes up to kMaxExtents allocations a buffer (a 10 GiB buffer of PyTorch's 20 MiB
+// ones); a buffer across one more is not described (its op goes to NCCL on every rank, or is
+// staged by this rank), rather than described in part.
+TEST(PeerMemory, ABufferAcrossAsManyAllocationsAsAPostHoldsIsDescribedAndOneMoreIsNot) {
+  const CudaDriver cu = stub_driver();
+  const ReachNeeds needs = across_processes();
+  g_allocs = static_cast<int>(kMaxExtents) + 1;
+  std::unique_ptr<OpBuffer> full(new OpBuffer), over(new OpBuffer);
+  ASSERT_TRUE(describe_buffer(cu, kBase, kMaxExtents * kAlloc, needs, full.get()));
+  EXPECT_EQ(full->nextents, kMaxExtents);
+  EXPECT_EQ(full->extents[kMaxExtents - 1].base, kBase + (kMaxExtents - 1) * kAlloc);
+  EXPECT_EQ(full->extents[kMaxExtents - 1].block_id, 1000u + kMaxExtents - 1);
+  EXPECT_FALSE(describe_buffer(cu, kBase, (kMaxExtents + 1) * kAlloc, needs, over.get()));
+  g_allocs = kAllocs;
 }
 
 }  // namespace
