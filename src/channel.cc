@@ -21,7 +21,8 @@ namespace zc {
 namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f6368616eull;  // "zerochan"
-constexpr uint32_t kVersion = 4;
+// Bumped whenever the segment's layout changes: ranks of different versions then pass through.
+constexpr uint32_t kVersion = 5;
 // A child's channel has one slot per parent rank; parents beyond this size never route here.
 constexpr uint32_t kMaxCapacity = 1u << 16;
 
