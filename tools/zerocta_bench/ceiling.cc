@@ -9,6 +9,7 @@
 #include "host_barrier.h"
 #include "kernels.h"
 #include "peer_push.h"
+#include "push_steps.h"
 #include "sweep.h"
 #include "timing.h"
 
@@ -16,12 +17,31 @@ namespace zcb {
 
 namespace {
 
+// What the GPUs' threads share.
+struct CeilingGpus {
+  explicit CeilingGpus(int n) : barrier(n), step_barrier(n), steps(n), bufs(n) {}
+  HostBarrier barrier;       // between the phases of a size
+  SpinBarrier step_barrier;  // after every op, where the GPUs keep in step
+  PushSteps steps;
+  std::vector<PeerBuffers> bufs;
+};
+
+// GPU g's pushes of its next op (*op, counted alike on every GPU), in step with the other GPUs
+// where they need it (push_steps.h).
+void push_op(int g, CeilingGpus* c, uint64_t chunk, bool in_place, uint64_t* op,
+             cudaStream_t stream) {
+  c->steps.before(g, *op, stream);
+  enqueue_pushes(g, c->bufs, chunk, in_place, stream);
+  c->steps.after(g, *op, stream);
+  ++*op;
+  if (c->steps.in_step()) c->step_barrier.wait();
+}
+
 // GPU g's buffers for one size: fresh, zeroed, after every GPU is done with the previous
 // size's (peers write into this GPU's recv buffer).
-void fresh_buffers(int g, uint64_t chunk, uint64_t total, HostBarrier* barrier,
-                   std::vector<PeerBuffers>* bufs) {
-  PeerBuffers& b = (*bufs)[g];
-  barrier->wait();  // nobody writes the previous buffers any more
+void fresh_buffers(int g, uint64_t chunk, uint64_t total, CeilingGpus* c) {
+  PeerBuffers& b = c->bufs[g];
+  c->barrier.wait();  // nobody writes the previous buffers any more
   ZCB_CUDA(cudaFree(b.recv));
   ZCB_CUDA(cudaFree(b.send));
   ZCB_CUDA(cudaMalloc(&b.recv, total));
@@ -29,34 +49,34 @@ void fresh_buffers(int g, uint64_t chunk, uint64_t total, HostBarrier* barrier,
   ZCB_CUDA(cudaMemset(b.recv, 0, total));
   ZCB_CUDA(cudaMemset(b.send, 0, chunk));
   ZCB_CUDA(cudaDeviceSynchronize());
-  barrier->wait();  // every GPU's buffers exist before anyone writes a peer's
+  c->barrier.wait();  // every GPU's buffers exist before anyone writes a peer's
 }
 
 // The first pushes on this size's fresh buffers, out of place, every GPU starting together:
 // steady_clock from the call to the end of the stream's synchronize.
-FirstOpResult first_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk,
-                           HostBarrier* barrier, cudaStream_t stream) {
-  barrier->wait();
+FirstOpResult first_pushes(int g, CeilingGpus* c, uint64_t chunk, uint64_t* op,
+                           cudaStream_t stream) {
+  c->barrier.wait();
   const auto start = std::chrono::steady_clock::now();
-  enqueue_pushes(g, bufs, chunk, false, stream);
+  push_op(g, c, chunk, false, op, stream);
   const auto called = std::chrono::steady_clock::now();
   ZCB_CUDA(cudaStreamSynchronize(stream));
   const auto done = std::chrono::steady_clock::now();
-  barrier->wait();  // every GPU's first writes are done before anyone poisons its recv
+  c->barrier.wait();  // every GPU's first writes are done before anyone poisons its recv
   FirstOpResult r{};
   r.call_ms = std::chrono::duration<double, std::milli>(called - start).count();
   r.ms = std::chrono::duration<double, std::milli>(done - start).count();
   return r;
 }
 
-void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barrier,
-                 std::vector<PeerBuffers>* bufs) {
+void ceiling_gpu(const Options& o, int g, int n, Channel* ch, CeilingGpus* c) {
   setup_peer_gpu(g, n, ch);
   const int elem = o.dtype.bytes;
   cudaStream_t stream;
   ZCB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   IterTimer timer(o.iters, events_every(o, o.iters));
   WrongCounter wrong;
+  uint64_t op = 0;
 
   std::vector<uint64_t> sizes = sweep_sizes(o);
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -64,42 +84,43 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
     if (count == 0) continue;
     const uint64_t chunk = count * elem;
     const uint64_t total = chunk * n;
-    fresh_buffers(g, chunk, total, barrier, bufs);
+    fresh_buffers(g, chunk, total, c);
+    PeerBuffers& mine = c->bufs[g];
     RowMsg row{};
     row.rank = g;
     row.size_index = static_cast<int32_t>(si);
     row.bytes = total;
     row.count = count;
-    row.first = first_pushes(g, *bufs, chunk, barrier, stream);
+    row.first = first_pushes(g, c, chunk, &op, stream);
     for (int in_place = 0; in_place < 2; ++in_place) {
       PlaceResult& pr = in_place ? row.ip : row.oop;
       const uint64_t seed = pattern_seed(o.seed, static_cast<int>(si), in_place);
-      char* own_src = in_place ? (*bufs)[g].recv + g * chunk : (*bufs)[g].send;
+      char* own_src = in_place ? mine.recv + g * chunk : mine.send;
       pr.wrong = -1;
       if (o.check) {
-        ZCB_CUDA(cudaMemsetAsync((*bufs)[g].recv, kPoisonByte, total, stream));
+        ZCB_CUDA(cudaMemsetAsync(mine.recv, kPoisonByte, total, stream));
         launch_fill_pattern(own_src, chunk, elem, seed, g, stream);
         ZCB_CUDA(cudaGetLastError());
         ZCB_CUDA(cudaStreamSynchronize(stream));
-        barrier->wait();  // every source is filled
-        enqueue_pushes(g, *bufs, chunk, in_place, stream);
+        c->barrier.wait();  // every source is filled
+        push_op(g, c, chunk, in_place, &op, stream);
         ZCB_CUDA(cudaStreamSynchronize(stream));
-        barrier->wait();  // every GPU's writes into this GPU's recv are done
+        c->barrier.wait();  // every GPU's writes into this GPU's recv are done
         // Out-of-place, nobody writes this GPU's own chunk of recv: do not count it.
-        pr.wrong = wrong.count((*bufs)[g].recv, chunk, n, elem, seed, in_place ? -1 : g, stream);
+        pr.wrong = wrong.count(mine.recv, chunk, n, elem, seed, in_place ? -1 : g, stream);
       }
-      for (int i = 0; i < o.warmups; ++i) enqueue_pushes(g, *bufs, chunk, in_place, stream);
+      for (int i = 0; i < o.warmups; ++i) push_op(g, c, chunk, in_place, &op, stream);
       ZCB_CUDA(cudaStreamSynchronize(stream));
-      barrier->wait();  // start the timed loops together
+      c->barrier.wait();  // start the timed loops together
       timer.record(0, stream);
       for (int i = 0; i < o.iters; ++i) {
-        enqueue_pushes(g, *bufs, chunk, in_place, stream);
+        push_op(g, c, chunk, in_place, &op, stream);
         timer.record(i + 1, stream);
       }
       ZCB_CUDA(cudaStreamSynchronize(stream));
       pr.mean_us = timer.mean_us();
       pr.median_us = timer.median_us();
-      barrier->wait();  // nobody poisons a buffer a peer may still be writing
+      c->barrier.wait();  // nobody poisons a buffer a peer may still be writing
     }
     ch->send(kMsgRow, &row, sizeof(row));
   }
@@ -110,16 +131,15 @@ void ceiling_gpu(const Options& o, int g, int n, Channel* ch, HostBarrier* barri
 
 void run_ceiling_sweep(const Options& o, int nranks, Channel* ch) {
   if (nranks < 2) fatal("the ceiling needs at least 2 GPUs");
-  HostBarrier barrier(nranks);
-  std::vector<PeerBuffers> bufs(static_cast<size_t>(nranks));
+  CeilingGpus c(nranks);
   std::vector<std::thread> threads;
   for (int g = 0; g < nranks; ++g)
-    threads.emplace_back(ceiling_gpu, std::cref(o), g, nranks, ch, &barrier, &bufs);
+    threads.emplace_back(ceiling_gpu, std::cref(o), g, nranks, ch, &c);
   for (std::thread& t : threads) t.join();
   for (int g = 0; g < nranks; ++g) {
     cudaSetDevice(g);
-    cudaFree(bufs[g].recv);
-    cudaFree(bufs[g].send);
+    cudaFree(c.bufs[g].recv);
+    cudaFree(c.bufs[g].send);
   }
 }
 

@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "nccl_ranks.h"
 #include "peer_push.h"
+#include "push_steps.h"
 #include "shim_stats.h"
 #include "timing.h"
 
@@ -289,12 +290,17 @@ void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
     c.devices.push_back(g);
   }
   // The floor: every GPU pushes its chunk (the op's per-peer size) into all n-1 peers at
-  // once, one batch per GPU and all-gather.
+  // once, one batch per GPU and all-gather, 3+ GPUs in step (push_steps.h).
+  PushSteps steps(nranks);
+  uint64_t op = 0;
   c.enqueue_op = [&](bool in_place, const std::vector<cudaStream_t>& streams) {
     for (int g = 0; g < nranks; ++g) {
       ZCB_CUDA(cudaSetDevice(g));
+      steps.before(g, op, streams[g]);
       enqueue_pushes(g, bufs, chunk, in_place, streams[g]);
+      steps.after(g, op, streams[g]);
     }
+    ++op;
   };
   run_contention(c);
   for (int g = 0; g < nranks; ++g) {  // run_contention synchronized every stream

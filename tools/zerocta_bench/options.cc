@@ -601,7 +601,8 @@ Paths (--paths; each runs in its own set of rank processes, one after another):
                   forwarded to NCCL)
   zerocta-auto    the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
   ceiling         (allgather only) bare copy-engine writes of each GPU's chunk to every
-                  peer, one cudaMemcpyBatchAsync per GPU, one process, no protocol
+                  peer, one cudaMemcpyBatchAsync per GPU, one process, no protocol; 3+ GPUs
+                  keep in step (each op starts when every GPU's previous one ended: events)
   bare-ce         (--contention only, always run: the floor) the ceiling's pushes: every GPU
                   writes its chunk into all n-1 peers at once, one batch per all-gather
 Default paths: allgather: every path but bare-ce; allreduce, reducescatter, broadcast:

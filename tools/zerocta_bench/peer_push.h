@@ -2,8 +2,8 @@
 // between all pairs, and every GPU writing its chunk into every peer's recv buffer with one
 // cudaMemcpyBatchAsync ("prefer overlap with compute"), as NCCL's CE all-gather does: the
 // driver spreads a batch over the copy engines. Measured on 8 H200s, pulls of the peers'
-// chunks reached 154 GB/s busbw on one stream per peer, NCCL's batch 371. No flags, no
-// barriers on the device: the ceiling any protocol can approach.
+// chunks reached 154 GB/s busbw on one stream per peer, NCCL's batch 371. No flags; 3+ GPUs
+// keep in step through events (push_steps.h): the ceiling any protocol can approach.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -59,7 +59,7 @@ std::string path_description(PathId p, CollOp op) {
              forwards;
     case PathId::kCeiling:
       return "bare peer writes, one cudaMemcpyBatchAsync per GPU, one process, no protocol "
-             "(per-GPU time, max)";
+             "but 3+ GPUs kept in step by events (per-GPU time, max)";
     case PathId::kBareCe:
       return "the ceiling's batched peer writes, back to back";
   }

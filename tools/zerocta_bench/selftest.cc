@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coll_op.h"
@@ -16,6 +17,7 @@
 #include "contention_stats.h"
 #include "cumem_buffer.h"
 #include "gpu_telemetry.h"
+#include "host_barrier.h"
 #include "json_writer.h"
 #include "launcher.h"
 #include "nccl_ranks.h"
@@ -808,6 +810,29 @@ void test_window_registration() {
   EXPECT(wins.size() == 1 && wins[0] == fake_window(comms[1]));
 }
 
+// The ceiling's per-op barrier: no thread passes round r before every thread has written r,
+// and none writes r+1 before every thread has read round r's values.
+void test_spin_barrier() {
+  constexpr int kThreads = 4, kRounds = 3000;
+  SpinBarrier barrier(kThreads);
+  std::vector<std::atomic<int>> slot(kThreads);
+  for (std::atomic<int>& v : slot) v = -1;
+  std::atomic<int> torn{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        slot[t].store(r, std::memory_order_relaxed);
+        barrier.wait();
+        for (const std::atomic<int>& v : slot)
+          if (v.load(std::memory_order_relaxed) != r) torn.fetch_add(1);
+        barrier.wait();
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT(torn.load() == 0);
+}
+
 }  // namespace
 
 int run_self_test() {
@@ -829,6 +854,7 @@ int run_self_test() {
   test_contention_stats();
   test_telemetry();
   test_window_registration();
+  test_spin_barrier();
   printf("zerocta-bench self-test: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? kExitOk : kExitFailed;
 }
