@@ -1,7 +1,8 @@
 // The --rounds table: every path's busbw per size and placement over the rounds, and its ratio
 // to the baseline's in the same round. One run of two paths that move the same bytes on the
-// same engines differs by more than they do (docs/PERFORMANCE.md: ±1.5 % at 64 MiB on 4 GPUs),
-// so "at least the baseline" is a count of rounds, next to the median and spread of the ratio.
+// same engines differs by more than they do (the route in place at 64 MiB on 4 GPUs: 322.9 to
+// 331.4 GB/s over three rounds of one run, docs/plots/ceiling-in-step-4xH200/in-step-4.log), so
+// "at least the baseline" is a count of rounds, next to the median and spread of the ratio.
 #include <algorithm>
 #include <cmath>
 #include <string>
