@@ -1,7 +1,8 @@
 // Keeps the bare pushes of 3+ GPUs in step: GPU g's op i starts only after every GPU's op i-1
 // has finished. Unsynchronized, the GPUs of back-to-back ops drift apart and several write into
-// one GPU at once: on 4 H200s 218.8 against 302.5 GB/s at 64 MiB (docs/PERFORMANCE.md), below
-// the route that the ceiling is meant to bound. An all-gather needs that wait anyway before it
+// one GPU at once: on 4 H200s 203-360 GB/s in place from 64 MiB, below the route that the
+// ceiling is meant to bound; in step 333.5 / 375.7 / 388.4 at 64 MiB / 256 MiB / 1 GiB
+// (docs/plots/ceiling-in-step-4xH200/). An all-gather needs that wait anyway before it
 // may rewrite its buffers, and events are the cheapest hand-over between GPUs of one process
 // (8.4 us a round trip, host flags 13.3). Two GPUs cannot collide (each is written by the other
 // alone), so their pushes stay unsynchronized, the higher bound.
