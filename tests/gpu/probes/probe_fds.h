@@ -38,8 +38,10 @@ inline std::vector<int> recv_fds(int sock, size_t n) {
   m.msg_control = ctl.data();
   m.msg_controllen = ctl.size();
   if (recvmsg(sock, &m, 0) < 0) perror("recvmsg");
-  std::vector<int> fds(n);
-  memcpy(fds.data(), CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int) * n);
+  std::vector<int> fds(n, -1);
+  const cmsghdr* c = CMSG_FIRSTHDR(&m);
+  if (c && c->cmsg_len >= CMSG_LEN(sizeof(int) * n))
+    memcpy(fds.data(), CMSG_DATA(c), sizeof(int) * n);
   return fds;
 }
 
