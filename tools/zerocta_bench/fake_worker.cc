@@ -73,7 +73,10 @@ FirstOpResult model_first_op(PathId p, bool ce_route, double op_us, uint64_t byt
   FirstOpResult f{};
   f.call_ms = 0.02 + 0.001 * rank;
   if (ce_route) f.call_ms += 1.5 + 4.0 * static_cast<double>(bytes) / (1ull << 30);
-  if (p == PathId::kNcclCe) f.call_ms += 0.1;  // NCCL's first use of the windows
+  if (p == PathId::kNcclCe) {
+    f.call_ms += 0.1;                                                         // first use
+    f.windows_ms = 2.0 + 8.0 * static_cast<double>(bytes) / (1ull << 30);  // registration
+  }
   f.ms = f.call_ms + op_us / 1000.0;
   return f;
 }

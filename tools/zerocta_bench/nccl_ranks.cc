@@ -70,7 +70,7 @@ class LocalGroup {
 }  // namespace
 
 NcclRanks::NcclRanks(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch)
-    : o_(o), path_(path), nranks_(nranks) {
+    : o_(o), path_(path), nranks_(nranks), ch_(ch) {
   const bool every = worker_rank < 0;
   for (int r = every ? 0 : worker_rank; r < (every ? nranks : worker_rank + 1); ++r) {
     ranks_.emplace_back();
@@ -161,6 +161,12 @@ std::vector<char*> NcclRanks::alloc(size_t bytes) {
   return out;
 }
 
+double NcclRanks::take_windows_ms() {
+  const double ms = windows_ms_;
+  windows_ms_ = 0;
+  return ms;
+}
+
 void NcclRanks::register_windows(size_t bytes) {
   std::vector<ncclComm_t> comms;
   std::vector<void*> ptrs;
@@ -168,8 +174,14 @@ void NcclRanks::register_windows(size_t bytes) {
     comms.push_back(k.comm);
     ptrs.push_back(k.buffers.back().ptr);
   }
+  // Registration waits in a barrier for every peer: entered together, its time is NCCL's work,
+  // not a peer's later ncclMemAlloc.
+  ch_->agree_max(0);
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<ncclWindow_t> wins =
       zcb::register_windows(kNcclWindowCalls, comms, ptrs, bytes);
+  windows_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   for (size_t i = 0; i < ranks_.size(); ++i) {
     // NCCL 2.28 answers success without a window only when the communicator has no symmetric
     // memory and NCCL_LOCAL_REGISTER=0 (src/dev_runtime.cc, ncclCommWindowRegister).

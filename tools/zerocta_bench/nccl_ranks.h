@@ -55,6 +55,9 @@ class NcclRanks {
   void check_async_error();
 
   PathId path() const { return path_; }
+  // nccl-ce: the wall time of the window registrations since the last call (alloc() registers
+  // each buffer; every process enters each registration together), then 0 again.
+  double take_windows_ms();
   // Wall time of the communicator creation (with several local ranks: the whole group).
   double init_ms() const { return init_ms_; }
 
@@ -78,6 +81,8 @@ class NcclRanks {
   int nranks_;
   std::vector<Rank> ranks_;
   double init_ms_ = 0;
+  double windows_ms_ = 0;
+  Channel* ch_;
   ShimProbe shim_;
 };
 

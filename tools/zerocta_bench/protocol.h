@@ -78,6 +78,9 @@ struct FirstOpResult {
   double call_ms;                             // the call alone (enqueue)
   double ms;                                  // the call to the end of its stream's synchronize
   uint64_t route_calls[zerocta_route_count];  // its route per zerocta route (shim paths)
+  // nccl-ce: registering the op's fresh buffers as windows, before it (what that path needs
+  // first, as zerocta's first op maps the peers' buffers); 0 on the other paths.
+  double windows_ms;
 };
 
 struct RowMsg {

@@ -117,6 +117,8 @@ bool add_row(PathResult* r, const RowMsg& m, int nranks, CollOp op) {
   a.count = m.count;
   a.first.ms = first ? m.first.ms : std::max(a.first.ms, m.first.ms);
   a.first.call_ms = first ? m.first.call_ms : std::max(a.first.call_ms, m.first.call_ms);
+  a.first.windows_ms =
+      first ? m.first.windows_ms : std::max(a.first.windows_ms, m.first.windows_ms);
   for (int i = 0; i < zerocta_route_count; ++i) a.first.routes[i] += m.first.route_calls[i];
   fold(&a.oop, m.oop, first);
   fold(&a.ip, m.ip, first);

@@ -31,8 +31,9 @@ struct PlaceAgg {
 
 // The first op on a size's fresh buffers (FirstOpResult) over ranks.
 struct FirstOpAgg {
-  double ms = 0;       // max over ranks: call to synchronized
-  double call_ms = 0;  // max over ranks: the call alone
+  double ms = 0;          // max over ranks: call to synchronized
+  double call_ms = 0;     // max over ranks: the call alone
+  double windows_ms = 0;  // max over ranks: nccl-ce's window registration before it
   uint64_t routes[zerocta_route_count] = {};
 };
 

@@ -103,9 +103,16 @@ void print_comparison_tables(FILE* f, const BenchReport& b,
     first.push_back({path_name(p->path), "%*.3f", [=](size_t i, bool) {
                        return p->complete(i, n) ? p->rows[i].first.ms : NAN;
                      }});
+  // What nccl-ce needs before its first op and the other paths do not: zerocta maps the peers'
+  // buffers inside its first op, NCCL CE at the windows' registration.
+  if (ce)
+    first.push_back({"ce windows", "%*.3f", [=](size_t i, bool) {
+                       return ce->complete(i, n) ? ce->rows[i].first.windows_ms : NAN;
+                     }});
   print_table(f, b, paths,
               "First op on each size's fresh buffers (ms, call to synchronized, max over ranks; "
-              "out of place, before the warm-ups)",
+              "out of place, before the warm-ups; 'ce windows': nccl-ce's "
+              "ncclCommWindowRegister of those buffers before its first op)",
               first, true);
 
   if (ceil) {

@@ -125,6 +125,7 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
     w.begin_object().kv("size", row.bytes).kv("count", row.count).kv("type", b.o->dtype.name);
     // The first op on this size's fresh buffers, max over ranks.
     w.kv("first_op_ms", row.first.ms).kv("first_op_call_ms", row.first.call_ms);
+    if (r.path == PathId::kNcclCe) w.kv("first_op_windows_ms", row.first.windows_ms);
     if (shim) write_routes(w, row.first.routes, "first_op_routes");
     write_place(w, "out_of_place", row.oop, shim, time_ratio(&r, kern, i, false, b.nranks));
     write_place(w, "in_place", row.ip, shim, time_ratio(&r, kern, i, true, b.nranks));

@@ -345,10 +345,10 @@ void test_bandwidth_and_rows() {
   a.count = 1 << 17;
   a.oop = {100.0, 90.0, 0, {0, 26, 0}};
   a.ip = {80.0, 70.0, 2, {0, 26, 0}};
-  a.first = {0.3, 0.5, {0, 1, 0}};  // {call_ms, ms, routes}
+  a.first = {0.3, 0.5, {0, 1, 0}, 7.5};  // {call_ms, ms, routes, windows_ms}
   b = a;
   b.rank = 1;
-  b.first = {0.2, 2.5, {1, 0, 0}};  // one process's first op went to NCCL
+  b.first = {0.2, 2.5, {1, 0, 0}, 6.0};  // one process's first op went to NCCL
   b.oop = {120.0, 80.0, 0, {1, 25, 0}};
   b.ip = {60.0, 75.0, -1, {0, 26, 0}};
   EXPECT(!add_row(&r, a, 2, CollOp::kAllGather));
@@ -360,7 +360,7 @@ void test_bandwidth_and_rows() {
   EXPECT(row.oop.wrong == 0 && row.ip.wrong == -1);  // one unchecked rank: not checked
   EXPECT(row.oop.routes[zerocta_route_ce] == 51 && row.oop.routes[zerocta_route_passthrough] == 1);
   // The first op: max over ranks of each time, its routes summed and checked like the others.
-  EXPECT(row.first.ms == 2.5 && row.first.call_ms == 0.3);
+  EXPECT(row.first.ms == 2.5 && row.first.call_ms == 0.3 && row.first.windows_ms == 7.5);
   EXPECT(row.first.routes[zerocta_route_ce] == 1 &&
          row.first.routes[zerocta_route_passthrough] == 1);
   EXPECT(r.non_ce_calls() == 2);
@@ -392,10 +392,13 @@ void test_bandwidth_and_rows() {
              flat.end());
   EXPECT(flat.find("\"first_op_routes\":{\"passthrough\":1,\"ce\":1,\"nccl_ce\":0}") !=
          std::string::npos);
+  EXPECT(json.find("first_op_windows_ms") == std::string::npos);  // only nccl-ce registers
   rep.sweep.back().path = PathId::kNcclKernel;  // no shim: no routes, still the times
   const std::string kernel_json = report_json(rep);
   EXPECT(kernel_json.find("\"first_op_ms\": 2.5,") != std::string::npos &&
          kernel_json.find("first_op_routes") == std::string::npos);
+  rep.sweep.back().path = PathId::kNcclCe;  // its windows' registration, max over ranks
+  EXPECT(report_json(rep).find("\"first_op_windows_ms\": 7.5,") != std::string::npos);
   // Single-row line with no route column still prints the first op.
   EXPECT(format_row(row, CollOp::kAllGather, "float", false).find("     2.500") !=
          std::string::npos);

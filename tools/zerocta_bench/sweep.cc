@@ -296,7 +296,9 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
     // Every size on buffers of its own, so that its first op is the first on those buffers.
     fresh_buffers(w, s, ch);
     std::vector<RowMsg> rows(w.local.size());
-    const FirstOpResult first_op = timed_op(w, s, counter, ch);
+    const double windows_ms = nr.take_windows_ms();
+    FirstOpResult first_op = timed_op(w, s, counter, ch);
+    first_op.windows_ms = windows_ms;
     for (size_t i = 0; i < rows.size(); ++i) {
       rows[i].rank = w.local[i].rank;
       rows[i].size_index = static_cast<int32_t>(si);

@@ -47,6 +47,8 @@ check "first-op column" grep -qE "^#  +size .* ip-med +first-op  route$" "$TMP/o
 check "first-op unit" grep -qE "^#  +\(B\) .* \(us\) +\(ms\)$" "$TMP/ok.txt"
 check "first-op value before the route" grep -qE "^ +67108864 .* [0-9]+\.[0-9]{3}  ce$" "$TMP/ok.txt"
 check "first-op comparison table" contains "$TMP/ok.txt" "^# First op on each size's fresh buffers (ms"
+check "nccl-ce's window registration beside the first ops" grep -qE \
+  "^#  place +size +nccl-kernel .* ceiling +ce windows$" "$TMP/ok.txt"
 check "contention table" contains "$TMP/ok.txt" "slowdown"
 check "contention tables per placement" test "$(grep -c '^# Contention, .* all-gathers (fixed mode)' \
   "$TMP/ok.txt")" -eq 2
@@ -79,6 +81,11 @@ for p in d["paths"]:
     for r in p["rows"]:
         assert 0 < r["first_op_call_ms"] <= r["first_op_ms"] < 100, (p["name"], r)
         assert ("first_op_routes" in r) == p["uses_shim"], (p["name"], r)
+        # nccl-ce registers each size's buffers as windows before its first op (the model:
+        # 2 ms and 8 ms a GiB, max over ranks); no other path has windows
+        assert ("first_op_windows_ms" in r) == (p["name"] == "nccl-ce"), (p["name"], r)
+        if p["name"] == "nccl-ce":
+            assert abs(r["first_op_windows_ms"] - (2.0 + 8.0 * r["size"] / 2**30)) < 1e-3, r
 for zr, kr in zip(paths["zerocta"]["rows"], paths["nccl-kernel"]["rows"]):
     assert zr["first_op_routes"] == {"passthrough": 0, "ce": 2, "nccl_ce": 0}, zr
     assert zr["first_op_ms"] > kr["first_op_ms"] + 1, (zr, kr)
