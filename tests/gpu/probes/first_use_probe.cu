@@ -296,20 +296,7 @@ int main(int argc, char** argv) {
   int ranks = argc > 1 ? atoi(argv[1]) : 0;
   const size_t n = argc > 2 ? strtoull(argv[2], nullptr, 10) : 205;
   const size_t piece = (argc > 3 ? strtoull(argv[3], nullptr, 10) : 20) << 20;
-  if (ranks <= 0) {
-    // The parent makes no CUDA call (children fork from it): count the GPUs in a child.
-    int pipefd[2];
-    if (pipe(pipefd) != 0) return 1;
-    if (fork() == 0) {
-      int count = 0;
-      CU(cuInit(0));
-      CU(cuDeviceGetCount(&count));
-      if (write(pipefd[1], &count, sizeof count) != sizeof count) _exit(1);
-      _exit(0);
-    }
-    if (read(pipefd[0], &ranks, sizeof ranks) != sizeof ranks) return 1;
-    wait(nullptr);
-  }
+  if (ranks <= 0) ranks = count_gpus_in_child();  // the parent makes no CUDA call
   if (ranks < 2) {
     printf("first_use_probe: needs 2 GPUs, found %d\n", ranks);
     return 0;

@@ -526,18 +526,7 @@ void rank_main(int r, int n, int sock, Shared* sh) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   int n = argc > 1 ? atoi(argv[1]) : 0;
-  if (n == 0) {  // count GPUs in a child: the parent never touches CUDA
-    int p[2];
-    if (pipe(p) != 0) return 1;
-    if (fork() == 0) {
-      int c = 0;
-      if (cuInit(0) == CUDA_SUCCESS) cuDeviceGetCount(&c);
-      if (write(p[1], &c, sizeof c) != sizeof c) _exit(1);
-      _exit(0);
-    }
-    if (read(p[0], &n, sizeof n) != sizeof n) return 1;
-    wait(nullptr);
-  }
+  if (n == 0) n = count_gpus_in_child();  // the parent never touches CUDA
   if (n < 2) {
     printf("handshake_procs_probe: needs 2 GPUs, found %d: skipped\n", n);
     return 0;

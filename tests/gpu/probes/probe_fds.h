@@ -68,6 +68,25 @@ inline CUmemAllocationProp prop(int dev) {
   return p;
 }
 
+// The number of visible GPUs, counted in a forked child so that the caller (which forks the
+// probe's processes later) makes no CUDA call; -1 if the child could not answer.
+inline int count_gpus_in_child() {
+  int p[2];
+  if (pipe(p) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int c = 0;
+    if (cuInit(0) == CUDA_SUCCESS) cuDeviceGetCount(&c);
+    _exit(write(p[1], &c, sizeof c) == sizeof c ? 0 : 1);
+  }
+  close(p[1]);
+  int n = -1;
+  if (pid < 0 || read(p[0], &n, sizeof n) != sizeof n) n = -1;
+  close(p[0]);
+  if (pid > 0) waitpid(pid, nullptr, 0);
+  return n;
+}
+
 // Runs a(sock) and b(sock) in two forked processes joined by a UNIX socket pair (fork before any
 // CUDA call: each child makes its own context); true when both exited 0. Children end with
 // _exit, so unbuffer stdout first.
