@@ -1,5 +1,8 @@
 #include "group_calls.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "comm_children.h"
 #include "comm_create.h"
 #include "comm_order.h"
@@ -7,6 +10,20 @@
 #include "local_group_allgather.h"
 
 namespace zc {
+namespace {
+
+// The deferred ops in the order the ranks issue them: by communicator key, each communicator's
+// in program order. NCCL launches a group's communicators in the order of their hashes
+// (ncclGroupCommJoin), so an application may name them in any order on each rank; issued in
+// program order, a rank whose stream holds A before B and a peer whose stream holds B before A
+// wait on each other's flags for ever.
+void in_launch_order(std::vector<PendingOp>* ops) {
+  std::stable_sort(ops->begin(), ops->end(), [](const PendingOp& a, const PendingOp& b) {
+    return std::tie(a.key.hi, a.key.lo) < std::tie(b.key.hi, b.key.lo);
+  });
+}
+
+}  // namespace
 
 ncclResult_t group_start(const RealNccl& real) {
   group_state().depth++;
@@ -41,8 +58,9 @@ ncclResult_t group_end(const RealNccl& real) {
     else if (r != ncclInProgress)
       route_teardown(*st, /*aborting=*/true);  // NCCL's init failed: nothing of ours ran
   if (ops.empty()) return r;
-  // The deferred ops in program order, inside one NCCL group of their own: a thread that drives
-  // several communicators must group the calls of those that go to NCCL.
+  // The deferred ops, inside one NCCL group of their own: a thread that drives several
+  // communicators must group the calls of those that go to NCCL.
+  in_launch_order(&ops);
   real.ncclGroupStart();
   g.running_deferred = true;
   ncclResult_t first = run_group_ops(ops);

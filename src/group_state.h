@@ -2,8 +2,10 @@
 // ncclGroupEnd: before forwarding it, the channel joins of communicators created inside the
 // group (NCCL starts their init only there, so every join still precedes every init's
 // completion); after it, what NCCL filled in only then (windows), the freeze of the blocking
-// ones NCCL has now completed, and the copy-engine all-gathers issued inside the group, in
-// program order (the same on every rank).
+// ones NCCL has now completed, and the copy-engine all-gathers issued inside the group: each
+// communicator's in program order, the communicators in the order of their keys, which every
+// rank derives alike (NCCL launches a group's communicators in the order of their hashes, so a
+// group whose ranks name its communicators in different orders completes).
 #pragma once
 
 #include <nccl.h>
@@ -34,10 +36,12 @@ struct GroupedAllGather {
 
 // An op deferred to the group's end: `run` issues it alone; a routed all-gather also says what
 // it is, so that the ones of every rank of a communicator this thread holds go as one
-// (local_group_allgather.h).
+// (local_group_allgather.h). `key`: its communicator instance's, alike on every rank, by which
+// the group's end orders the ops of several communicators (in_launch_order()).
 struct PendingOp {
   std::function<ncclResult_t()> run;
   std::optional<GroupedAllGather> allgather;
+  CommKey key;
 };
 
 struct GroupState {

@@ -25,7 +25,7 @@
 
 namespace zc {
 
-// Runs `ops` in program order (a qualifying set where the last of its ops stood) and returns
+// Runs `ops` in their order (a qualifying set where the last of its ops stood) and returns
 // the first error, or ncclSuccess.
 ncclResult_t run_group_ops(std::vector<PendingOp>& ops);
 

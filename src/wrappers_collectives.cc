@@ -269,7 +269,7 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
                                   nccl_ce, total);
       return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                                nccl_ce, total);
-    }, std::nullopt});
+    }, std::nullopt, st->key});
     return ncclSuccess;
   }
   uint64_t total = 0;
@@ -289,7 +289,8 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
                           [=, &real]() {
                             return forward_allgather(real, st, sendbuff, recvbuff, sendcount,
                                                      datatype, comm, stream, nccl_ce, total);
-                          }}});
+                          }},
+         st->key});
     return ncclSuccess;
   }
   return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,

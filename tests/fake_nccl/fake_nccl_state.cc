@@ -9,7 +9,9 @@
 //     *newcomm = NULL and the child's handle only at the group end, as NCCL's job does at its
 //     end (init.cc:2572 and :1612).
 //   * Collectives called inside a group are checked and logged at the call with " queued",
-//     and launched at the outermost group end in call order ("ncclGroupEnd:launch <call>").
+//     and launched at the outermost group end ("ncclGroupEnd:launch <call>"): communicators
+//     in the order of a hash of their keys, as NCCL orders them by commHash, each one's ops in
+//     call order.
 //     ncclGroupSimulateEnd completes the inits but launches nothing (group.cc:604).
 //     The group end's own line carries the summary: completes_init=, failed_init=,
 //     in_progress=, launched=, simulated=.
@@ -59,6 +61,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -322,6 +325,19 @@ bool defer_window_if_grouped(ncclWindow_t* out, ncclWindow_t win) {
   return true;
 }
 
+// As NCCL's groupLaunch: the group's communicators in the order of their hashes (NCCL inserts
+// each into the group's list by commHash, ncclGroupCommJoin), each one's ops in call order. So
+// a group whose ranks name its communicators in different orders launches alike everywhere.
+void launch_order(std::vector<QueuedOp>* ops) {
+  auto hash_of = [](ncclComm_t comm) -> size_t {
+    const Comm* c = find_comm(comm);
+    return c ? std::hash<std::string>()(c->key) : 0;
+  };
+  std::stable_sort(ops->begin(), ops->end(), [&](const QueuedOp& a, const QueuedOp& b) {
+    return hash_of(a.comm) < hash_of(b.comm);
+  });
+}
+
 ncclResult_t group_finish(bool simulate, std::string* summary) {
   std::vector<Comm*> inits;
   std::vector<QueuedOp> ops;
@@ -360,6 +376,7 @@ ncclResult_t group_finish(bool simulate, std::string* summary) {
     if (c->parent == nullptr && env_is_1("FAKE_NCCL_INNER_THREAD")) start_inner_thread(c);
   if (!async.empty() && result == ncclSuccess) result = ncclInProgress;
 
+  launch_order(&ops);
   int launched = 0, simulated = 0;
   for (const QueuedOp& op : ops) {
     if (simulate) {

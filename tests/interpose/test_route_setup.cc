@@ -799,6 +799,32 @@ void expect_each_process_gathered(const RunResult& r, long long routed) {
 // pairs each pushed, 300 us a wait). In or out of place, several rounds on new buffers. The
 // order is read from the debug log (how many pairs fall back depends on how the machine
 // schedules the two processes).
+// A group over two communicators whose ranks name them in opposite orders, both all-gathers on
+// one stream (NCCL completes it: it launches a group's communicators in the order of their
+// hashes). Issued in program order, each rank's stream would wait for the other's flags of the
+// op it holds second, for ever; the group's end orders them by the communicators' keys.
+void expect_two_comms_routed(const std::string& order_of_rank1) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "twocomms", "r1:DRV_TWO_ORDER=" + order_of_rank1},
+                          route_env(chan, rdv, unique_id_text()), s);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "two.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "two.data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "two.ag_ce"), 2) << "both all-gathers on the route";
+    EXPECT_EQ(rnum(r, k, "two.destroy"), 1);
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+  }
+  EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
+}
+
+TEST(RouteSetup, GroupOverTwoCommsInTheSameOrderOnEveryRank) { expect_two_comms_routed("same"); }
+
+TEST(RouteSetup, GroupOverTwoCommsInOppositeOrdersPerRankCompletes) {
+  expect_two_comms_routed("reverse");
+}
+
 TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
   for (const char* in_place : {"0", "1"}) {
     SCOPED_TRACE(std::string("in place ") + in_place);

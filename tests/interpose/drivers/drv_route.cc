@@ -51,6 +51,11 @@
 //             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
 //             reports as r<K>.child.*; the parent all-gathers again.
 //   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
+//   twocomms  basic's init twice (two instances of one unique id), then one group with an
+//             all-gather on each communicator, both on one stream, each with a pattern of its
+//             own: the first communicator's first, or with DRV_TWO_ORDER=reverse the second's
+//             (rK: for one rank, as an application may name them in any order); prints two.rc,
+//             two.data_ok, then destroys both.
 //   cycles    DRV_CYCLES (default 100) times: basic's init (the same unique id every time, as
 //             NCCL_COMM_ID gives), one all-gather, destroy. Prints the process's resources
 //             (open fds, threads, resident KiB, the fake driver's live objects, pool_bytes)
@@ -652,6 +657,33 @@ void rank_basic(int rank, int nranks) {
   cuda_live("end");
 }
 
+void rank_two_comms(int rank, int nranks) {
+  ncclComm_t first = init_world(rank, nranks);
+  ncclComm_t second = first ? init_world(rank, nranks) : nullptr;
+  if (second == nullptr) return;
+  const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
+  Gather a(rank, nranks, bytes, g_device), b(rank, nranks, bytes, g_device);
+  constexpr int kSecondPattern = 5;  // b's pattern differs from a's, so a swap shows
+  b.fill(kSecondPattern);
+  auto gather_a = [&] { return a.issue(first); };
+  auto gather_b = [&] {
+    return ncclAllGather(b.sent(), b.recv.data(), bytes, ncclUint8, second,
+                         reinterpret_cast<cudaStream_t>(a.stream));
+  };
+  const bool reverse = env_str("DRV_TWO_ORDER", "") == "reverse";
+  ncclGroupStart();
+  ncclResult_t rc = reverse ? gather_b() : gather_a();
+  const ncclResult_t rc2 = reverse ? gather_a() : gather_b();
+  if (rc == ncclSuccess) rc = rc2;
+  const ncclResult_t end = ncclGroupEnd();
+  if (rc == ncclSuccess) rc = end;
+  if (a.stream) cuStreamSynchronize(a.stream);
+  out("two.rc", rc);
+  out("two.data_ok", a.data_ok() && b.data_ok(kSecondPattern));
+  stats("two");
+  out("two.destroy", ncclCommDestroy(first) == ncclSuccess && ncclCommDestroy(second) == ncclSuccess);
+}
+
 // A split's or shrink's child: its rank and size, stats after `made_by`, one all-gather on it,
 // its destroy.
 void use_child(ncclComm_t child, const char* made_by) {
@@ -877,6 +909,8 @@ int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
         rank_hang(rank, nranks);
       else if (scenario == "cycles")
         rank_cycles(rank, nranks);
+      else if (scenario == "twocomms")
+        rank_two_comms(rank, nranks);
       else if (scenario == "grouped") {  // this process drives DRV_LOCAL_RANKS ranks
         const int local = static_cast<int>(env_long("DRV_LOCAL_RANKS", 2));
         grouped_ranks(rank * local, local, nranks * local);
