@@ -792,13 +792,6 @@ void expect_each_process_gathered(const RunResult& r, long long routed) {
   }
 }
 
-// Every op goes through the exchange, posted and claimed for both of a process's ranks before
-// either waits for a later rank of the other process. One rank at a time, rank 0 waited for
-// rank 3's claim while the other process's thread waited in rank 2 for rank 1's, which came
-// only after rank 0's wait ran out: the pairs fell back to "later does both" (4xH100: 5 of 109
-// pairs each pushed, 300 us a wait). In or out of place, several rounds on new buffers. The
-// order is read from the debug log (how many pairs fall back depends on how the machine
-// schedules the two processes).
 // A group over two communicators whose ranks name them in opposite orders, both all-gathers on
 // one stream (NCCL completes it: it launches a group's communicators in the order of their
 // hashes). Issued in program order, each rank's stream would wait for the other's flags of the
@@ -825,6 +818,13 @@ TEST(RouteSetup, GroupOverTwoCommsInOppositeOrdersPerRankCompletes) {
   expect_two_comms_routed("reverse");
 }
 
+// Every op goes through the exchange, posted and claimed for both of a process's ranks before
+// either waits for a later rank of the other process. One rank at a time, rank 0 waited for
+// rank 3's claim while the other process's thread waited in rank 2 for rank 1's, which came
+// only after rank 0's wait ran out: the pairs fell back to "later does both" (4xH100: 5 of 109
+// pairs each pushed, 300 us a wait). In or out of place, several rounds on new buffers. The
+// order is read from the debug log (how many pairs fall back depends on how the machine
+// schedules the two processes).
 TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
   for (const char* in_place : {"0", "1"}) {
     SCOPED_TRACE(std::string("in place ") + in_place);
