@@ -19,6 +19,7 @@ CaptureLife::~CaptureLife() {
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;
   ScopedDevice on(device_);
+  stage_.reset();
   imports_.reset();
   if (registered_) {
     cu->cuMemHostUnregister(registered_);
@@ -30,8 +31,10 @@ CaptureLife::~CaptureLife() {
 
 void CaptureLife::hand_over(std::unique_ptr<Channel> channel, void* registered,
                             size_t registered_bytes, std::unique_ptr<PeerImports> imports,
-                            std::unique_ptr<OpExchange> ops) {
+                            std::unique_ptr<OpExchange> ops,
+                            std::unique_ptr<StageBuffer> stage) {
   ops_owned_ = std::move(ops);
+  stage_ = std::move(stage);
   channel_owned_ = std::move(channel);
   registered_ = registered;
   registered_bytes_ = registered_bytes;

@@ -67,11 +67,13 @@ class CaptureLife {
   Channel& channel() { return *channel_; }
   int device() const { return device_; }
 
-  // The route's teardown: what graphs may still address, freed with the last reference — the
+  // The route's teardown: what graphs (and the route's own streams, parked_routes.h) may still
+  // address, freed with the last reference — the
   // op exchange too, which owns the blocks' bookkeeping (`blocks` points into it): a graph
   // destroyed after its communicator still drops its references there.
   void hand_over(std::unique_ptr<Channel> channel, void* registered, size_t registered_bytes,
-                 std::unique_ptr<PeerImports> imports, std::unique_ptr<OpExchange> ops);
+                 std::unique_ptr<PeerImports> imports, std::unique_ptr<OpExchange> ops,
+                 std::unique_ptr<StageBuffer> stage);
 
   // Holds alive (their graphs exist).
   void add(GraphHold* h);
@@ -94,6 +96,7 @@ class CaptureLife {
   void* registered_ = nullptr;
   size_t registered_bytes_ = 0;
   std::unique_ptr<PeerImports> imports_;
+  std::unique_ptr<StageBuffer> stage_;  // the route's eager stage (captured ops hold their own)
 };
 
 struct GraphHold {

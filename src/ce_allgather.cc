@@ -12,6 +12,7 @@
 #include "local_aliases.h"
 #include "log.h"
 #include "pair_wait.h"
+#include "parked_routes.h"
 #include "route_setup.h"
 #include "stats.h"
 
@@ -472,13 +473,13 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   const CudaDriver* cu = cuda_driver();
   *result = ncclSuccess;
   x.lock = std::unique_lock<std::mutex>(st.issue_mu);
-  if (!x.capturing) collect_gone_graphs();
+  if (!x.capturing) {
+    collect_gone_graphs();
+    collect_drained_routes();
+  }
   check_captured_replays(st);
   // A peer's poison too: its waits may have been released, and this op must not pair with them.
-  if (route_peer_poison(st) != ncclSuccess) {
-    int none = ncclSuccess;
-    st.poisoned.compare_exchange_strong(none, ncclRemoteError);
-  }
+  if (route_peer_poison(st) != ncclSuccess) route_poison(st, ncclRemoteError);
   if (int p = st.poisoned.load(); p != ncclSuccess) {
     *result = static_cast<ncclResult_t>(p);
     return false;

@@ -120,7 +120,7 @@ void forget_children(ncclComm_t parent) {
     }
     g_have_children.store(!g_children.empty(), std::memory_order_release);
   }
-  for (auto& st : dropped) route_teardown(*st, /*aborting=*/true);
+  for (auto& st : dropped) route_teardown(*st);
 }
 
 }  // namespace zc

@@ -71,7 +71,7 @@ void finish_create(const std::shared_ptr<CommState>& st, ncclComm_t comm, ncclRe
     joins.erase(
         std::remove_if(joins.begin(), joins.end(), [&st](const auto& j) { return j.first == st; }),
         joins.end());
-    route_teardown(*st, /*aborting=*/true);  // nothing of ours ran on it
+    route_teardown(*st);  // nothing of ours ran on it
     return;
   }
   if (r == ncclInProgress) st->nonblocking = true;

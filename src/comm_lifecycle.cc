@@ -1,6 +1,9 @@
 // A communicator's life: creation by ncclCommInitRank* (the CTA policy, and the route's join
 // before NCCL's init can complete), readiness (ncclCommGetAsyncError: the freeze of a
 // non-blocking comm, peers' poison), the application's windows, and the teardown paths.
+#include <unistd.h>
+
+#include <mutex>
 #include <vector>
 
 #include "ce_allgather.h"
@@ -9,12 +12,27 @@
 #include "comm_state.h"
 #include "cuda_driver.h"
 #include "group_state.h"
+#include "log.h"
+#include "parked_routes.h"
 #include "route_setup.h"
 #include "shim_entry.h"
 #include "stats.h"
 
 namespace zc {
 namespace {
+
+// How long an abort waits for a thread issuing on the same communicator: that thread's route
+// work sees the poison within microseconds, so a second means it is held in a driver call.
+constexpr int kAbortLockWaitMs = 1000;
+
+// Takes `lock` if it comes free within `ms`, polling (a std::mutex has no timed wait).
+bool lock_within(std::unique_lock<std::mutex>& lock, int ms) {
+  for (int waited_us = 0; waited_us < ms * 1000; waited_us += 200) {
+    if (lock.try_lock()) return true;
+    usleep(200);
+  }
+  return lock.try_lock();
+}
 
 // A communicator made from unique ids. Its rank and size are the call's arguments (NCCL fills
 // its own fields in only when the init completes, at a group's end); its device is the
@@ -53,7 +71,7 @@ void release_route(ncclComm_t comm, bool remove, ncclResult_t r) {
   if (remove) forget_children(comm);
   if (!st) return;
   std::lock_guard<std::mutex> lock(st->issue_mu);
-  route_teardown(*st, /*aborting=*/false);
+  route_teardown(*st);
 }
 
 }  // namespace
@@ -111,31 +129,31 @@ ZC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 // Abort must never wait on our work: release our device-side waits, let NCCL abort, then
-// free what is ours.
+// free what is ours — or what no stream of ours still uses (route_teardown never waits).
 ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   ZC_PROLOGUE(e, ncclCommAbort, (comm));
   auto st = comm_remove(comm);
   forget_children(comm);
-  if (st) {
-    route_poison(*st, ncclRemoteError);
-    route_release_waits(*st);
-  }
+  if (st) route_poison(*st, ncclRemoteError);  // and releases every wait, ours and the peers'
   ncclResult_t r = e.real->ncclCommAbort(comm);
   if (st) {
-    // Our waits are released and the comm is poisoned, so an issuing thread finishes soon;
-    // wait for it before freeing what it uses.
-    std::lock_guard<std::mutex> lock(st->issue_mu);
-    route_teardown(*st, /*aborting=*/true);
+    // Poisoned, an op another thread is issuing ends at its next check; one held in a driver
+    // call may not: its state is then left as it is (the process's to reclaim at exit) rather
+    // than freed under it or waited for.
+    std::unique_lock<std::mutex> issuing(st->issue_mu, std::defer_lock);
+    if (lock_within(issuing, kAbortLockWaitMs))
+      route_teardown(*st);
+    else
+      ZC_INFO("route: rank %d: aborted while another thread issues on it; its route's memory "
+              "stays until exit",
+              st->rank);
   }
   return r;
 }
 
 ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   ZC_PROLOGUE(e, ncclCommRevoke, (comm, revokeFlags));
-  if (auto st = comm_lookup(comm)) {
-    route_poison(*st, ncclRemoteError);
-    route_release_waits(*st);
-  }
+  if (auto st = comm_lookup(comm)) route_poison(*st, ncclRemoteError);  // releases every wait
   return e.real->ncclCommRevoke(comm, revokeFlags);
 }
 
@@ -200,6 +218,7 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   ncclResult_t r = e.real->ncclCommGetAsyncError(comm, asyncError);
   if (r != ncclSuccess || asyncError == nullptr || *asyncError != ncclSuccess) return r;
   adopt_children(comm, comm);
+  release_parked_flags();
   if (auto st = comm_lookup(comm)) {
     freeze_when_ready(*st, /*on_app_thread=*/false);
     settle_pending_windows(*st);
@@ -208,8 +227,12 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
       int none = ncclSuccess;
       st->poisoned.compare_exchange_strong(none, ncclRemoteError);
     }
-    if (int p = st->poisoned.load(std::memory_order_relaxed))
+    if (int p = st->poisoned.load(std::memory_order_relaxed)) {
       *asyncError = static_cast<ncclResult_t>(p);
+      // Again at every poll: a stream's queued write of an older op number may have overwritten
+      // the release (host stores only, as this may be the watchdog's thread).
+      route_release_waits(*st);
+    }
   }
   return r;
 }

@@ -56,7 +56,7 @@ ncclResult_t group_end(const RealNccl& real) {
     if (r == ncclSuccess)
       freeze_when_ready(*st, /*on_app_thread=*/true);
     else if (r != ncclInProgress)
-      route_teardown(*st, /*aborting=*/true);  // NCCL's init failed: nothing of ours ran
+      route_teardown(*st);  // NCCL's init failed: nothing of ours ran
   if (ops.empty()) return r;
   // The deferred ops, inside one NCCL group of their own: a thread that drives several
   // communicators must group the calls of those that go to NCCL.

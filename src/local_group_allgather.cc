@@ -287,8 +287,9 @@ ncclResult_t issue_exchange_set(const std::vector<PendingOp>& ops, const Exchang
                                         reinterpret_cast<CUstream>(a.stream), false));
     ncclResult_t r;
     if (routed[i]->begin(&r)) continue;
-    note(routed[i]->to_nccl() ? a.forward() : r);
-    routed[i].reset();
+    const bool to_nccl = routed[i]->to_nccl();
+    routed[i].reset();  // its communicator's issue lock goes before NCCL gets the op
+    note(to_nccl ? a.forward() : r);
   }
   for (size_t i = 0; i < set.ops.size(); ++i) {
     if (!routed[i]) continue;

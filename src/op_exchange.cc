@@ -17,7 +17,7 @@ namespace zc {
 //   blocks   the captured ops' flag blocks (capture_blocks.h)
 struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
-  std::atomic<uint64_t> verdict[kOpRing];  // (seq << 2) | OpVerdict, by the first to arrive
+  std::atomic<uint64_t> verdict[kOpRing];  // (seq << 2) | OpVerdict, by the first to decide
   std::atomic<uint64_t> finished[kOpRanks];
 };
 
@@ -137,28 +137,29 @@ void OpExchange::post(uint32_t rank, const OpPost& mine) {
   p->seq.store(mine.seq, std::memory_order_release);
 }
 
+OpVerdict OpExchange::decide(const OpPost& mine) {
+  std::atomic<uint64_t>& word = shared_->verdict[slot_of(mine.seq)];
+  const OpVerdict proposed = mine.reach != 0 ? OpVerdict::kRoute : OpVerdict::kNccl;
+  uint64_t v = word.load(std::memory_order_acquire);
+  // A word still holding an older op of this slot is undecided for this one.
+  while ((v >> 2) != mine.seq)
+    if (word.compare_exchange_weak(v, mine.seq << 2 | static_cast<uint64_t>(proposed),
+                                   std::memory_order_acq_rel))
+      return proposed;
+  return static_cast<OpVerdict>(v & 3);
+}
+
 Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
   const uint32_t slot = slot_of(mine.seq);
   const uint64_t me = uint64_t{1} << rank;
   const uint64_t all = nranks_ >= 64 ? ~uint64_t{0} : (uint64_t{1} << nranks_) - 1;
   Arrival a;
   a.seq = mine.seq;
+  a.verdict = decide(mine);
   a.before = shared_->arrival[slot].fetch_or(me, std::memory_order_acq_rel);
   // The last to arrive clears the word for the slot's next op: everyone has read it by now, and
   // nobody posts there again before every rank finished this op (ring_free).
   if ((a.before | me) == all) shared_->arrival[slot].store(0, std::memory_order_release);
-  if (a.before == 0) {
-    a.verdict = mine.reach != 0 ? OpVerdict::kRoute : OpVerdict::kNccl;
-    shared_->verdict[slot].store(mine.seq << 2 | static_cast<uint64_t>(a.verdict),
-                                 std::memory_order_release);
-  } else {
-    // The first rank stores the verdict right after its own arrival, with nothing in between
-    // that could wait: this spin is over in nanoseconds.
-    uint64_t v;
-    while (((v = shared_->verdict[slot].load(std::memory_order_acquire)) >> 2) != mine.seq) {
-    }
-    a.verdict = static_cast<OpVerdict>(v & 3);
-  }
   for (uint32_t r = 0; r < nranks_; ++r) {
     if (!(a.before >> r & 1)) continue;
     const SharedPost* p = post_at(shared_, r, mine.seq);
@@ -224,6 +225,13 @@ uint32_t* OpExchange::flags_begin() {
 }
 
 size_t OpExchange::flag_count() const { return flag_words(nranks_); }
+
+void OpExchange::release_all(uint64_t seq) {
+  const uint32_t ahead = static_cast<uint32_t>(seq) + (1u << 30);
+  uint32_t* flags = flags_begin();
+  for (size_t i = 0; i < flag_count(); ++i) __atomic_store_n(flags + i, ahead, __ATOMIC_RELEASE);
+  blocks_.release_all();
+}
 
 uint32_t* OpExchange::ready_flag(uint32_t rank, uint64_t seq) {
   return flags_begin() + size_t{rank} * kOpRing + slot_of(seq);

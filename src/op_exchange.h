@@ -20,8 +20,11 @@
 //            earlier's chunk into its own), since it alone knows both buffers; the earlier one
 //            only announces its buffers ready and waits until the later one is done with them.
 //   verdict  whether op `seq` takes the copy engines or goes to NCCL on every rank. The first
-//            rank to arrive decides it from its own post (route, if its buffers can be reached;
-//            else NCCL) and every later rank follows: a per-op choice, taken once for all.
+//            rank to reach the slot's verdict word decides it from its own post (route, if its
+//            buffers can be reached; else NCCL) with one compare-and-swap, just before it
+//            arrives, and every other rank follows: a per-op choice, taken once for all. (The
+//            decider may arrive after a rank that followed it: arrival order only settles the
+//            pairs, and a rank whose buffers no peer reaches is staged whatever its place.)
 //            Captured ops are decided alike; their post also names the poster's flag block
 //            (capture_blocks.h), since a graph cannot replay the ring's counting flags.
 //   pair     how a pair of ranks moves its two chunks, settled once per op by a compare-and-swap
@@ -146,6 +149,12 @@ class OpExchange {
   template <typename GiveUp>
   bool arrive(uint32_t rank, const OpPost& mine, Arrival* out, OpPost* earlier, GiveUp give_up);
 
+  // The op's verdict: this rank's proposal if it is the first to decide (one compare-and-swap
+  // on the slot's word), else the one decided. arrive() decides just before it joins; public so
+  // that a test can stop a rank between the two. Never waits: no rank ever waits for another
+  // rank's decision, so a rank that dies or stops anywhere in its arrival holds nobody.
+  OpVerdict decide(const OpPost& mine);
+
   // This rank has finished reading the posts of op `seq` (its slot may be reused).
   void finish(uint32_t rank, uint64_t seq);
 
@@ -167,6 +176,10 @@ class OpExchange {
   // Every flag, for release: [flags_begin, flags_begin + flag_count).
   uint32_t* flags_begin();
   size_t flag_count() const;
+  // Releases every wait of every rank on this exchange with plain host stores, no CUDA call:
+  // each flag moved far ahead of `seq` (flags compare as wrapping counters, and no rank runs
+  // more than kOpRing ops ahead of another), and the captured ops' blocks released for good.
+  void release_all(uint64_t seq);
 
   // The flag blocks of captured ops, after the rest of the region.
   CaptureBlocks& blocks() { return blocks_; }

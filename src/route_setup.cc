@@ -14,6 +14,7 @@
 #include "local_aliases.h"
 #include "log.h"
 #include "nvml_links.h"
+#include "parked_routes.h"
 #include "process_info.h"
 #include "real_nccl.h"
 #include "stats.h"
@@ -123,46 +124,40 @@ void say_join_failure(const char* why) {
             why);
 }
 
-// Every wait of every rank is on a flag in the shared region, for an op at most kOpRing ahead
-// of any rank's count: moving every flag far ahead (flags compare as wrapping counters)
-// releases them all, ours and the peers', with plain host stores and no CUDA call.
-// Captured ops wait on their blocks' words, which the release half frees for good.
 void release_flags(CeComm& ce) {
-  if (!ce.ops) return;
-  const uint32_t ahead = static_cast<uint32_t>(ce.seq) + (1u << 30);
-  uint32_t* flags = ce.ops->flags_begin();
-  for (size_t i = 0; i < ce.ops->flag_count(); ++i)
-    __atomic_store_n(flags + i, ahead, __ATOMIC_RELEASE);
-  ce.ops->blocks().release_all();
+  if (ce.ops) ce.ops->release_all(ce.seq);
 }
 
 // Communicators of this process with route state (joined, committed or not).
 std::atomic<int> g_route_comms{0};
 
-// Frees what the route holds on this rank; the caller made sure no stream of ours runs. The
-// process's exports of allocations its application freed go too — a communicator may end
-// before its periodic sweep ever ran — and all of them with the last communicator.
-// Graphs of captured ops that may outlive the communicator keep the channel, the registration
-// and the imports (captured_ops.h): they are handed over and freed with the last graph.
+// Frees what the route holds on this rank, or parks it while work queued on its streams may
+// still address it (parked_routes.h): nothing here waits for a stream. The process's exports of
+// allocations its application freed go too — a communicator may end before its periodic sweep
+// ever ran — and all of them with the last communicator. Graphs of captured ops that may outlive
+// the communicator keep the channel, the registration and the imports (captured_ops.h): they are
+// handed over and freed with the last graph.
 void release_route(CommState& st) {
   const CudaDriver* cu = cuda_driver();
   if (!st.ce || !cu) return;
   CeComm& ce = *st.ce;
   ScopedDevice on(st.device);
-  ce.stage.reset();
-  for (CUstream* set : {ce.streams, ce.capture_streams})
-    for (int k = 1; k < kDirectStreams; ++k)
-      if (set[k]) cu->cuStreamDestroy(set[k]);
-  for (CUevent* set : {ce.events, ce.capture_events})
-    for (int e = 0; e < kDirectEvents; ++e)
-      if (set[e]) cu->cuEventDestroy(set[e]), set[e] = nullptr;
-  if (ce.nccl_tail) cu->cuEventDestroy(ce.nccl_tail), ce.nccl_tail = nullptr;
+  OpExchange* ops = ce.ops.get();
   // One release path: a communicator never prepared has no graphs, so its life ends here.
   std::shared_ptr<CaptureLife> life =
       ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
   life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
-                  std::move(ce.imports), std::move(ce.ops));
-  life.reset();
+                  std::move(ce.imports), std::move(ce.ops), std::move(ce.stage));
+  static_assert(kDirectEvents >= kDirectStreams, "an event of the route's own per stream");
+  free_when_drained(std::move(life), ce.streams, ce.events, kDirectStreams, st.device, ops, ce.seq);
+  // Destroying a stream or an event does not wait for its work.
+  for (CUstream* set : {ce.streams, ce.capture_streams})
+    for (int k = 1; k < kDirectStreams; ++k)
+      if (set[k]) cu->cuStreamDestroy(set[k]), set[k] = nullptr;
+  for (CUevent* set : {ce.events, ce.capture_events})
+    for (int e = 0; e < kDirectEvents; ++e)
+      if (set[e]) cu->cuEventDestroy(set[e]), set[e] = nullptr;
+  if (ce.nccl_tail) cu->cuEventDestroy(ce.nccl_tail), ce.nccl_tail = nullptr;
   st.ce.reset();
   if (g_route_comms.fetch_sub(1) == 1)
     withdraw_all_exports();
@@ -286,63 +281,89 @@ void route_settle(CommState& st) {
   st.channel.reset();
 }
 
-ncclResult_t route_prepare(CommState& st) {
-  std::lock_guard<std::mutex> lock(st.route_mu);
-  if (int p = st.poisoned.load()) return static_cast<ncclResult_t>(p);
-  CeComm* ce = st.ce.get();
-  const CudaDriver* cu = cuda_driver();
-  if (!ce || !cu || !ce->ops || st.route.load() != RouteState::kCommitted) return ncclInternalError;
-  if (ce->prepared) return ncclSuccess;
-  // PyTorch captures in global mode, where these calls would invalidate the capture.
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  cu->cuThreadExchangeStreamCaptureMode(&mode);
-  ScopedDevice on(st.device);
-  const char* why = on.ok() ? nullptr : "cannot make the communicator's device current";
+namespace {
+
+// Who must reach this rank's buffers, and peer access to the GPUs of the peers in this process:
+// nullptr, or why not. NCCL numbered the ranks (a split by key, then parent rank); agree() must
+// have done the same.
+const char* reach_needs(CommState& st, CeComm& ce, const CudaDriver& cu) {
   const int32_t me = static_cast<int32_t>(getpid());
-  // NCCL numbered the ranks (a split by key, then parent rank); agree() must have done the same.
   if (st.rank < 0 || st.rank >= static_cast<int>(st.members.size()))
-    why = "this rank is not among the agreed members";
-  else if (const MemberFacts& mine = st.members[static_cast<size_t>(st.rank)];
-           !why && (mine.join_index != ce->join_index || mine.pid != me))
-    why = "the agreed rank order differs from NCCL's";
-  ce->needs = ReachNeeds{};
-  for (int p = 0; p < st.nranks && !why; ++p) {
+    return "this rank is not among the agreed members";
+  if (const MemberFacts& mine = st.members[static_cast<size_t>(st.rank)];
+      mine.join_index != ce.join_index || mine.pid != me)
+    return "the agreed rank order differs from NCCL's";
+  ce.needs = ReachNeeds{};
+  for (int p = 0; p < st.nranks; ++p) {
     const MemberFacts& m = st.members[static_cast<size_t>(p)];
     if (p == st.rank) continue;
     if (m.pid != me) {
-      ce->needs.by_extents = true;
+      ce.needs.by_extents = true;
       continue;
     }
-    const int ord = local_ordinal_of(*cu, m.uuid);
-    ce->needs.by_pointer = true;
-    ce->needs.peer_devices[ce->needs.npeer_devices++] = ord;
-    if (ord < 0 || !enable_peer_access(*cu, st.device, ord))
-      why = "could not enable peer access to a GPU of this process";
+    const int ord = local_ordinal_of(cu, m.uuid);
+    ce.needs.by_pointer = true;
+    ce.needs.peer_devices[ce.needs.npeer_devices++] = ord;
+    if (ord < 0 || !enable_peer_access(cu, st.device, ord))
+      return "could not enable peer access to a GPU of this process";
   }
-  for (int k = 1; k < kDirectStreams && !why; ++k)
-    if (cu->cuStreamCreate(&ce->streams[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-      why = "could not create the route's streams";
-  for (int e = 0; e < kDirectEvents && !why; ++e)
-    if (cu->cuEventCreate(&ce->events[e], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-      why = "could not create the route's events";
-  if (!why && cu->cuEventCreate(&ce->nccl_tail, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-    ce->nccl_tail = nullptr;
-    why = "could not create the route's events";
+  return nullptr;
+}
+
+// The route's streams and events: nullptr, or why not (what was made goes at the teardown).
+const char* make_streams(CeComm& ce, const CudaDriver& cu) {
+  for (int k = 1; k < kDirectStreams; ++k)
+    if (cu.cuStreamCreate(&ce.streams[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+      return "could not create the route's streams";
+  for (int e = 0; e < kDirectEvents; ++e)
+    if (cu.cuEventCreate(&ce.events[e], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      return "could not create the route's events";
+  if (cu.cuEventCreate(&ce.nccl_tail, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    ce.nccl_tail = nullptr;
+    return "could not create the route's events";
   }
-  cu->cuThreadExchangeStreamCaptureMode(&mode);
-  if (why) {
-    ZC_WARN("copy-engine route on rank %d failed to prepare: %s; the communicator is poisoned",
-            st.rank, why);
-    st.poisoned.store(ncclSystemError);
-    if (st.channel) st.channel->poison(ncclSystemError);
-    return ncclSystemError;
+  return nullptr;
+}
+
+// The prepare phase under st.route_mu, once committed: nullptr, or why it failed.
+const char* set_up_route(CommState& st, CeComm& ce, const CudaDriver& cu) {
+  // PyTorch captures in global mode, where these calls would invalidate the capture.
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  cu.cuThreadExchangeStreamCaptureMode(&mode);
+  ScopedDevice on(st.device);
+  const char* why = on.ok() ? reach_needs(st, ce, cu) : "cannot make the communicator's device current";
+  if (!why) why = make_streams(ce, cu);
+  cu.cuThreadExchangeStreamCaptureMode(&mode);
+  if (why) return why;
+  ce.imports.reset(new PeerImports(st.device));
+  ce.life = std::make_shared<CaptureLife>(st.channel.get(), &ce.ops->blocks(), st.device);
+  ce.peer_posts.resize(static_cast<size_t>(st.nranks));
+  ce.peer_blocks.resize(static_cast<size_t>(st.nranks));
+  ce.prepared = true;
+  return nullptr;
+}
+
+}  // namespace
+
+ncclResult_t route_prepare(CommState& st) {
+  const char* why = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(st.route_mu);
+    if (int p = st.poisoned.load()) return static_cast<ncclResult_t>(p);
+    CeComm* ce = st.ce.get();
+    const CudaDriver* cu = cuda_driver();
+    if (!ce || !cu || !ce->ops || st.route.load() != RouteState::kCommitted)
+      return ncclInternalError;
+    if (ce->prepared) return ncclSuccess;
+    why = set_up_route(st, *ce, *cu);
+    if (!why) return ncclSuccess;
   }
-  ce->imports.reset(new PeerImports(st.device));
-  ce->life = std::make_shared<CaptureLife>(st.channel.get(), &ce->ops->blocks(), st.device);
-  ce->peer_posts.resize(static_cast<size_t>(st.nranks));
-  ce->peer_blocks.resize(static_cast<size_t>(st.nranks));
-  ce->prepared = true;
-  return ncclSuccess;
+  // After commit a failure is the communicator's: poisoned here and, through the channel, for
+  // the peers, whose waits on this rank are released.
+  ZC_WARN("copy-engine route on rank %d failed to prepare: %s; the communicator is poisoned",
+          st.rank, why);
+  route_poison(st, ncclSystemError);
+  return ncclSystemError;
 }
 
 void route_poison(CommState& st, int code) {
@@ -383,7 +404,7 @@ void route_suspend_memory(CommState& st) {
           static_cast<unsigned long long>(held));
 }
 
-void route_teardown(CommState& st, bool aborting) {
+void route_teardown(CommState& st) {
   std::lock_guard<std::mutex> lock(st.route_mu);
   // The default mode holds nothing here: no driver call is made for it.
   if (!st.ce && !st.side_stream) {
@@ -393,8 +414,7 @@ void route_teardown(CommState& st, bool aborting) {
   const CudaDriver* cu = cuda_driver();
   if (cu && st.side_stream) {  // the legacy-stream detour of NCCL-CE-capable ops (wrappers)
     ScopedDevice dev(st.device);
-    if (!aborting) cu->cuStreamSynchronize(st.side_stream);
-    cu->cuStreamDestroy(st.side_stream);
+    cu->cuStreamDestroy(st.side_stream);  // its queued NCCL ops run on; they address nothing ours
     for (CUevent& e : st.side_events)
       if (e) cu->cuEventDestroy(e), e = nullptr;
     st.side_stream = nullptr;
@@ -402,12 +422,6 @@ void route_teardown(CommState& st, bool aborting) {
   st.route.store(RouteState::kPassthrough);
   st.route_why = "the communicator is being torn down";
   if (CeComm* ce = st.ce.get(); ce && cu) {
-    // Our streams copy into and out of imported memory: they must be done before it is
-    // unmapped. After an abort every wait was released (route_release_waits), so what is left
-    // to run are copies, which end.
-    ScopedDevice dev(st.device);
-    for (int k = 1; k < kDirectStreams; ++k)
-      if (ce->streams[k]) cu->cuStreamSynchronize(ce->streams[k]);
     unwatch_flags(ce->ops.get());
     // Second mappings of this process's buffers (local group plans): the idle ones go, so that
     // none outlives the communicators that wrote through it.
@@ -416,6 +430,7 @@ void route_teardown(CommState& st, bool aborting) {
   release_route(st);
   st.channel.reset();
   collect_gone_graphs();
+  collect_drained_routes();
 }
 
 }  // namespace zc

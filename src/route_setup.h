@@ -10,7 +10,8 @@
 //   prepare  at the first routed all-gather, on the application's thread at group depth 0:
 //            peer access to the GPUs of peers in this process, the streams and events. A
 //            failure here poisons. (Each op then reaches its peers' buffers: ce_allgather.h.)
-//   teardown at Finalize/Destroy (drains first) or Abort (releases every device wait first).
+//   teardown at Finalize/Destroy, or Abort (releases every device wait first); never waits for a
+//            stream (parked_routes.h).
 // After commit, a failure poisons the communicator: the channel's poison word tells the peers,
 // and ncclCommGetAsyncError answers ncclRemoteError on every rank.
 #pragma once
@@ -77,7 +78,10 @@ void route_release_waits(CommState& st);
 // and the process's exports; later ops make them again.
 void route_suspend_memory(CommState& st);
 
-// Frees everything of the route: drains first unless `aborting`.
-void route_teardown(CommState& st, bool aborting);
+// Frees everything of the route, without waiting for any stream: what work still queued on the
+// route's streams addresses is freed once it has run (parked_routes.h). After an abort or a
+// poison every wait of that work is released, so it runs unless the application's own stream,
+// whose events it waits for, never drains.
+void route_teardown(CommState& st);
 
 }  // namespace zc

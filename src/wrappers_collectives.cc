@@ -60,7 +60,7 @@ ncclResult_t on_side_stream(CommState& st, cudaStream_t user, Fn fn) {
   ncclResult_t r = fn(reinterpret_cast<cudaStream_t>(st.side_stream));
   if (cu->cuEventRecord(st.side_events[1], st.side_stream) != CUDA_SUCCESS ||
       cu->cuStreamWaitEvent(u, st.side_events[1], 0) != CUDA_SUCCESS) {
-    st.poisoned.store(ncclUnhandledCudaError);
+    route_poison(st, ncclUnhandledCudaError);  // tells the peers too, if the comm routes
     return ncclUnhandledCudaError;
   }
   return r;
@@ -80,9 +80,12 @@ bool nccl_ce_capable(const std::shared_ptr<CommState>& st, const void* buff) {
 }
 
 // Whether the detour applies: NCCL's CE path, the legacy stream, an NCCL with the bug, and
-// no group (inside one, NCCL launches the op later on streams zerocta cannot see).
+// no group (inside one, NCCL launches the op later on streams zerocta cannot see; a group's end
+// runs the deferred ops inside an NCCL group of its own).
 bool needs_detour(bool nccl_ce, cudaStream_t stream) {
-  return nccl_ce && is_legacy_stream(stream) && group_state().depth == 0 && legacy_stream_bug();
+  const GroupState& g = group_state();
+  return nccl_ce && is_legacy_stream(stream) && g.depth == 0 && !g.running_deferred &&
+         legacy_stream_bug();
 }
 
 // Before any collective: the comm's record, settled (comm_create.h), and its poison, if any

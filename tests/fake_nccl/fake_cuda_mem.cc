@@ -588,7 +588,9 @@ CUresult cuEventDestroy(CUevent event) {
   return done(what, CUDA_SUCCESS);
 }
 
-// Work on fake streams runs when it is issued: every event a stream recorded has passed.
+// Work on fake streams runs when it is issued: every event a stream recorded has passed, unless
+// FAKE_CUDA_BUSY_EVENTS=1 (read at each call) makes every event answer "not ready", as events
+// behind a kernel that never ends do.
 CUresult cuEventQuery(CUevent event) {
   std::string what = "cuEventQuery event=" + event_name(event);
   FAKE_CUDA_ENTRY("cuEventQuery", what, CUDA_ERROR_UNKNOWN);
@@ -597,7 +599,9 @@ CUresult cuEventQuery(CUevent event) {
     std::lock_guard<std::mutex> lock(g_mu);
     known = events().count(event) != 0;
   }
-  return done(what, known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+  if (!known) return done(what, CUDA_ERROR_INVALID_HANDLE);
+  const char* busy = getenv("FAKE_CUDA_BUSY_EVENTS");
+  return done(what, busy && strcmp(busy, "1") == 0 ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
 }
 
 // Recorded on a capturing stream, the event marks a point of that capture: a stream that waits

@@ -792,6 +792,30 @@ void expect_each_process_gathered(const RunResult& r, long long routed) {
   }
 }
 
+// An abort never waits for the route's streams: they may sit behind the application's stream,
+// and that behind a kernel that never ends (another communicator's collective whose peer is
+// gone). Here the streams never drain and a synchronization takes 5 s: the abort returns at
+// once, and what the streams address (the channel's registered flags) stays until they have
+// drained — freed at the next communicator's teardown.
+TEST(RouteSetup, AbortNeverWaitsForTheRoutesStreams) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic"},
+      with(route_env(chan, rdv, unique_id_text()),
+           {{"DRV_END", "abort_busy"}, {"DRV_SECOND_WORLD", "1"}, {"DRV_TIMEOUT_S", "30"}}),
+      s);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "world.abort"), 0);
+    EXPECT_LT(rnum(r, k, "world.abort_ms"), 1000) << "the abort waited for a stream";
+    EXPECT_EQ(rnum(r, k, "world.parked_hostreg"), 1) << "freed under streams still running";
+    EXPECT_EQ(rnum(r, k, "again.data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "end.live_hostreg"), 0) << "parked for good";
+  }
+}
+
 // A group over two communicators whose ranks name them in opposite orders, both all-gathers on
 // one stream (NCCL completes it: it launches a group's communicators in the order of their
 // hashes). Issued in program order, each rank's stream would wait for the other's flags of the
@@ -874,6 +898,28 @@ TEST(RouteSetup, ProcessesOfSeveralRanksForwardWhatNoPeerReaches) {
     EXPECT_EQ(r.num(k + "ag.ag_pass"), 4) << r.describe();
   }
   EXPECT_FALSE(any_contains(r.err_lines(), "comm order on rank")) << r.describe();
+}
+
+// The same with the buffers in symmetric windows on the legacy stream, where NCCL 2.28 would
+// fail its CE path and the op goes to NCCL through a side stream (wrappers_collectives.cc).
+// Forwarded while the exchange set's op still held its communicator's issue lock, the detour
+// took that lock again and the process hung; and inside the group end's NCCL group no detour
+// applies (NCCL launches the op only at that group's end).
+TEST(RouteSetup, ProcessesOfSeveralRanksForwardWindowOpsOnTheLegacyStream) {
+  Scratch s, chan, rdv;
+  RunResult r = run_processes_of_two_ranks(s, chan, rdv,
+                                           {{"DRV_AG_ROUNDS", "2"},
+                                            {"DRV_AG_MEM", "host"},
+                                            {"DRV_AG_WINDOWS", "1"},
+                                            {"DRV_AG_LEGACY_STREAM", "1"},
+                                            {"DRV_TIMEOUT_S", "10"}});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  for (int p = 0; p < 2; ++p) {
+    const std::string k = "r" + std::to_string(p) + ".";
+    EXPECT_EQ(r.num(k + "exit"), 0) << r.describe();
+    EXPECT_EQ(r.num(k + "ag.ag_ce"), 0) << r.describe();
+    EXPECT_EQ(r.num(k + "ag.ag_pass") + r.num(k + "ag.ag_nccl_ce"), 4) << r.describe();
+  }
 }
 
 // The same layout on cuMem memory each rank opened to its own device only (PyTorch's expandable

@@ -85,6 +85,25 @@ TEST(OpExchange, TheFirstToArriveDecidesForEveryone) {
   EXPECT_EQ(a1.verdict, OpVerdict::kNccl);
 }
 
+// A rank that decided an op and stopped before it arrived (killed, or held by its scheduler)
+// holds nobody: the others follow its verdict at once. The verdict used to be stored by the
+// first rank right after its arrival, and a later rank spun for it with no way out.
+TEST(OpExchange, ARankStoppedBetweenDecidingAndArrivingHoldsNobody) {
+  Region r(2);
+  OpExchange x(r.base, 2);
+  std::vector<OpPost> earlier(2);
+  EXPECT_EQ(x.decide(post(1, false)), OpVerdict::kNccl);  // rank 0 stops right here
+  Arrival a1;
+  ASSERT_TRUE(x.arrive(1, post(1), &a1, earlier.data(), never));
+  EXPECT_EQ(a1.before, 0u) << "rank 0 never arrived";
+  EXPECT_EQ(a1.verdict, OpVerdict::kNccl) << "rank 0's verdict holds for everyone";
+  // The decider's own later arrival follows its verdict too.
+  Arrival a0;
+  ASSERT_TRUE(x.arrive(0, post(1, false), &a0, earlier.data(), never));
+  EXPECT_EQ(a0.verdict, OpVerdict::kNccl);
+  EXPECT_EQ(a0.before, 0b10u);
+}
+
 // A captured op is decided like an eager one (the route when the first rank's buffers can be
 // reached); captured on one rank and eager on another at the same position is a mismatch.
 TEST(OpExchange, ACapturedOpTakesTheRouteAndMeetingAnEagerOneIsAMismatch) {

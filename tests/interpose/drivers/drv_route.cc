@@ -26,7 +26,9 @@
 //             thread|none (non-blocking: who polls until ready), DRV_EARLY_DESTROY=1 (a
 //             ncclCommDestroy before the first poll), an all-gather of DRV_AG_BYTES per rank
 //             (default 4096; DRV_AG_GROUP=1 inside a group; DRV_AG=0: none), DRV_END=destroy|
-//             finalize|abort|kill|none, DRV_KILL_AFTER_INIT_MS (kill itself that long after
+//             finalize|abort|abort_busy|kill|none (abort_busy: the route's streams never drain,
+//             and abort.* says how long the abort took and what stayed registered),
+//             DRV_KILL_AFTER_INIT_MS (kill itself that long after
 //             the init), DRV_SLEEP_BEFORE_INIT_MS / DRV_SLEEP_AFTER_INIT_MS, DRV_LIST_CHANNEL=1
 //             (prints the channel directory's names just before its own init),
 //             DRV_SLEEP_BEFORE_AG_MS, DRV_AG_REPEAT=N (N all-gathers on the same buffers;
@@ -40,6 +42,8 @@
 //             same all-reduce inside a group of its own; =3: inside the all-gather's group, a
 //             group of both),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them),
+//             DRV_SECOND_WORLD=1 (after DRV_END, another communicator: init, an all-gather as
+//             again.*, destroy),
 //             DRV_SUSPEND=1 (then ncclCommSuspend(NCCL_SUSPEND_MEM), ncclCommResume and an
 //             all-gather "after": suspend_and_resume()).
 
@@ -213,6 +217,8 @@ void stats(const std::string& tag) {
       static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_ce].calls));
   out(tag + ".ag_pass",
       static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_passthrough].calls));
+  out(tag + ".ag_nccl_ce",
+      static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_nccl_ce].calls));
   out(tag + ".created", static_cast<long long>(s.comms_created));
   out(tag + ".ce_ready", static_cast<long long>(s.comms_ce_ready));
   out(tag + ".pool_bytes", static_cast<long long>(s.pool_bytes));
@@ -331,9 +337,17 @@ struct Gather {
     uint8_t* out = sent();
     for (size_t i = 0; i < send.size(); ++i) out[i] = pattern(rank, i, replay);
   }
-  ncclResult_t issue(ncclComm_t c) {
+  // `legacy`: on the legacy default stream rather than the buffers' own.
+  ncclResult_t issue(ncclComm_t c, bool legacy = false) {
     return ncclAllGather(sent(), recv.data(), send.size(), ncclUint8, c,
-                         reinterpret_cast<cudaStream_t>(stream));
+                         legacy ? nullptr : reinterpret_cast<cudaStream_t>(stream));
+  }
+  // Both buffers as symmetric windows of `c` (NCCL may run the op on its own CE path); the
+  // handles go with the communicator.
+  void register_windows(ncclComm_t c) {
+    ncclWindow_t w = nullptr;
+    out("winreg", ncclCommWindowRegister(c, send.data(), send.size(), &w, NCCL_WIN_COLL_SYMMETRIC));
+    out("winreg", ncclCommWindowRegister(c, recv.data(), recv.size(), &w, NCCL_WIN_COLL_SYMMETRIC));
   }
   int data_ok(int replay = -1) const {
     const size_t bytes = send.size();
@@ -617,6 +631,19 @@ void end_comm(ncclComm_t c, const std::string& tag) {
     out(tag + ".destroy", ncclCommDestroy(c));
   } else if (how == "abort") {
     out(tag + ".abort", ncclCommAbort(c));
+  } else if (how == "abort_busy") {
+    // As if the route's streams sat behind a kernel that never ends: their events never pass,
+    // and a stream synchronization would take 5 s.
+    setenv("FAKE_CUDA_BUSY_EVENTS", "1", 1);
+    setenv("FAKE_CUDA_DELAY", "cuStreamSynchronize:5000,cuCtxSynchronize:5000", 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    out(tag + ".abort", ncclCommAbort(c));
+    out(tag + ".abort_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count());
+    out(tag + ".parked_hostreg", fake_cuda_live("hostreg"));
+    unsetenv("FAKE_CUDA_BUSY_EVENTS");
+    unsetenv("FAKE_CUDA_DELAY");
   } else if (how == "kill") {
     kill(getpid(), SIGKILL);
   }
@@ -653,6 +680,12 @@ void rank_basic(int rank, int nranks) {
   }
   if (env_long("DRV_SUSPEND", 0) == 1) suspend_and_resume(c, rank, nranks);
   end_comm(c, "world");
+  if (env_long("DRV_SECOND_WORLD", 0) == 1) {  // another communicator, made and destroyed
+    ncclComm_t again = init_world(rank, nranks);
+    if (again == nullptr) return;
+    all_gather("again", again, rank, nranks);
+    out("again.destroy", ncclCommDestroy(again));
+  }
   report("end");
   cuda_live("end");
 }
@@ -1033,6 +1066,8 @@ int default_log() {
 // One thread creates ranks `first` .. `first + local - 1` of a communicator of `n` ranks in one
 // group (the rest, if any, in other processes), then all-gathers on all of them in another group
 // (the multi-GPU-per-process pattern), or with DRV_AG_UNGROUPED=1 one by one, outside any group.
+// DRV_AG_WINDOWS=1: each op's buffers registered as symmetric windows first (NCCL may take its
+// CE path); DRV_AG_LEGACY_STREAM=1: the ops on the legacy default stream.
 // DRV_AG_OWN_ACCESS=1: each buffer readable by its own device only (cuMem memory whose access
 // the application did not grant the peers; else every device of this process). DRV_AG_GROUP_OPS=2:
 // two all-gathers per rank in the group, each rank's both in turn. Each key is printed once per
@@ -1060,6 +1095,8 @@ int grouped_ranks(int first, int local, int n) {
     const bool own = env_long("DRV_AG_OWN_ACCESS", 0) == 1;
     const bool twice = env_long("DRV_AG_GROUP_OPS", 1) == 2;
     const bool grouped = env_long("DRV_AG_UNGROUPED", 0) != 1;
+    const bool windows = env_long("DRV_AG_WINDOWS", 0) == 1;
+    const bool legacy = env_long("DRV_AG_LEGACY_STREAM", 0) == 1;
     std::vector<int> here;
     for (int i = 0; i < local; ++i) here.push_back(first + i);
     std::vector<std::unique_ptr<Gather>> g, h;
@@ -1072,12 +1109,14 @@ int grouped_ranks(int first, int local, int n) {
     // Across processes (fake streams run at issue, a flag wait does not hold them): every
     // process's buffers are filled before any pushes into them, and every process has issued
     // before any checks what landed.
+    for (int i = 0; i < local && windows; ++i)
+      g[static_cast<size_t>(i)]->register_windows(c[static_cast<size_t>(i)]);
     if (g_barrier) barrier_of_ranks();
     if (grouped) ncclGroupStart();
     for (int i = 0; i < local; ++i) {
       make_current(first + i);
       const std::string r = std::to_string(first + i);
-      out("ag" + r, g[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
+      out("ag" + r, g[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)], legacy));
       if (twice) out("ag" + r + "b", h[static_cast<size_t>(i)]->issue(c[static_cast<size_t>(i)]));
     }
     if (grouped) out("ag.end", ncclGroupEnd());
