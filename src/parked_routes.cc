@@ -39,8 +39,8 @@ void destroy_events(const CudaDriver& cu, Parked* p) {
 
 }  // namespace
 
-void free_when_drained(std::shared_ptr<CaptureLife> life, const CUstream* streams,
-                       CUevent* events, int n, int device, OpExchange* ops, uint64_t seq) {
+void free_when_drained(std::shared_ptr<CaptureLife> life, const CUstream* streams, CUevent* events,
+                       int n, int device, OpExchange* ops, uint64_t seq) {
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;
   Parked p{std::move(life), {}, device, ops, seq};
@@ -58,9 +58,10 @@ void free_when_drained(std::shared_ptr<CaptureLife> life, const CUstream* stream
     return;  // p.life goes here, and with its last reference what it holds
   }
   if (unknown) p.drained.push_back(nullptr);
-  ZC_INFO("route: dev %d: the route's streams still hold queued work at its teardown; what they "
-          "address stays mapped until it has run (its waits are released)",
-          device);
+  ZC_INFO(
+      "route: dev %d: the route's streams still hold queued work at its teardown; what they "
+      "address stays mapped until it has run (its waits are released)",
+      device);
   std::lock_guard<std::mutex> lock(g_mu);
   g_parked->push_back(std::move(p));
 }

@@ -66,8 +66,10 @@ struct Gather {
     std::vector<uint8_t> got(chunk * kRanks);
     ZG_CUDA(cudaMemcpy(got.data(), recv, got.size(), cudaMemcpyDeviceToHost));
     for (int q = 0; q < kRanks; ++q)
-      if (size_t d = first_difference(got.data() + q * chunk, inputs[q].data(), chunk); d != SIZE_MAX)
-        fail(what + ": wrong data from rank " + std::to_string(q) + " at byte " + std::to_string(d));
+      if (size_t d = first_difference(got.data() + q * chunk, inputs[q].data(), chunk);
+          d != SIZE_MAX)
+        fail(what + ": wrong data from rank " + std::to_string(q) + " at byte " +
+             std::to_string(d));
   }
 };
 
@@ -182,21 +184,25 @@ int stuck_abort_rank(const RankContext& ctx) {
 // The shim's route for any size when it is preloaded; NCCL alone otherwise (the reference).
 void route_everything() { setenv("ZEROCTA_ALLGATHER", "zerocta", 1); }
 
+// A run's limit: ZCTEST_LIFECYCLE_TIMEOUT_S (default 120) — a hang is what these tests look for.
+RunOptions lifecycle_options() {
+  RunOptions options =
+      default_run_options(static_cast<int>(env_long("ZCTEST_LIFECYCLE_TIMEOUT_S", 120)));
+  options.num_ids = 2;
+  return options;
+}
+
 TEST(Lifecycle, GroupOverTwoCommsInOppositeOrdersCompletes) {
   ZG_REQUIRE_GPUS(kRanks);
   route_everything();
-  RunOptions options = default_run_options(120);
-  options.num_ids = 2;
-  RunResult result = run_ranks(kRanks, opposite_orders_rank, options);
+  RunResult result = run_ranks(kRanks, opposite_orders_rank, lifecycle_options());
   EXPECT_TRUE(result.ok()) << result.summary();
 }
 
 TEST(Lifecycle, AbortOfACommStuckBehindAnotherReturns) {
   ZG_REQUIRE_GPUS(kRanks);
   route_everything();
-  RunOptions options = default_run_options(120);
-  options.num_ids = 2;
-  RunResult result = run_ranks(kRanks, stuck_abort_rank, options);
+  RunResult result = run_ranks(kRanks, stuck_abort_rank, lifecycle_options());
   EXPECT_TRUE(result.ok()) << result.summary();
 }
 
