@@ -160,6 +160,10 @@ int stuck_abort_rank(const RankContext& ctx) {
   warm.expect_gathered("warm-up");
   float* one = nullptr;
   ZG_CUDA(cudaMalloc(&one, sizeof(float)));
+  // B's first op sets up its connections, which needs both ranks: done here, so that rank 0's
+  // later all-reduce on B is enqueued and then waits on the device, not in NCCL's host code.
+  ZG_NCCL(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, b, stream));
+  wait_stream(stream, "warm-up all-reduce");
   say("lifecycle stuck-abort rank=%d phase=warm\n", ctx.rank);
   barrier();
   const bool shim = shim_get_stats() != nullptr;
