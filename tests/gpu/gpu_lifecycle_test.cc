@@ -9,11 +9,11 @@
 //       communicators in the order of their hashes; the route orders them by their keys).
 //   Lifecycle.AbortOfACommStuckBehindAnotherReturns
 //       rank 0's stream holds an all-reduce of communicator B that rank 1 never joins, then a
-//       routed all-gather of A; rank 1 issues that all-gather too. With the library,
-//       ncclCommAbort(A) on rank 0 returns within a second although the route's streams wait
-//       behind B's kernel; rank 1 sees the poison, aborts A, and its stream drains; B's abort (a
-//       watchdog's, 5 s in) then drains rank 0's stream. NCCL alone prints how long its abort of
-//       A took there, the reference.
+//       routed all-gather of A; rank 1 issues that all-gather too. NCCL 2.28's own abort of A
+//       waits there until B's kernel ends (a watchdog aborts B 5 s in), with or without the
+//       library; the route adds nothing to that wait although its streams sit behind B's kernel
+//       too, and it releases rank 1: rank 1 sees the poison, aborts A within a second, and its
+//       stream drains. NCCL alone prints the reference times.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -187,7 +187,10 @@ int stuck_abort_rank(const RankContext& ctx) {
     const bool drained = drains_within(stream, kDrainBoundS);
     say("lifecycle stuck-abort rank=0 drained=%d\n", drained);
     barrier();  // rank 1 has aborted A and drained
-    if (shim && took > kAbortBoundS) fail("ncclCommAbort(A) took " + std::to_string(took) + " s");
+    // NCCL 2.28's own abort of A waits for B's kernel (alone too: 4.7 s of the 5): the route must
+    // add nothing to it.
+    if (shim && took > kStuckForMs / 1000.0 + kAbortBoundS)
+      fail("ncclCommAbort(A) took " + std::to_string(took) + " s");
     if (!drained) fail("the stream did not drain after both aborts");
   } else {
     ZG_NCCL(stuck.issue(a, stream));

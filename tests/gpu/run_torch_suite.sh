@@ -48,6 +48,7 @@ dump_stacks_later() {
 
 run_mode() {
   local mode=$1
+  shift
   local -a env_mode=()
   if [[ $mode == shim ]]; then
     read -r -a extra <<<"${ZCTEST_TORCH_SHIM_ENV:-}"
