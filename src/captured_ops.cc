@@ -41,6 +41,11 @@ void CaptureLife::hand_over(std::unique_ptr<Channel> channel, void* registered,
   imports_ = std::move(imports);
 }
 
+bool CaptureLife::holds_graphs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !live_.empty();
+}
+
 void CaptureLife::add(GraphHold* h) {
   std::lock_guard<std::mutex> lock(mu_);
   live_.insert(h);

@@ -75,6 +75,8 @@ class CaptureLife {
                  std::unique_ptr<PeerImports> imports, std::unique_ptr<OpExchange> ops,
                  std::unique_ptr<StageBuffer> stage);
 
+  // Whether a graph of captured ops still holds one of the communicator's ops.
+  bool holds_graphs();
   // Holds alive (their graphs exist).
   void add(GraphHold* h);
   void remove(GraphHold* h);

@@ -480,6 +480,13 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   check_captured_replays(st);
   // A peer's poison too: its waits may have been released, and this op must not pair with them.
   if (route_peer_poison(st) != ncclSuccess) route_poison(st, ncclRemoteError);
+  // A peer that aborted never posts again: this op cannot pair (NCCL's would wait for ever).
+  if (st.ce && st.ce->ops && st.ce->ops->anyone_left()) {
+    int none = ncclSuccess;
+    if (st.poisoned.compare_exchange_strong(none, ncclRemoteError))
+      ZC_WARN("zero-copy all-gather on rank %d: a peer aborted the communicator; its ops fail",
+              st.rank);
+  }
   if (int p = st.poisoned.load(); p != ncclSuccess) {
     *result = static_cast<ncclResult_t>(p);
     return false;

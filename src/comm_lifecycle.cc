@@ -134,7 +134,7 @@ ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   ZC_PROLOGUE(e, ncclCommAbort, (comm));
   auto st = comm_remove(comm);
   forget_children(comm);
-  if (st) route_poison(*st, ncclRemoteError);  // and releases every wait, ours and the peers'
+  if (st) route_leave(*st);  // releases every wait, ours and the peers'
   ncclResult_t r = e.real->ncclCommAbort(comm);
   if (st) {
     // Poisoned, an op another thread is issuing ends at its next check; one held in a driver
@@ -153,7 +153,7 @@ ZC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 ZC_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   ZC_PROLOGUE(e, ncclCommRevoke, (comm, revokeFlags));
-  if (auto st = comm_lookup(comm)) route_poison(*st, ncclRemoteError);  // releases every wait
+  if (auto st = comm_lookup(comm)) route_leave(*st);  // releases every wait
   return e.real->ncclCommRevoke(comm, revokeFlags);
 }
 
@@ -223,7 +223,8 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
     freeze_when_ready(*st, /*on_app_thread=*/false);
     settle_pending_windows(*st);
     check_captured_replays(*st);
-    if (route_peer_poison(*st) != ncclSuccess) {
+    // A peer's poison, or a peer that left while this rank's routed ops still needed it.
+    if (route_peer_poison(*st) != ncclSuccess || route_peer_left(*st)) {
       int none = ncclSuccess;
       st->poisoned.compare_exchange_strong(none, ncclRemoteError);
     }

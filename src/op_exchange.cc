@@ -8,7 +8,7 @@
 namespace zc {
 
 // The region, laid out by rank count:
-//   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks]
+//   header   arrival[kOpRing], verdict[kOpRing], finished[kOpRanks], left[kOpRanks]
 //   posts    [nranks][kOpRing] of {seq word, OpPost}
 //   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
@@ -19,6 +19,7 @@ struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
   std::atomic<uint64_t> verdict[kOpRing];  // (seq << 2) | OpVerdict, by the first to decide
   std::atomic<uint64_t> finished[kOpRanks];
+  std::atomic<uint64_t> left[kOpRanks];  // (seq << 2) | kLeft | kLeftClean, once rank r aborted
 };
 
 namespace {
@@ -38,8 +39,10 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be 
 constexpr size_t kPage = 4096;
 
 size_t posts_offset() {
-  return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + kOpRanks) + 63) / 64 * 64;
+  return (sizeof(std::atomic<uint64_t>) * (2 * kOpRing + 2 * kOpRanks) + 63) / 64 * 64;
 }
+
+constexpr uint64_t kLeft = 1, kLeftClean = 2;
 size_t stages_offset(uint32_t nranks) {
   return posts_offset() + sizeof(SharedPost) * nranks * kOpRing;
 }
@@ -214,6 +217,26 @@ bool OpExchange::read_stage(uint32_t rank, uint64_t seq, OpStage* out) const {
   if (s->seq.load(std::memory_order_acquire) != seq) return false;
   memcpy(out, &s->body, sizeof(OpStage));
   return true;
+}
+
+void OpExchange::leave(uint32_t rank, uint64_t seq, bool clean) {
+  shared_->left[rank].store(seq << 2 | kLeft | (clean ? kLeftClean : 0), std::memory_order_release);
+}
+
+bool OpExchange::peer_left(uint32_t me) const {
+  const uint64_t my_seq = shared_->finished[me].load(std::memory_order_acquire);
+  for (uint32_t r = 0; r < nranks_; ++r) {
+    const uint64_t v = shared_->left[r].load(std::memory_order_acquire);
+    if (r == me || !(v & kLeft)) continue;
+    if (!(v & kLeftClean) || my_seq > v >> 2) return true;
+  }
+  return false;
+}
+
+bool OpExchange::anyone_left() const {
+  for (uint32_t r = 0; r < nranks_; ++r)
+    if (shared_->left[r].load(std::memory_order_acquire) & kLeft) return true;
+  return false;
 }
 
 void OpExchange::finish(uint32_t rank, uint64_t seq) {

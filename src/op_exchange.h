@@ -155,6 +155,18 @@ class OpExchange {
   // rank's decision, so a rank that dies or stops anywhere in its arrival holds nobody.
   OpVerdict decide(const OpPost& mine);
 
+  // `rank` aborted (or revoked) the communicator after posting op `seq`. `clean`: its streams
+  // had run everything of those ops, so every wait a peer has on it passed for real (the release
+  // that follows an abort lets the others pass too, without its copies).
+  void leave(uint32_t rank, uint64_t seq, bool clean);
+  // Whether a peer left so that the ops `me` arrived at cannot all be right: it left with work
+  // of its own still queued, or before it posted one of them. A peer that left cleanly after
+  // every op of this rank is no error for it: NCCL's abort is local too, and this rank's other
+  // ops (those NCCL runs) complete as they would without the route.
+  bool peer_left(uint32_t me) const;
+  // Whether any rank left: no later op can pair.
+  bool anyone_left() const;
+
   // This rank has finished reading the posts of op `seq` (its slot may be reused).
   void finish(uint32_t rank, uint64_t seq);
 

@@ -374,6 +374,35 @@ void route_poison(CommState& st, int code) {
   if (st.ce) release_flags(*st.ce);  // an op whose waits pass now reports the poison, not success
 }
 
+namespace {
+// Whether the route's own streams have run everything queued on them (and no graph of captured
+// ops may still replay one of its ops). Never waits.
+bool route_idle(const CeComm& ce) {
+  const CudaDriver* cu = cuda_driver();
+  if (!cu) return true;
+  if (ce.life && ce.life->holds_graphs()) return false;
+  for (int k = 1; k < kDirectStreams; ++k)
+    if (ce.streams[k] && cu->cuStreamQuery(ce.streams[k]) != CUDA_SUCCESS) return false;
+  return true;
+}
+}  // namespace
+
+void route_leave(CommState& st) {
+  int none = ncclSuccess;
+  st.poisoned.compare_exchange_strong(none, ncclRemoteError);
+  std::lock_guard<std::mutex> lock(st.route_mu);
+  if (!st.ce || !st.ce->ops) return;
+  ScopedDevice on(st.device);
+  st.ce->ops->leave(static_cast<uint32_t>(st.rank), st.ce->seq, route_idle(*st.ce));
+  release_flags(*st.ce);
+}
+
+bool route_peer_left(CommState& st) {
+  if (st.route.load(std::memory_order_acquire) != RouteState::kCommitted) return false;
+  std::lock_guard<std::mutex> lock(st.route_mu);
+  return st.ce && st.ce->ops && st.ce->ops->peer_left(static_cast<uint32_t>(st.rank));
+}
+
 int route_peer_poison(const CommState& st) {
   if (st.route.load(std::memory_order_acquire) != RouteState::kCommitted) return ncclSuccess;
   return st.channel && st.channel->poisoned() ? ncclRemoteError : ncclSuccess;

@@ -70,6 +70,14 @@ void route_poison(CommState& st, int code);
 // The poison a peer left in the channel, if any (ncclSuccess otherwise).
 int route_peer_poison(const CommState& st);
 
+// This rank aborts (or revokes) the communicator: it is over here, every wait on the channel's
+// flags is released, and the peers learn that it left — not a poison: NCCL's abort is local,
+// and a peer's ops that do not need this rank go on (OpExchange::leave).
+void route_leave(CommState& st);
+
+// Whether a peer left so that this rank's routed ops cannot all be right (OpExchange::peer_left).
+bool route_peer_left(CommState& st);
+
 // Releases every device-side wait of ours on this comm (abort, revoke, shrink-abort).
 void route_release_waits(CommState& st);
 

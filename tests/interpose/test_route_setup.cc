@@ -792,6 +792,24 @@ void expect_each_process_gathered(const RunResult& r, long long routed) {
   }
 }
 
+// A peer's abort is local, as NCCL's: PyTorch's test_abort_pg aborts rank 0 while rank 1's ops
+// that do not need rank 0 go on. Rank 0's route had run all it queued (clean), so rank 1's
+// all-reduce and its ncclCommGetAsyncError are NCCL's alone; an all-gather that would need rank 0
+// fails at once (NCCL's would wait for ever). Before, the abort poisoned the communicator on
+// every rank, and rank 1's all-reduce failed with ncclRemoteError.
+TEST(RouteSetup, APeersCleanAbortFailsNothingThatNeedsNotThePeer) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "peerabort"}, route_env(chan, rdv, unique_id_text()), s);
+  EXPECT_EQ(rnum(r, 0, "exit"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "exit"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 0, "ag.data_ok"), 1) << r.describe();
+  EXPECT_EQ(rnum(r, 0, "peer.abort"), 0);
+  EXPECT_EQ(rnum(r, 1, "peer.async"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "peer.ar_rc"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "peer.async_after_ar"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "peer.ag_rc"), 6) << r.describe();  // ncclRemoteError
+}
+
 // An abort never waits for the route's streams: they may sit behind the application's stream,
 // and that behind a kernel that never ends (another communicator's collective whose peer is
 // gone). Here the streams never drain and a synchronization takes 5 s: the abort returns at

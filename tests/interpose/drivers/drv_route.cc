@@ -55,6 +55,8 @@
 //             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
 //             reports as r<K>.child.*; the parent all-gathers again.
 //   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
+//   peerabort basic's init and all-gather, then rank 0 aborts and rank 1 polls, all-reduces and
+//             all-gathers (peer.*: see rank_peer_abort).
 //   twocomms  basic's init twice (two instances of one unique id), then one group with an
 //             all-gather on each communicator, both on one stream, each with a pattern of its
 //             own: the first communicator's first, or with DRV_TWO_ORDER=reverse the second's
@@ -690,6 +692,35 @@ void rank_basic(int rank, int nranks) {
   cuda_live("end");
 }
 
+// A peer's abort, as PyTorch's test_abort_pg makes one: both ranks all-gather on the route,
+// then rank 0 aborts while rank 1 goes on with an op NCCL runs (an all-reduce) and then asks
+// for an all-gather. Prints peer.async (rank 1's ncclCommGetAsyncError after rank 0's abort),
+// peer.ar_rc, peer.async_after_ar, peer.ag_rc; rank 0 prints peer.abort.
+void rank_peer_abort(int rank, int nranks) {
+  ncclComm_t c = init_world(rank, nranks);
+  if (c == nullptr) return;
+  all_gather("ag", c, rank, nranks);
+  barrier_of_ranks();
+  if (rank == 0) {
+    out("peer.abort", ncclCommAbort(c));
+    barrier_of_ranks();
+    return;
+  }
+  barrier_of_ranks();  // rank 0 has aborted
+  auto async_error = [&] {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
+    return poll != ncclSuccess ? poll : state;
+  };
+  out("peer.async", async_error());
+  Gather g(rank, nranks, 4096, g_device);
+  out("peer.ar_rc", ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
+                                  reinterpret_cast<cudaStream_t>(g.stream)));
+  out("peer.async_after_ar", async_error());
+  out("peer.ag_rc", g.issue(c));
+  out("peer.abort", ncclCommAbort(c));
+}
+
 void rank_two_comms(int rank, int nranks) {
   ncclComm_t first = init_world(rank, nranks);
   ncclComm_t second = first ? init_world(rank, nranks) : nullptr;
@@ -944,6 +975,8 @@ int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
         rank_cycles(rank, nranks);
       else if (scenario == "twocomms")
         rank_two_comms(rank, nranks);
+      else if (scenario == "peerabort")
+        rank_peer_abort(rank, nranks);
       else if (scenario == "grouped") {  // this process drives DRV_LOCAL_RANKS ranks
         const int local = static_cast<int>(env_long("DRV_LOCAL_RANKS", 2));
         grouped_ranks(rank * local, local, nranks * local);
