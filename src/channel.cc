@@ -22,7 +22,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f6368616eull;  // "zerochan"
 // Bumped whenever the segment's layout changes: ranks of different versions then pass through.
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 // A child's channel has one slot per parent rank; parents beyond this size never route here.
 constexpr uint32_t kMaxCapacity = 1u << 16;
 

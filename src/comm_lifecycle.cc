@@ -204,10 +204,7 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
     freeze_when_ready(*st, /*on_app_thread=*/false);
     settle_pending_windows(*st);
     check_captured_replays(*st);
-    if (route_peer_poison(*st) != ncclSuccess) {
-      int none = ncclSuccess;
-      st->poisoned.compare_exchange_strong(none, ncclRemoteError);
-    }
+    route_adopt_peer_poison(*st);
     if (int p = st->poisoned.load(std::memory_order_relaxed))
       *asyncError = static_cast<ncclResult_t>(p);
   }
