@@ -4,6 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <memory>
 #include <optional>
 
@@ -25,6 +26,8 @@ constexpr uint64_t kHeldBudget = uint64_t{16} << 30;
 // Every this many ops, exports of allocations the application freed are withdrawn, and (offset
 // by half) the peers are asked which of the allocations imported from them they still export.
 constexpr uint64_t kSweepEvery = 64;
+// Room for the reason of a mismatch with its numbers (the WARN line's; longer is cut).
+constexpr size_t kMismatchDetailChars = 256;
 
 // [addr, addr + bytes) described for the peers in other processes, and reached by those in
 // this process through a second mapping of its cuMem allocations open to their GPUs (memory
@@ -39,10 +42,10 @@ bool described_with_alias(const CudaDriver& cu, uint64_t addr, uint64_t bytes,
          local_alias(cu, addr, bytes, needs.peer_devices, needs.npeer_devices, &out->local_addr);
 }
 
-// Fills my post for op `seq`. reach stays 0 where a peer that needs my buffers could not reach
-// them.
+// Fills my post for op `seq`, `chain` the communicator's call chain before it. reach stays 0
+// where a peer that needs my buffers could not reach them.
 void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDataType_t type,
-              uint64_t chunk, bool capturing, OpPost* p) {
+              uint64_t chunk, bool capturing, ChainPoint chain, OpPost* p) {
   CeComm& ce = *st.ce;
   p->clear();
   p->seq = ce.seq;
@@ -50,6 +53,8 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   p->count = count;
   p->datatype = type;
   p->pid = static_cast<int32_t>(getpid());
+  p->calls = chain.calls;
+  p->chain = chain.hash;
   const CudaDriver& cu = *cuda_driver();
   const uint64_t total = chunk * static_cast<uint64_t>(st.nranks);
   // The receive buffer first: an in-place op's send chunk lies in it (FSDP2's all-gathers),
@@ -343,6 +348,23 @@ ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char
   return code;
 }
 
+// Why the ranks disagree on op `a.seq`, with the numbers of a call-chain difference written
+// into `buf` (the exchange's reasons are static text).
+const char* mismatch_detail(const Arrival& a, const OpPost& mine, const OpPost* earlier, char* buf,
+                            size_t len) {
+  const OpPost& peer = earlier[a.mismatch_rank];
+  if (peer.seq != mine.seq || (peer.calls == mine.calls && peer.chain == mine.chain))
+    return a.mismatch;
+  snprintf(buf, len,
+           "%s: collective calls before op %llu: %llu on this rank (chain %016llx), %llu on rank "
+           "%u (chain %016llx)",
+           a.mismatch, static_cast<unsigned long long>(a.seq),
+           static_cast<unsigned long long>(mine.calls), static_cast<unsigned long long>(mine.chain),
+           static_cast<unsigned long long>(peer.calls), a.mismatch_rank,
+           static_cast<unsigned long long>(peer.chain));
+  return buf;
+}
+
 // The thread's capture mode relaxed for a scope, when `on`.
 class RelaxedCapture {
  public:
@@ -424,9 +446,9 @@ class FinishPosts {
 
 struct RoutedAllGather::State {
   State(CommState& s, const void* send, void* recv, size_t count, ncclDataType_t type,
-        uint64_t bytes_per_rank, CUstream strm, bool capt)
+        uint64_t bytes_per_rank, CUstream strm, bool capt, ChainPoint at)
       : st(s), sendbuff(send), recvbuff(recv), sendcount(count), datatype(type),
-        chunk(bytes_per_rank), stream(strm), capturing(capt) {}
+        chunk(bytes_per_rank), stream(strm), capturing(capt), chain(at) {}
   ~State() {
     if (hold) graph_gone(hold.release());  // an op that fails before its graph holds it never runs
   }
@@ -444,6 +466,7 @@ struct RoutedAllGather::State {
   uint64_t chunk;
   CUstream stream;
   bool capturing;
+  ChainPoint chain;
   // Held from begin() to the end: the communicator's ops are issued one at a time.
   std::unique_lock<std::mutex> lock;
   bool to_nccl = false;
@@ -458,10 +481,10 @@ struct RoutedAllGather::State {
 };
 
 RoutedAllGather::RoutedAllGather(CommState& st, const void* sendbuff, void* recvbuff,
-                                 size_t sendcount, ncclDataType_t datatype,
-                                 uint64_t bytes_per_rank, CUstream stream, bool capturing)
-    : s_(new State(st, sendbuff, recvbuff, sendcount, datatype, bytes_per_rank, stream,
-                   capturing)) {}
+                                 size_t sendcount, ncclDataType_t datatype, uint64_t bytes_per_rank,
+                                 CUstream stream, bool capturing, ChainPoint chain)
+    : s_(new State(st, sendbuff, recvbuff, sendcount, datatype, bytes_per_rank, stream, capturing,
+                   chain)) {}
 
 RoutedAllGather::~RoutedAllGather() = default;
 
@@ -479,7 +502,7 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   }
   check_captured_replays(st);
   // A peer's poison too: its waits may have been released, and this op must not pair with them.
-  if (route_peer_poison(st) != ncclSuccess) route_poison(st, ncclRemoteError);
+  route_adopt_peer_poison(st);
   // A peer that aborted never posts again: this op cannot pair (NCCL's would wait for ever).
   if (st.ce && st.ce->ops && st.ce->ops->anyone_left()) {
     int none = ncclSuccess;
@@ -528,7 +551,8 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   if (!x.capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
   // Peers' memory their owners freed goes while none of this rank's copies run (peer_memory.h).
   if (!x.capturing) ce->imports->release_while_idle(*cu, kHeldBudget);
-  post_for(st, x.sendbuff, x.recvbuff, x.sendcount, x.datatype, x.chunk, x.capturing, &x.mine);
+  post_for(st, x.sendbuff, x.recvbuff, x.sendcount, x.datatype, x.chunk, x.capturing, x.chain,
+           &x.mine);
   x.lap(&x.host.post);
   const uint32_t me = static_cast<uint32_t>(st.rank);
   auto give_up = [&](uint32_t spins) {
@@ -543,7 +567,9 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   x.finish.emplace(*ce->ops, me, x.a.seq);
   x.lap(&x.host.arrive);
   if (*x.a.mismatch) {
-    *result = fail(st, ncclInvalidUsage, "ranks disagree on the op", x.a.mismatch);
+    char detail[kMismatchDetailChars];
+    *result = fail(st, ncclInvalidUsage, "ranks disagree on the op",
+                   mismatch_detail(x.a, x.mine, ce->peer_posts.data(), detail, sizeof detail));
     return false;
   }
   if (x.a.verdict == OpVerdict::kNccl) {
@@ -646,8 +672,8 @@ ncclResult_t RoutedAllGather::complete() {
 
 ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
                           ncclDataType_t datatype, uint64_t chunk, CUstream stream, bool capturing,
-                          bool* to_nccl) {
-  RoutedAllGather op(st, sendbuff, recvbuff, sendcount, datatype, chunk, stream, capturing);
+                          ChainPoint chain, bool* to_nccl) {
+  RoutedAllGather op(st, sendbuff, recvbuff, sendcount, datatype, chunk, stream, capturing, chain);
   ncclResult_t r;
   if (op.begin(&r)) r = op.complete();
   *to_nccl = op.to_nccl();

@@ -15,10 +15,12 @@ namespace zc {
 // first rank to arrive decided so, sets *to_nccl: the caller then forwards the op to NCCL, as
 // every rank does. `capturing`: the stream is being captured into a CUDA graph: the op is
 // captured on the route (captured_ops.h); one rank capturing where another runs eagerly is an
-// error. Any failure after the post poisons the communicator and returns the error.
+// error. `chain`: the communicator's call chain before the op, taken when the application
+// called it (call_chain.h); ranks whose chains differ fail the op. Any failure after the post
+// poisons the communicator and returns the error.
 ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
                           ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream,
-                          bool capturing, bool* to_nccl);
+                          bool capturing, ChainPoint chain, bool* to_nccl);
 
 // The same op in two steps, so that a thread that drives several ranks of a communicator whose
 // other ranks are in other processes posts and claims for all of its ranks before any of them
@@ -27,8 +29,8 @@ ncclResult_t ce_allgather(CommState& st, const void* sendbuff, void* recvbuff, s
 class RoutedAllGather {
  public:
   RoutedAllGather(CommState& st, const void* sendbuff, void* recvbuff, size_t sendcount,
-                  ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream,
-                  bool capturing);
+                  ncclDataType_t datatype, uint64_t bytes_per_rank, CUstream stream, bool capturing,
+                  ChainPoint chain);
   ~RoutedAllGather();
   // Posts, arrives, stages if it must, and settles the pairs in which this rank arrived later;
   // waits for no peer. false: the op is over — *result holds its error, or ncclSuccess with

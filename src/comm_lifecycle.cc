@@ -223,8 +223,9 @@ ZC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
     freeze_when_ready(*st, /*on_app_thread=*/false);
     settle_pending_windows(*st);
     check_captured_replays(*st);
-    // A peer's poison, or a peer that left while this rank's routed ops still needed it.
-    if (route_peer_poison(*st) != ncclSuccess || route_peer_left(*st)) {
+    route_adopt_peer_poison(*st);
+    // A peer that left (aborted) while this rank's routed ops still needed it.
+    if (route_peer_left(*st)) {
       int none = ncclSuccess;
       st->poisoned.compare_exchange_strong(none, ncclRemoteError);
     }

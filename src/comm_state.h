@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "call_chain.h"
 #include "captured_ops.h"
 #include "channel.h"
 #include "comm_key.h"
@@ -109,6 +110,10 @@ struct CommState {
   // Serialises issuing on this comm (NCCL forbids concurrent use of one comm anyway; this
   // only protects our own state against misuse) and the teardown.
   std::mutex issue_mu;
+  // The collectives NCCL accepted on it, in call order (call_chain.h): kept where the route may
+  // be taken, and carried by each routed all-gather's post so that ranks that drifted apart
+  // fail instead of pairing different ops.
+  CallChain chain;
   // First error after a route was fixed: the communicator is poisoned and every later call
   // returns it, as NCCL does with an asynchronous error.
   std::atomic<int> poisoned{ncclSuccess};

@@ -30,6 +30,7 @@ struct GroupedAllGather {
   ncclDataType_t datatype = ncclInt8;
   cudaStream_t stream = nullptr;
   uint64_t total = 0;  // output bytes
+  ChainPoint chain;    // the communicator's call chain before it, at the call (call_chain.h)
   // Hands it to NCCL as called (where the first rank to arrive said so).
   std::function<ncclResult_t()> forward;
 };
@@ -58,6 +59,9 @@ struct GroupState {
   // Communicators with a committed route whose ops the group forwarded to NCCL, each with the
   // stream of its last one: ordered around NCCL's outermost end (comm_order.h).
   std::vector<std::pair<std::shared_ptr<CommState>, cudaStream_t>> ordered_forwards;
+  // Each communicator's call chain before the group's first call on it (call_chain.h): a
+  // simulated end launches nothing, and ranks may simulate alone, so it rewinds them.
+  std::vector<std::pair<std::shared_ptr<CommState>, ChainPoint>> chain_marks;
 };
 
 GroupState& group_state();  // this thread's

@@ -65,6 +65,10 @@ const char* compare_posts(const OpPost& mine, const OpPost& peer) {
     return "one rank captured an all-gather into a CUDA graph where another ran it eagerly";
   if (peer.count != mine.count || peer.datatype != mine.datatype)
     return "ranks issued all-gathers of different counts or datatypes at the same position";
+  // Checked last: a drift that also changed the op's mode, count or datatype is named by those.
+  if (peer.calls != mine.calls || peer.chain != mine.chain)
+    return "the ranks' collective calls on this communicator differ (a rank skipped or added an "
+           "op)";
   return "";
 }
 
@@ -112,6 +116,7 @@ void OpPost::clear() {
   count = 0;
   datatype = 0;
   pid = 0;
+  calls = chain = 0;
   block = CaptureRef{};
   send.clear();
   recv.clear();
@@ -166,12 +171,15 @@ Arrival OpExchange::join(uint32_t rank, const OpPost& mine, OpPost* earlier) {
   for (uint32_t r = 0; r < nranks_; ++r) {
     if (!(a.before >> r & 1)) continue;
     const SharedPost* p = post_at(shared_, r, mine.seq);
-    if (p->seq.load(std::memory_order_acquire) != mine.seq) {
-      a.mismatch = "a peer arrived without its post";
-      continue;
+    const char* why = "a peer arrived without its post";
+    if (p->seq.load(std::memory_order_acquire) == mine.seq) {
+      copy_post(&earlier[r], p->body);
+      why = compare_posts(mine, earlier[r]);
     }
-    copy_post(&earlier[r], p->body);
-    if (const char* why = compare_posts(mine, earlier[r]); *why && !*a.mismatch) a.mismatch = why;
+    if (*why && !*a.mismatch) {
+      a.mismatch = why;
+      a.mismatch_rank = r;
+    }
   }
   return a;
 }

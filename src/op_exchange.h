@@ -11,9 +11,10 @@
 //            requires every rank to issue a communicator's collectives in the same order).
 //   slot     seq % kOpRing: where op `seq` is posted; reused kOpRing ops later, once every
 //            rank has finished with it (`finished`).
-//   post     what a rank publishes for its op: mode, count, datatype, its buffers (addresses
-//            for peers in its process, exported extents for the others), whether they can be
-//            reached at all. Complete before the rank arrives.
+//   post     what a rank publishes for its op: mode, count, datatype, its communicator's call
+//            chain before the op (call_chain.h), its buffers (addresses for peers in its
+//            process, exported extents for the others), whether they can be reached at all.
+//            Complete before the rank arrives.
 //   arrival  one word per slot: the set of ranks that arrived at op `seq`. A rank arriving
 //            learns the set that arrived before it, atomically. Of every pair, the one that
 //            arrived later issues both copies (its own chunk into the earlier's buffer and the
@@ -111,6 +112,9 @@ struct OpPost {
   uint64_t count = 0;
   int32_t datatype = 0;
   int32_t pid = 0;
+  // The communicator's call chain before this op (call_chain.h): posts of one seq whose chains
+  // differ come from ranks that drifted apart, whatever their counts.
+  uint64_t calls = 0, chain = 0;
   CaptureRef block;  // captured ops: the poster's flag block (capture_blocks.h)
   OpBuffer send, recv;
   // Back to a fresh post without touching the extent arrays (OpPost{} would write all 32 KiB).
@@ -125,9 +129,11 @@ struct Arrival {
   uint64_t seq = 0;
   uint64_t before = 0;  // ranks that arrived earlier (bit r = rank r)
   OpVerdict verdict = OpVerdict::kNccl;
-  // Empty when the posts agree; else why not (a mode, count or datatype differs: the ranks
-  // issue different ops, which must poison the communicator).
+  // Empty when the posts agree; else why not (a mode, count, datatype or call chain differs:
+  // the ranks issue different ops, which must poison the communicator), and the first earlier
+  // rank whose post differs (its post is in `earlier`, unless it arrived without one).
   const char* mismatch = "";
+  uint32_t mismatch_rank = 0;
 };
 
 class OpExchange {

@@ -408,6 +408,21 @@ int route_peer_poison(const CommState& st) {
   return st.channel && st.channel->poisoned() ? ncclRemoteError : ncclSuccess;
 }
 
+int route_adopt_peer_poison(CommState& st) {
+  const int peer = route_peer_poison(st);
+  if (peer == ncclSuccess) return peer;
+  int none = ncclSuccess;
+  if (st.poisoned.compare_exchange_strong(none, peer)) {
+    LogDeviceScope tag(st.device);
+    ZC_WARN(
+        "route: rank %d/%d: a peer poisoned the communicator (a failure there is in that "
+        "rank's log); this rank's calls on it fail with ncclRemoteError",
+        st.rank, st.nranks);
+  }
+  route_release_waits(st);  // again: a queued write of an older op number may have undone it
+  return peer;
+}
+
 void route_release_waits(CommState& st) {
   std::lock_guard<std::mutex> lock(st.route_mu);
   if (st.ce) release_flags(*st.ce);

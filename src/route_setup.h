@@ -69,6 +69,9 @@ void route_poison(CommState& st, int code);
 
 // The poison a peer left in the channel, if any (ncclSuccess otherwise).
 int route_peer_poison(const CommState& st);
+// The same, taken as this comm's own error where it has none yet; taking it logs a WARN, so that
+// every rank's log says why its calls fail (the rank that poisoned it logged the cause).
+int route_adopt_peer_poison(CommState& st);
 
 // This rank aborts (or revokes) the communicator: it is over here, every wait on the channel's
 // flags is released, and the peers learn that it left — not a poison: NCCL's abort is local,

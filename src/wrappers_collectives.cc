@@ -1,8 +1,12 @@
-// Collectives: counted and NVTX-annotated; all-gathers routed by choose_allgather_route();
+// Collectives: counted and NVTX-annotated, folded into the communicator's call chain where the
+// route may be taken (call_chain.h); all-gathers routed by choose_allgather_route();
 // NCCL-CE-capable ops on app windows moved off the legacy default stream on the NCCL versions
 // that fail them there; group ends run what zerocta deferred to them (group_state.h).
 #include <cuda.h>
 
+#include <algorithm>
+
+#include "call_chain.h"
 #include "ce_allgather.h"
 #include "comm_create.h"
 #include "comm_order.h"
@@ -93,9 +97,44 @@ bool needs_detour(bool nccl_ce, cudaStream_t stream) {
 std::shared_ptr<CommState> state_for_op(ncclComm_t comm, ncclResult_t* poison) {
   auto st = comm_lookup(comm);
   settle_before_use(st.get());
-  if (st && route_peer_poison(*st) != ncclSuccess) route_poison(*st, ncclRemoteError);
+  if (st && route_adopt_peer_poison(*st) != ncclSuccess) route_poison(*st, ncclRemoteError);
   *poison = static_cast<ncclResult_t>(st ? st->poisoned.load(std::memory_order_relaxed) : 0);
   return st;
+}
+
+// Whether the comm keeps a call chain (call_chain.h): where the route may be taken, from the
+// creation on — a comm created in the application's group joins only at the group's end, and
+// its calls before that count alike on every rank — until it settled on NCCL for good. The
+// default mode keeps none.
+bool keeps_chain(const std::shared_ptr<CommState>& st) {
+  const AllGatherMode mode = config().allgather;
+  return st && (mode == AllGatherMode::kAuto || mode == AllGatherMode::kZerocta) &&
+         st->route.load(std::memory_order_relaxed) != RouteState::kPassthrough;
+}
+
+// Folds a call into a comm that keeps a chain; inside a group, first marks where the comm's
+// chain stood before the group (a simulated end rewinds it there).
+ChainPoint fold_call(const std::shared_ptr<CommState>& st, const ChainLink& link) {
+  GroupState& g = group_state();
+  if (g.depth > 0 && std::none_of(g.chain_marks.begin(), g.chain_marks.end(),
+                                  [&st](const auto& m) { return m.first == st; }))
+    g.chain_marks.emplace_back(st, st->chain.now());
+  return st->chain.fold(link);
+}
+
+// A forwarded call, folded into the comm's chain if NCCL accepted it: the chain follows what
+// every rank's NCCL runs, and a call refused for its arguments runs nowhere.
+ncclResult_t chained(const std::shared_ptr<CommState>& st, const ChainLink& link, ncclResult_t r) {
+  if (link.call != ChainedCall::kNone && (r == ncclSuccess || r == ncclInProgress) &&
+      keeps_chain(st))
+    fold_call(st, link);
+  return r;
+}
+
+// A routed all-gather's place in the chain, folded at the call: in program order, whenever a
+// group's end issues it.
+ChainPoint chain_at_call(const std::shared_ptr<CommState>& st, const ChainLink& link) {
+  return keeps_chain(st) ? fold_call(st, link) : ChainPoint{};
 }
 
 // The communicator's size, for counting bytes: from the init's arguments; a child's is asked of
@@ -144,7 +183,7 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
 ncclResult_t issue_ce_allgather(const RealNccl& real, const std::shared_ptr<CommState>& st,
                                 const void* sendbuff, void* recvbuff, size_t sendcount,
                                 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
-                                bool nccl_ce, uint64_t total) {
+                                bool nccl_ce, uint64_t total, ChainPoint chain) {
   if (ncclResult_t r = route_prepare(*st); r != ncclSuccess) return r;
   CUstream s = reinterpret_cast<CUstream>(stream);
   const uint64_t per_rank = sendcount * nccl_type_size(datatype);
@@ -153,7 +192,7 @@ ncclResult_t issue_ce_allgather(const RealNccl& real, const std::shared_ptr<Comm
   {
     NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
     r = ce_allgather(*st, sendbuff, recvbuff, sendcount, datatype, per_rank, s,
-                     stream_is_capturing(s), &to_nccl);
+                     stream_is_capturing(s), chain, &to_nccl);
   }
   if (r != ncclSuccess) return r;
   if (to_nccl)
@@ -176,77 +215,87 @@ using namespace zc;
   auto st = state_for_op(comm, &poison); \
   if (poison != ncclSuccess) return poison
 
-// A forwarded collective, counted, in NCCL's order with the routed all-gathers (comm_order.h).
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, name, params, args)             \
-  ZC_EXPORT ncclResult_t name params {                                   \
-    ZC_COLLECTIVE_HEAD(name, args);                                      \
-    uint64_t bytes = (BYTES);                                            \
-    stats_count(OP, zerocta_route_passthrough, bytes);                   \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);               \
-    return in_comm_order(st, stream, [&] { return e.real->name args; }); \
+// A forwarded collective, counted, in NCCL's order with the routed all-gathers (comm_order.h),
+// folded into the call chain as LINK says.
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, LINK, name, params, args)                          \
+  ZC_EXPORT ncclResult_t name params {                                                      \
+    ZC_COLLECTIVE_HEAD(name, args);                                                         \
+    uint64_t bytes = (BYTES);                                                               \
+    stats_count(OP, zerocta_route_passthrough, bytes);                                      \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);                                  \
+    return chained(st, LINK, in_comm_order(st, stream, [&] { return e.real->name args; })); \
   }
 
 // Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
 // legacy default stream where NCCL fails them there.
-#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, name, params, args, stream_arg, args_on_side)    \
-  ZC_EXPORT ncclResult_t name params {                                                       \
-    ZC_COLLECTIVE_HEAD(name, args);                                                          \
-    uint64_t bytes = (BYTES);                                                                \
-    const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                      \
-    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;     \
-    stats_count(OP, route, bytes);                                                           \
-    NvtxRange range(OP, route, bytes);                                                       \
-    return in_comm_order(st, stream_arg, [&] {                                               \
-      if (needs_detour(nccl_ce, stream_arg))                                                 \
-        return on_side_stream(*st, stream_arg,                                               \
-                              [&](cudaStream_t side) { return e.real->name args_on_side; }); \
-      return e.real->name args;                                                              \
-    });                                                                                      \
+#define ZC_CE_CAPABLE_COLLECTIVE(OP, BYTES, LINK, name, params, args, stream_arg, args_on_side) \
+  ZC_EXPORT ncclResult_t name params {                                                          \
+    ZC_COLLECTIVE_HEAD(name, args);                                                             \
+    uint64_t bytes = (BYTES);                                                                   \
+    const bool nccl_ce = nccl_ce_capable(st, recvbuff);                                         \
+    zerocta_route_t route = nccl_ce ? zerocta_route_nccl_ce : zerocta_route_passthrough;        \
+    stats_count(OP, route, bytes);                                                              \
+    NvtxRange range(OP, route, bytes);                                                          \
+    return chained(st, LINK, in_comm_order(st, stream_arg, [&] {                                \
+                     if (needs_detour(nccl_ce, stream_arg))                                     \
+                       return on_side_stream(*st, stream_arg, [&](cudaStream_t side) {          \
+                         return e.real->name args_on_side;                                      \
+                       });                                                                      \
+                     return e.real->name args;                                                  \
+                   }));                                                                         \
   }
 
-ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count* nccl_type_size(datatype), ncclAllReduce,
+ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count* nccl_type_size(datatype),
+                      (ChainLink{ChainedCall::kAllReduce, count, datatype, kNoRoot, op}),
+                      ncclAllReduce,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, op, comm, stream))
 ZC_COUNTED_COLLECTIVE(zerocta_op_reducescatter, recvcount* nccl_type_size(datatype),
+                      (ChainLink{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, op}),
                       ncclReduceScatter,
                       (const void* sendbuff, void* recvbuff, size_t recvcount,
                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                        cudaStream_t stream),
                       (sendbuff, recvbuff, recvcount, datatype, op, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_reduce, count* nccl_type_size(datatype), ncclReduce,
+ZC_COUNTED_COLLECTIVE(zerocta_op_reduce, count* nccl_type_size(datatype),
+                      (ChainLink{ChainedCall::kReduce, count, datatype, root, op}), ncclReduce,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, op, root, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count* nccl_type_size(datatype), ncclBroadcast,
+ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count* nccl_type_size(datatype),
+                      (ChainLink{ChainedCall::kBroadcast, count, datatype, root}), ncclBroadcast,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        int root, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, root, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count* nccl_type_size(datatype), ncclBcast,
+ZC_COUNTED_COLLECTIVE(zerocta_op_broadcast, count* nccl_type_size(datatype),
+                      (ChainLink{ChainedCall::kBroadcast, count, datatype, root}), ncclBcast,
                       (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream),
                       (buff, count, datatype, root, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_send, count* nccl_type_size(datatype), ncclSend,
+// Not folded: the order of a group's sends and receives may differ between ranks.
+ZC_COUNTED_COLLECTIVE(zerocta_op_send, count* nccl_type_size(datatype), ChainLink{}, ncclSend,
                       (const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, count, datatype, peer, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_recv, count* nccl_type_size(datatype), ncclRecv,
+ZC_COUNTED_COLLECTIVE(zerocta_op_recv, count* nccl_type_size(datatype), ChainLink{}, ncclRecv,
                       (void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream),
                       (recvbuff, count, datatype, peer, comm, stream))
 ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_alltoall, count* nccl_type_size(datatype) * nranks_of(st),
-                         ncclAlltoAll,
+                         (ChainLink{ChainedCall::kAlltoAll, count, datatype}), ncclAlltoAll,
                          (const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream),
                          (sendbuff, recvbuff, count, datatype, comm, stream), stream,
                          (sendbuff, recvbuff, count, datatype, comm, side))
 ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_gather, count* nccl_type_size(datatype) * nranks_of(st),
-                         ncclGather,
+                         (ChainLink{ChainedCall::kGather, count, datatype, root}), ncclGather,
                          (const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream),
                          (sendbuff, recvbuff, count, datatype, root, comm, stream), stream,
                          (sendbuff, recvbuff, count, datatype, root, comm, side))
-ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_scatter, count* nccl_type_size(datatype), ncclScatter,
+ZC_CE_CAPABLE_COLLECTIVE(zerocta_op_scatter, count* nccl_type_size(datatype),
+                         (ChainLink{ChainedCall::kScatter, count, datatype, root}), ncclScatter,
                          (const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream),
                          (sendbuff, recvbuff, count, datatype, root, comm, stream), stream,
@@ -260,16 +309,18 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   // legacy-stream detour of a forwarded op; it never enters the route (placement is local).
   const bool nccl_ce = nccl_ce_capable(st, sendbuff) && nccl_ce_capable(st, recvbuff);
   const RealNccl& real = *e.real;
+  const ChainLink link{ChainedCall::kAllGather, sendcount, datatype};
   GroupState& g = group_state();
   if (g.depth > 0 && st && st->route.load() == RouteState::kJoined) {
     // Created in this same group: its membership freezes at the group's end, and so the route
     // is chosen there, the same way on every rank.
+    const ChainPoint chain = chain_at_call(st, link);
     g.pending_ops.push_back({[=, &real]() {
       settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
       uint64_t total = 0;
       if (allgather_route(st, sendcount, datatype, &total).route == AgRoute::kCe)
         return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                                  nccl_ce, total);
+                                  nccl_ce, total, chain);
       return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                                nccl_ce, total);
     }, std::nullopt, st->key});
@@ -280,15 +331,17 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   ZC_DEBUG("ncclAllGather %llu B: %s (%s)", static_cast<unsigned long long>(total),
            d.route == AgRoute::kCe ? "copy-engine route" : "NCCL", d.why);
   if (d.route != AgRoute::kCe)
-    return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                             nccl_ce, total);
+    return chained(st, link,
+                   forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm,
+                                     stream, nccl_ce, total));
+  const ChainPoint chain = chain_at_call(st, link);
   if (g.depth > 0) {  // issued after NCCL's part of the group, in program order
     g.pending_ops.push_back(
         {[=, &real]() {
            return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm,
-                                     stream, nccl_ce, total);
+                                     stream, nccl_ce, total, chain);
          },
-         GroupedAllGather{st, sendbuff, recvbuff, sendcount, datatype, stream, total,
+         GroupedAllGather{st, sendbuff, recvbuff, sendcount, datatype, stream, total, chain,
                           [=, &real]() {
                             return forward_allgather(real, st, sendbuff, recvbuff, sendcount,
                                                      datatype, comm, stream, nccl_ce, total);
@@ -297,7 +350,7 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
     return ncclSuccess;
   }
   return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                            nccl_ce, total);
+                            nccl_ce, total, chain);
 }
 
 ZC_EXPORT ncclResult_t ncclGroupStart() {
@@ -307,6 +360,8 @@ ZC_EXPORT ncclResult_t ncclGroupStart() {
 
 ZC_EXPORT ncclResult_t ncclGroupEnd() {
   ZC_PROLOGUE(e, ncclGroupEnd, ());
+  GroupState& g = group_state();
+  if (g.depth == 1) g.chain_marks.clear();  // launched: the group's calls stay in the chains
   return group_end(*e.real);
 }
 
@@ -317,6 +372,8 @@ ZC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   GroupState& g = group_state();
   if (g.depth > 0) g.depth--;
   if (g.depth != 0) return e.real->ncclGroupSimulateEnd(simInfo);
+  for (auto& [st, before] : g.chain_marks) st->chain.rewind(before);
+  g.chain_marks.clear();
   g.pending_ops.clear();
   g.pending_joins.clear();
   g.pending_freezes.clear();

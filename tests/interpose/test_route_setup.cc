@@ -2146,6 +2146,66 @@ TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
   expect_error_on_both(r, "captured an all-gather");
 }
 
+// A one-op drift between two all-gathers of the same size (an application bug NCCL cannot see):
+// rank 1 makes one ncclAllReduce more between them, so its second all-gather would pair with
+// rank 0's second. The posts carry each rank's call chain (call_chain.h), which differ: both
+// ranks see an error, the rank that found it names the drift with the ranks' call counts, every
+// rank's log has a WARN, nobody hangs — eagerly and with the all-gathers in groups (the chain
+// captured at the call, issued at the group's end). The same calls on both ranks still route.
+TEST(RouteSetup, RanksWhoseCallsDriftedApartFailAndRanksMakingTheSameCallsRoute) {
+  for (const char* grouped : {"0", "1"}) {
+    SCOPED_TRACE(std::string("DRV_AG_GROUP=") + grouped);
+    const Env drift = {{"DRV_AG_REPEAT", "2"}, {"DRV_AG_CHECK", "1"}, {"DRV_AG_GROUP", grouped}};
+    Scratch s, chan, rdv;
+    RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_AG_EXTRA_ALLREDUCE=1"},
+                            with(route_env(chan, rdv, unique_id_text()), drift), s);
+    expect_clean_pair(r, chan);
+    EXPECT_EQ(rnum(r, 1, "ag.extra_rc"), 0) << r.describe();
+    expect_error_on_both(r, "collective calls on this communicator differ");
+    std::vector<std::string> said;
+    for (int k = 0; k < 2; ++k) {
+      const std::vector<std::string> w = warns(r, pid_of(r, k));
+      EXPECT_FALSE(w.empty()) << "rank " << k << " logged no WARN\n" << r.describe();
+      said.insert(said.end(), w.begin(), w.end());
+    }
+    // Before op 2, rank 0 made 1 collective call and rank 1 made 2; either may have found it.
+    EXPECT_TRUE(any_contains(said, "calls before op 2: 1 on this rank (chain ") ||
+                any_contains(said, "calls before op 2: 2 on this rank (chain "))
+        << r.describe();
+  }
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic"},
+      with(route_env(chan, rdv, unique_id_text()),
+           {{"DRV_AG_REPEAT", "2"}, {"DRV_AG_EXTRA_ALLREDUCE", "1"}, {"DRV_AG_CHECK", "1"}}),
+      s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.extra_rc"), 0);
+    expect_rank_routed(r, k, 3);  // both all-gathers, then DRV_AG_CHECK's
+    EXPECT_EQ(rnum(r, k, "ag.next_data_ok"), 1);
+  }
+}
+
+// ncclGroupSimulateEnd launches nothing and is a local query, so one rank may simulate a group
+// alone: the calls in it leave its call chain as it was, and the all-gathers after it still
+// pair and route.
+TEST(RouteSetup, AGroupSimulatedOnOneRankLeavesItsCallChainAlone) {
+  Scratch s, chan, rdv;
+  RunResult r =
+      run_route({"ranks", "2", "basic", "r1:DRV_AG_SIMULATE_ALLREDUCE=1"},
+                with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_REPEAT", "2"}}), s);
+  expect_clean_pair(r, chan);
+  EXPECT_EQ(rnum(r, 1, "ag.simulate_rc"), 0) << r.describe();
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+    expect_rank_routed(r, k, 2);
+  }
+}
+
 // ---- NCCL 2.29.7's memory suspend ----
 
 // ncclCommSuspend(NCCL_SUSPEND_MEM) releases the route's hold on the peer's memory with NCCL's

@@ -196,6 +196,34 @@ TEST(OpExchange, DifferentCountsAtOnePositionAreAMismatch) {
   EXPECT_STRNE(a1.mismatch, "");
 }
 
+// Ranks one collective call apart post all-gathers alike in number, mode, count and datatype:
+// only their call chains (call_chain.h) differ, and that is a mismatch, named with the rank.
+TEST(OpExchange, PostsWhoseCallChainsDifferAreAMismatch) {
+  Region r(3);
+  OpExchange x(r.base, 3);
+  std::vector<OpPost> earlier(3);
+  auto chained = [](uint64_t seq, uint64_t calls, uint64_t chain) {
+    OpPost p = post(seq);
+    p.calls = calls;
+    p.chain = chain;
+    return p;
+  };
+  Arrival a0, a1, a2;
+  ASSERT_TRUE(x.arrive(0, chained(1, 4, 0xabc), &a0, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(1, chained(1, 4, 0xabc), &a1, earlier.data(), never));
+  EXPECT_STREQ(a1.mismatch, "") << "the same chain pairs";
+  ASSERT_TRUE(x.arrive(2, chained(1, 5, 0xdef), &a2, earlier.data(), never));
+  EXPECT_STRNE(a2.mismatch, "");
+  EXPECT_EQ(a2.mismatch_rank, 0u) << "the first earlier rank that differs";
+  EXPECT_EQ(earlier[0].calls, 4u) << "its post is handed over, for the numbers";
+  EXPECT_EQ(earlier[0].chain, 0xabcu);
+  // The same count of calls but another chain (a call replaced by another) differs too.
+  ASSERT_TRUE(x.arrive(1, chained(2, 9, 0x111), &a1, earlier.data(), never));
+  ASSERT_TRUE(x.arrive(0, chained(2, 9, 0x222), &a0, earlier.data(), never));
+  EXPECT_STRNE(a0.mismatch, "");
+  EXPECT_EQ(a0.mismatch_rank, 1u);
+}
+
 TEST(OpExchange, AStageIsSeenOnlyForTheOpItWasPublishedFor) {
   // Rank 1's stage for op 3 is in slot 3; the same slot's next op (3 + kOpRing) has none until
   // rank 1 publishes again, and no other rank's or slot's stage is disturbed.

@@ -40,7 +40,10 @@
 //             the sleeps alone order them; DRV_AG_INTERLEAVE=1: after each one, an
 //             ncclAllReduce on another stream of the rank, as FSDP2's reduce-scatters; =2: the
 //             same all-reduce inside a group of its own; =3: inside the all-gather's group, a
-//             group of both),
+//             group of both; DRV_AG_EXTRA_ALLREDUCE=1: after the first one only, one ncclAllReduce
+//             on its stream, <tag>.extra_rc — set on one rank, the ranks' calls drift apart;
+//             DRV_AG_SIMULATE_ALLREDUCE=1: before the first one, a group of one ncclAllReduce
+//             ended by ncclGroupSimulateEnd, which launches nothing, <tag>.simulate_rc),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them),
 //             DRV_SECOND_WORLD=1 (after DRV_END, another communicator: init, an all-gather as
 //             again.*, destroy),
@@ -492,6 +495,14 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
       cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
     other = nullptr;
   const bool with_ag = interleave == 3;  // the all-reduce in the all-gather's group
+  const bool extra_allreduce = env_long("DRV_AG_EXTRA_ALLREDUCE", 0) == 1;
+  if (env_long("DRV_AG_SIMULATE_ALLREDUCE", 0) == 1) {
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    ncclGroupStart();
+    ncclAllReduce(fresh->recv.data(), fresh->recv.data(), 1, ncclFloat, ncclSum, c,
+                  reinterpret_cast<cudaStream_t>(fresh->stream));
+    out(tag + ".simulate_rc", ncclGroupSimulateEnd(&sim));
+  }
   auto all_reduce = [&](Gather& g) {
     return ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
                          reinterpret_cast<cudaStream_t>(other));
@@ -527,6 +538,11 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
     if (other) cuStreamSynchronize(other);
     if (rc == ncclSuccess) rc = op;
     ok = ok && g.data_ok();
+    if (i == 0 && extra_allreduce) {
+      out(tag + ".extra_rc", ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
+                                           reinterpret_cast<cudaStream_t>(g.stream)));
+      if (g.stream) cuStreamSynchronize(g.stream);
+    }
   }
   if (other) cuStreamDestroy(other);
   out(tag + ".rc", rc);
