@@ -7,8 +7,14 @@
 // into place, so nobody ever sees it half made; an opener checks with fstat that it is a regular
 // file of this user, mode 0600, of the expected size, and every word read from it is checked.
 // The name is unlinked once membership is frozen; the mapping stays for the poison word.
+// The header names its creator (pid, start time, pid namespace). A file of this user and this
+// version whose creator is gone was never frozen and never will be: the next opener removes it,
+// whatever its shape, and creates a fresh one. Every removal of a name (that one, and the
+// freeze's) holds the named file's flock and checks under it that the name still names that
+// file, so openers racing over one stale file end in one fresh channel. Another user's file, or
+// one whose creator lives or cannot be judged (another pid namespace), stays: pass-through.
 //
-// Layout: a header (magic, version, capacity, key, the `broken` and `poison` words), then
+// Layout: a header (magic, version, capacity, key, creator, the `broken` and `poison` words), then
 // `capacity` slots of {state word, MemberFacts}, then, page aligned, the region of the per-op
 // exchange (op_exchange.h) for `op_ranks` ranks: the most that could ever route here (1.1 MiB
 // for 2 ranks, 6 MiB for 8, all allocated at creation; of that the GPUs' part, 132 KiB and
@@ -17,6 +23,8 @@
 // compare-and-swap of its state (empty -> writing), filled, then published (-> joined, release
 // order); a joined slot never changes again.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -37,8 +45,9 @@ struct ChannelShape {
 class Channel {
  public:
   // Opens (creating it if this rank is first) the channel of `key`, of `shape`. nullptr with
-  // *why when this rank cannot take part; its peers then see a missing member. A segment left
-  // by a dead process is marked broken for every member (all of them pass through).
+  // *why when this rank cannot take part; its peers then see a missing member. A file whose
+  // creator is gone is replaced; a live one holding a member whose process is gone is marked
+  // broken for every member (all of them pass through).
   static std::unique_ptr<Channel> open(const std::string& dir, const CommKey& key,
                                        const ChannelShape& shape, const char** why);
   // Claims slot `mine.join_index` and publishes `mine` there. A slot claimed already marks the
@@ -54,7 +63,8 @@ class Channel {
   // Every joined slot now (bounds-checked copies).
   std::vector<MemberFacts> members() const;
   uint32_t broken() const;
-  // Removes the segment's name (membership is frozen: nobody else may join). Idempotent.
+  // Removes the segment's name while it names this segment (membership is frozen: nobody else
+  // may join). Idempotent.
   void unlink_name();
   // The communicator's poison word: the first error a member hit after commit; peers read it.
   void poison(int code);
@@ -71,6 +81,8 @@ class Channel {
   size_t bytes_ = 0;
   uint32_t capacity_ = 0, op_ranks_ = 0;
   std::string dir_, name_;
+  dev_t dev_ = 0;  // the file, to tell it from another linked at its name since
+  ino_t ino_ = 0;
   bool linked_ = true;
 };
 

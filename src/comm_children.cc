@@ -1,7 +1,8 @@
 // ncclCommSplit and ncclCommShrink: the policy (a NULL config inherits the parent's), and the
 // child's route. A child joins the channel named after its parent's key, the parent's count
-// of Split/Shrink calls and its color (or exclude list), in the slot of its parent rank; its
-// own rank and size come from NCCL once it exists.
+// of Split/Shrink calls and its color (or exclude list), hashed under the job's secret (the
+// parent's key carries it: comm_key.h), in the slot of its parent rank; its own rank and size
+// come from NCCL once it exists.
 #include "comm_children.h"
 
 #include <algorithm>

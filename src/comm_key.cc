@@ -24,16 +24,27 @@ struct SipState {
   }
 };
 
-// The key of every name this user's processes derive: not a secret between them (each can
-// compute it), only a way to keep raw id bytes and other users' names apart.
-std::pair<uint64_t, uint64_t> name_key() {
+// The key of every hash this user's processes derive from unique ids: not a secret between
+// them (each can compute it), only a way to keep raw id bytes and other users' names apart
+// (two users' jobs with one NCCL_COMM_ID do not meet at one name).
+SipKey user_key() {
   const uint64_t uid = static_cast<uint64_t>(geteuid());
   return {0x7a65726f63746121ull ^ (uid * 0x9e3779b97f4a7c15ull), 0x6368616e6e656c31ull ^ uid};
 }
 
-CommKey hash128(const void* data, size_t n) {
-  auto [k0, k1] = name_key();
-  return CommKey{siphash24(data, n, k0, k1), siphash24(data, n, k1 ^ 0xa5a5a5a5a5a5a5a5ull, k0)};
+// 128 bits of SipHash-2-4 under `key`: two 64-bit hashes under two related keys.
+CommKey hash128(const void* data, size_t n, const SipKey& key) {
+  return CommKey{siphash24(data, n, key.k0, key.k1),
+                 siphash24(data, n, key.k1 ^ 0xa5a5a5a5a5a5a5a5ull, key.k0)};
+}
+
+// The secret of the ids' job: a hash of the same bytes as their public one under a distinct
+// key, so that neither tells the other.
+SipKey secret_of(const void* ids, size_t n) {
+  SipKey k = user_key();
+  k.k0 ^= 0x7365637265742121ull;  // "secret!!"
+  const CommKey h = hash128(ids, n, k);
+  return SipKey{h.lo, h.hi};
 }
 
 std::mutex g_counts_mu;
@@ -43,12 +54,15 @@ std::map<CountKey, uint64_t>& id_counts() {
   return *m;
 }
 
-// A child key: the parent's, a tag, the ordinal, then the tag's own values.
+// A child key: the parent's public key, a tag, the ordinal, then the tag's own values, hashed
+// under the parent's secret, which the child inherits.
 CommKey child_key(const CommKey& parent, uint64_t tag, uint64_t ordinal,
                   const std::vector<int64_t>& values) {
   std::vector<uint64_t> words = {parent.lo, parent.hi, tag, ordinal, values.size()};
   for (int64_t v : values) words.push_back(static_cast<uint64_t>(v));
-  return hash128(words.data(), words.size() * sizeof(uint64_t));
+  CommKey child = hash128(words.data(), words.size() * sizeof(uint64_t), parent.secret);
+  child.secret = parent.secret;
+  return child;
 }
 
 // A forked child starts its own count: the parent's peers know nothing of the child, and the
@@ -93,7 +107,9 @@ uint64_t siphash24(const void* data, size_t n, uint64_t k0, uint64_t k1) {
 }
 
 CommKey key_for_init(const ncclUniqueId* ids, int nids, int rank) {
-  const CommKey ids_hash = hash128(ids, sizeof(ncclUniqueId) * static_cast<size_t>(nids));
+  const size_t bytes = sizeof(ncclUniqueId) * static_cast<size_t>(nids);
+  CommKey ids_hash = hash128(ids, bytes, user_key());
+  ids_hash.secret = secret_of(ids, bytes);
   uint64_t ordinal;
   {
     std::lock_guard<std::mutex> lock(g_counts_mu);

@@ -6,7 +6,10 @@
 //     so how often this process made a communicator of that id *as that rank* tells them apart
 //     (each rank creates its communicators in the same order, as NCCL requires; a process may
 //     hold several ranks of one communicator, e.g. one thread creating one per GPU);
-//   - opaque: a unique id holds the bootstrap root's address, so only its hash is ever shown.
+//   - opaque: a unique id holds the bootstrap root's address, so only its hash is ever shown;
+//   - private: every name is keyed by a secret hashed from the root's unique-id bytes, which
+//     NCCL's users hand only to the job's ranks. A child's name is not a function of its
+//     parent's (public) name alone, so no other user can compute it and take it first.
 #pragma once
 
 #include <nccl.h>
@@ -17,9 +20,20 @@
 
 namespace zc {
 
+// A 128-bit SipHash key.
+struct SipKey {
+  uint64_t k0 = 0, k1 = 0;
+};
+
 struct CommKey {
-  uint64_t lo = 0, hi = 0;
+  uint64_t lo = 0, hi = 0;  // public: the channel's name
+  // The job's secret, hashed from the root's unique-id bytes and inherited by every child: the
+  // key of the names. Held in memory by the ranks only, never printed nor written to a channel.
+  SipKey secret;
+  CommKey() = default;
+  CommKey(uint64_t lo_, uint64_t hi_) : lo(lo_), hi(hi_) {}
   bool valid() const { return lo != 0 || hi != 0; }
+  // Equal names (within a job, the secret is the same for all).
   bool operator==(const CommKey& o) const { return lo == o.lo && hi == o.hi; }
   std::string hex() const;  // 32 hex digits
 };
@@ -32,9 +46,9 @@ uint64_t siphash24(const void* data, size_t n, uint64_t k0, uint64_t k1);
 // `rank` before. Not pure: it counts.
 CommKey key_for_init(const ncclUniqueId* ids, int nids, int rank);
 
-// Pure: the key of a child of `parent`. `ordinal` is the parent's count of Split calls (NOCOLOR
-// ones included) or of Shrink calls before this one, each counted alike on every rank that
-// makes them; a split names its color, a shrink its sorted exclude list.
+// Pure: the key of a child of `parent` (keyed by its secret). `ordinal` is the parent's count of
+// Split calls (NOCOLOR ones included) or of Shrink calls before this one, each counted alike on
+// every rank that makes them; a split names its color, a shrink its sorted exclude list.
 CommKey key_for_split(const CommKey& parent, uint64_t ordinal, int color);
 CommKey key_for_shrink(const CommKey& parent, uint64_t ordinal, std::vector<int> excluded);
 

@@ -91,7 +91,8 @@ struct CommState {
   bool nonblocking = false;
   bool child = false;  // made by Split/Shrink: rank and size are asked of NCCL
 
-  // Identity, for the channels of its children (comm_key.h); invalid for Grow children.
+  // Identity, for the channels of its children (comm_key.h), with the job's secret that keys
+  // their names (never printed); invalid for Grow children.
   CommKey key;
   // Split and Shrink calls made on it so far, counted apart: a rank a shrink excludes never
   // calls it, and its later splits must still be named like the kept ranks' (comm_key.h).

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm_key.h"
 #include "harness.h"
 
 namespace itest {
@@ -1383,21 +1384,73 @@ TEST(RouteSetup, ForeignFileAtTheChannelNamePassesThrough) {
   EXPECT_EQ(joined(files_in(chan.dir())), name) << "only the foreign file may remain";
 }
 
-TEST(RouteSetup, SegmentLeftByARankKilledDuringSetUpIsStaleForTheNextJob) {
+// A rank of a job of `dead_nranks` ranks with FAKE_NCCL_COMM_ID `id`, killed in its init with
+// its channel joined: its file stays in `chan` (nobody froze it).
+void leave_killed_rank(const Scratch& chan, const std::string& id, int dead_nranks) {
+  Scratch s, rdv;
+  RunResult dead =
+      run_route({"ranks", "1", "hang"},
+                with(route_env(chan, rdv, id),
+                     {{"DRV_NRANKS", std::to_string(dead_nranks)}, {"DRV_KILL_MS", "300"}}),
+                s);
+  EXPECT_EQ(rnum(dead, 0, "exit"), 128 + SIGKILL) << dead.describe();
+  EXPECT_EQ(files_in(chan.dir()).size(), 1u) << "the joined segment stays: nobody froze it";
+}
+
+// The next job with the same unique id (NCCL_COMM_ID) removes the dead rank's file and routes.
+TEST(RouteSetup, SegmentLeftByARankKilledDuringSetUpIsReplacedByTheNextJob) {
   const std::string id = unique_id_text();
   Scratch chan;
-  {
-    Scratch s, rdv;
-    RunResult dead =
-        run_route({"ranks", "1", "hang"},
-                  with(route_env(chan, rdv, id), {{"DRV_NRANKS", "2"}, {"DRV_KILL_MS", "300"}}), s);
-    EXPECT_EQ(rnum(dead, 0, "exit"), 128 + SIGKILL) << dead.describe();
-    EXPECT_EQ(files_in(chan.dir()).size(), 1u) << "the joined segment stays: nobody froze it";
-  }
+  ASSERT_NO_FATAL_FAILURE(leave_killed_rank(chan, id, 2));
   Scratch s, rdv;
   RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, id), s);
   expect_clean_pair(r, chan);
-  expect_passthrough_pair(r, "stale", true);
+  expect_committed_pair(r);
+}
+
+// ... also when the next job has another size: the dead job's file is of another shape.
+TEST(RouteSetup, SegmentOfAnotherSizeLeftByAKilledRankIsReplaced) {
+  const std::string id = unique_id_text();
+  Scratch chan;
+  ASSERT_NO_FATAL_FAILURE(leave_killed_rank(chan, id, 3));
+  Scratch s, rdv;
+  RunResult r = run_route({"ranks", "2", "basic"}, route_env(chan, rdv, id), s);
+  expect_clean_pair(r, chan);
+  expect_committed_pair(r);
+}
+
+// Another local user sees a parent's channel name in the channel directory, computes its
+// child's name from it with zerocta's own code and creates a file there first: the child's
+// name is keyed by the job's secret (the unique id's bytes), so the child routes all the same.
+TEST(RouteSetup, AChildsChannelCannotBeTakenFromItsParentsName) {
+  const std::string id = unique_id_text();
+  const std::string parent = channel_name_of(id);
+  ASSERT_FALSE(parent.empty());
+  zc::CommKey seen;
+  seen.hi = strtoull(parent.substr(8, 16).c_str(), nullptr, 16);
+  seen.lo = strtoull(parent.substr(24, 16).c_str(), nullptr, 16);
+  ASSERT_EQ("zerocta-" + seen.hex(), parent);
+  // The world's first split, color 0 (rank_split's default).
+  const std::string guess = "zerocta-" + zc::key_for_split(seen, 0, 0).hex();
+  Scratch s, chan, rdv;
+  const std::string path = chan.path(guess);
+  const std::string text = "taken first\n";
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  RunResult r = run_route({"ranks", "2", "split", "r0:DRV_KEY=1", "r1:DRV_KEY=0"},
+                          route_env(chan, rdv, id), s);
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "split.ce_ready"), 2) << "parent and child\n" << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_ag.ag_ce"), 1);
+    EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1);
+  }
+  EXPECT_EQ(read_file(path), text) << "the other user's file was changed";
+  EXPECT_EQ(joined(files_in(chan.dir())), guess) << "only the other user's file may remain";
 }
 
 TEST(RouteSetup, FullChannelDirectoryPassesThrough) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -76,6 +77,51 @@ TEST(CommKey, ChildrenDependOnOrdinalColorAndExcludeSet) {
   EXPECT_TRUE(zc::key_for_shrink(parent, 2, {3, 1}) == zc::key_for_shrink(parent, 2, {1, 3}));
   EXPECT_FALSE(zc::key_for_shrink(parent, 2, {1}) == zc::key_for_shrink(parent, 2, {1, 3}));
   EXPECT_FALSE(zc::key_for_shrink(parent, 2, {1}) == zc::key_for_split(parent, 2, 1));
+}
+
+// What a channel directory shows of a communicator to anyone: the hex of its name, parsed back.
+zc::CommKey key_from_name(const zc::CommKey& k) {
+  const std::string hex = k.hex();  // hi, then lo
+  zc::CommKey seen;
+  seen.hi = strtoull(hex.substr(0, 16).c_str(), nullptr, 16);
+  seen.lo = strtoull(hex.substr(16).c_str(), nullptr, 16);
+  return seen;
+}
+
+// Another local user who reads a parent's channel name must not be able to compute its
+// children's names (and create files there first: the ranks would silently pass through).
+TEST(CommKey, AChildsNameCannotBeComputedFromItsParentsName) {
+  zc::reset_key_counts();
+  const ncclUniqueId id = id_with(5);
+  const zc::CommKey parent = zc::key_for_init(&id, 1, 0);
+  const zc::CommKey seen = key_from_name(parent);
+  ASSERT_EQ(seen.hex(), parent.hex());
+  for (uint64_t ordinal : {0, 1})
+    for (int color : {0, 1})
+      EXPECT_FALSE(zc::key_for_split(seen, ordinal, color) ==
+                   zc::key_for_split(parent, ordinal, color))
+          << "split " << ordinal << " color " << color;
+  EXPECT_FALSE(zc::key_for_shrink(seen, 0, {1}) == zc::key_for_shrink(parent, 0, {1}));
+  // Nor a grandchild's from its parent's.
+  const zc::CommKey child = zc::key_for_split(parent, 0, 0);
+  EXPECT_FALSE(zc::key_for_split(key_from_name(child), 0, 0) == zc::key_for_split(child, 0, 0));
+}
+
+// Two jobs whose parents had one name but whose unique ids differ name their children apart:
+// the ids' secret, not the parent's name, decides; and every rank of one job agrees.
+TEST(CommKey, ChildrenFollowTheJobsIdsNotThePublicName) {
+  zc::reset_key_counts();
+  const ncclUniqueId job_a = id_with(7), job_b = id_with(8);
+  const zc::CommKey a = zc::key_for_init(&job_a, 1, 0);
+  zc::CommKey forged = zc::key_for_init(&job_b, 1, 0);
+  forged.lo = a.lo;  // job b's parent, under job a's public name
+  forged.hi = a.hi;
+  EXPECT_FALSE(zc::key_for_split(forged, 0, 0) == zc::key_for_split(a, 0, 0));
+  EXPECT_FALSE(zc::key_for_shrink(forged, 0, {2}) == zc::key_for_shrink(a, 0, {2}));
+  zc::reset_key_counts();  // another rank of job a, in another process
+  const zc::CommKey a_elsewhere = zc::key_for_init(&job_a, 1, 1);
+  EXPECT_TRUE(zc::key_for_split(a_elsewhere, 0, 0) == zc::key_for_split(a, 0, 0));
+  EXPECT_TRUE(zc::key_for_shrink(a_elsewhere, 0, {2}) == zc::key_for_shrink(a, 0, {2}));
 }
 
 TEST(CommKey, TheNameHidesTheIdBytes) {
