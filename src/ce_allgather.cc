@@ -10,6 +10,7 @@
 
 #include "ce_exec.h"
 #include "comm_order.h"
+#include "fd_headroom.h"
 #include "local_aliases.h"
 #include "log.h"
 #include "pair_wait.h"
@@ -20,11 +21,10 @@
 namespace zc {
 namespace {
 
-// Imports of peers' buffers a rank keeps mapped before it releases the least recently used: an
-// import keeps memory alive that its owner may have freed (peer_memory.h).
-constexpr uint64_t kHeldBudget = uint64_t{16} << 30;
 // Every this many ops, exports of allocations the application freed are withdrawn, and (offset
-// by half) the peers are asked which of the allocations imported from them they still export.
+// by half) the peers are asked which of the allocations imported from them they still export:
+// the pace of a busy loop; between ops (and in idle phases) the housekeeping thread does the
+// same every period (housekeeping.h).
 constexpr uint64_t kSweepEvery = 64;
 // Room for the reason of a mismatch with its numbers (the WARN line's; longer is cut).
 constexpr size_t kMismatchDetailChars = 256;
@@ -60,8 +60,12 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   // The receive buffer first: an in-place op's send chunk lies in it (FSDP2's all-gathers),
   // and is described from its extents without querying each allocation again.
   const uint64_t r = reinterpret_cast<uint64_t>(recv), s = reinterpret_cast<uint64_t>(send);
-  bool ok = describe_buffer(cu, r, total, ce.needs, &p->recv) ||
-            described_with_alias(cu, r, total, ce.needs, capturing, &p->recv);
+  // Near its descriptor limit a rank posts its buffers as unreachable before exporting anything
+  // (fd_headroom.h): the first rank to arrive then sends the op to NCCL on every rank, and a
+  // later one takes part needing imports only, which the reserve left is enough for.
+  const bool fds = !ce.needs.by_extents || fd_room_for_op();
+  bool ok = fds && (describe_buffer(cu, r, total, ce.needs, &p->recv) ||
+                    described_with_alias(cu, r, total, ce.needs, capturing, &p->recv));
   if (ok && p->recv.local_addr && s >= r && s - r <= total - chunk) {
     ReachNeeds extents_only = ce.needs;
     extents_only.by_pointer = false;
@@ -115,8 +119,11 @@ bool same_process(const CommState& st, int p) {
   return st.members[static_cast<size_t>(p)].pid == static_cast<int32_t>(getpid());
 }
 
+// Whether a wait of this op for a peer must end: the communicator is poisoned here or by a
+// peer, or a rank left it (aborted or revoked): nothing it has not yet done will come.
 bool peer_failed(const CommState& st) {
-  return st.poisoned.load() != ncclSuccess || route_peer_poison(st) != ncclSuccess;
+  return st.poisoned.load() != ncclSuccess || route_peer_poison(st) != ncclSuccess ||
+         (st.ce && st.ce->ops && st.ce->ops->anyone_left());
 }
 
 // How long a later rank waits for an earlier one to publish its stage. That rank is inside the
@@ -261,8 +268,10 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
     const uint32_t q = static_cast<uint32_t>(p);
     if (!same_process(st, p)) {  // give a later rank elsewhere a moment
       const int64_t waited_from = now_us();
-      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins)
+      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins) {
         if (spins > 64) sched_yield();
+        if ((spins & 255) == 255 && peer_failed(st)) break;
+      }
       *pair_wait_us_spent += now_us() - waited_from;
     }
     part.peer_copies = true;
@@ -335,7 +344,7 @@ void build_view(CommState& st, const Arrival& a, const void* send, void* recv, u
 // periods.
 void tidy(CommState& st) {
   CeComm& ce = *st.ce;
-  ce.imports->tidy(*cuda_driver(), ce.seq % kSweepEvery == kSweepEvery / 2, kHeldBudget);
+  ce.imports->tidy(*cuda_driver(), ce.seq % kSweepEvery == kSweepEvery / 2, kPeerHeldBudget);
   if (ce.stage) ce.stage->tidy(*cuda_driver());
   // Second mappings of buffers the application freed, as often as its exports are swept.
   if (ce.needs.by_pointer && ce.seq % kSweepEvery == 0) tidy_local_aliases(*cuda_driver());
@@ -550,7 +559,7 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   // the ops take (an export keeps its allocation alive); never during a capture.
   if (!x.capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
   // Peers' memory their owners freed goes while none of this rank's copies run (peer_memory.h).
-  if (!x.capturing) ce->imports->release_while_idle(*cu, kHeldBudget);
+  if (!x.capturing) ce->imports->release_while_idle(*cu, kPeerHeldBudget);
   post_for(st, x.sendbuff, x.recvbuff, x.sendcount, x.datatype, x.chunk, x.capturing, x.chain,
            &x.mine);
   x.lap(&x.host.post);

@@ -19,9 +19,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
+#include "detached_thread.h"
 #include "log.h"
 
 namespace zc {
@@ -417,19 +419,7 @@ FdServiceState* start_service() {
   if (ok) {
     step = "pthread_create";
     s->listen_fd = fd;
-    // The thread starts with every signal blocked: no window where it could run a handler.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    const int rc = pthread_create(&thread, &attr, service_main, s);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    // Named here rather than by the thread, so the name is there when fd_service() returns.
-    if (rc == 0) pthread_setname_np(thread, "zerocta-fd");
+    const int rc = start_detached_thread(service_main, s, "zerocta-fd");
     if (rc != 0) errno = rc;
     ok = rc == 0;
   }
@@ -595,17 +585,27 @@ bool exchange_batch(int fd, const uint64_t* tokens, uint32_t count, uint32_t* st
   return ok;
 }
 
-// Asks the service at `address` about `n` tokens, in messages of at most kFdMaxPerMessage on
-// one connection: statuses, and with `fds` the descriptors (fd_fetch), with `blobs` the blobs.
+// Called after each message of ask_service with the tokens it covered, [start, start + count);
+// false stops the exchange.
+using AfterMessage = std::function<bool(size_t start, uint32_t count)>;
+
+// Asks the service at `address` about `n` tokens, in messages of at most `per_message` (<=
+// kFdMaxPerMessage) on one connection: statuses, and with `fds` the descriptors (fd_fetch),
+// with `blobs` the blobs. `after` (if set) sees each message's results before the next is sent.
 bool ask_service(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
-                 uint32_t* statuses, int* fds, FdBlob* blobs, int timeout_ms, const char** why) {
+                 uint32_t* statuses, int* fds, FdBlob* blobs, int timeout_ms, const char** why,
+                 size_t per_message = kFdMaxPerMessage, const AfterMessage& after = nullptr) {
   const int64_t deadline = now_ms() + timeout_ms;
   const int fd = connect_service(address, expected_pid, deadline, why);
   bool ok = fd >= 0;
-  for (size_t start = 0; ok && start < n; start += kFdMaxPerMessage) {
-    const uint32_t count = uint32_t(std::min(n - start, kFdMaxPerMessage));
+  for (size_t start = 0; ok && start < n; start += per_message) {
+    const uint32_t count = uint32_t(std::min(n - start, per_message));
     ok = exchange_batch(fd, tokens + start, count, statuses + start, fds ? fds + start : nullptr,
                         blobs ? blobs + start : nullptr, deadline, why);
+    if (ok && after && !after(start, count)) {
+      *why = "stopped by its caller";
+      ok = false;
+    }
   }
   if (fd >= 0) close(fd);
   return ok;
@@ -675,6 +675,26 @@ bool fd_fetch(const char* address, int expected_pid, const uint64_t* tokens, siz
       close_descriptors(fds->data(), fds->size());
       fds->assign(n, -1);
     }
+  }
+  if (!ok && why != nullptr) *why = reason;
+  return ok;
+}
+
+bool fd_fetch_batches(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                      size_t batch, const FdBatchTaker& take, int timeout_ms, const char** why) {
+  const char* reason = "invalid argument";
+  bool ok = take && (tokens != nullptr || n == 0) && timeout_ms > 0 && batch > 0 &&
+            batch <= kFdMaxPerMessage;
+  if (ok && n > 0) {
+    std::vector<uint32_t> statuses(n);
+    std::vector<int> fds(n, -1);
+    size_t taken = 0;  // descriptors [0, taken) are the taker's
+    ok = ask_service(address, expected_pid, tokens, n, statuses.data(), fds.data(), nullptr,
+                     timeout_ms, &reason, batch, [&](size_t start, uint32_t count) {
+                       taken = start + count;
+                       return take(start, fds.data() + start, count);
+                     });
+    if (!ok) close_descriptors(fds.data() + taken, n - taken);
   }
   if (!ok && why != nullptr) *why = reason;
   return ok;

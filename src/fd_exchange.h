@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace zc {
@@ -112,6 +113,16 @@ FdService* fd_service();
 // close). Returns within timeout_ms (> 0) in total.
 bool fd_fetch(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
               std::vector<int>* fds, int timeout_ms, const char** why);
+
+// fd_fetch with at most `batch` (1 .. kFdMaxPerMessage) descriptors received at once: one
+// message per `batch` tokens on one connection, each handed to `take` before the next is asked
+// for. take(first, fds, count) gets the descriptors of tokens [first, first + count) (-1 for a
+// token the service does not know) and owns them from then on (it closes them, typically once
+// imported); it returns false to stop. So a process near its descriptor limit imports a buffer
+// of many allocations a batch at a time (fd_headroom.h). Credentials and failure as in fd_fetch.
+using FdBatchTaker = std::function<bool(size_t first, const int* fds, size_t count)>;
+bool fd_fetch_batches(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
+                      size_t batch, const FdBatchTaker& take, int timeout_ms, const char** why);
 
 // The blobs of `tokens` (each with kFdBlobToken) from the service at `address`: (*found)[i]
 // says whether token i is published, (*blobs)[i] holds its bytes then. Credentials, splitting

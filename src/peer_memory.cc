@@ -8,6 +8,8 @@
 #include <mutex>
 
 #include "fd_exchange.h"
+#include "fd_headroom.h"
+#include "housekeeping.h"
 #include "route_memory.h"
 #include "stats.h"
 
@@ -71,13 +73,31 @@ std::map<uint64_t, Exported>& exports() {
   static auto* m = new std::map<uint64_t, Exported>;
   return *m;
 }
+uint64_t g_fd_exports = 0;  // of them, descriptors the fd service keeps (guarded by g_exports_mu)
 
-uint64_t export_block(const CudaDriver& cu, const Block& b) {
+// Forgets export `it` (under g_exports_mu) and withdraws it from the service.
+void withdraw_export(FdService* service, std::map<uint64_t, Exported>::iterator it) {
+  if (service) service->withdraw(it->second.token);
+  if (!(it->second.token & kFdBlobToken)) --g_fd_exports;
+  exports().erase(it);
+}
+
+// Whether one more descriptor may be kept for an export with at least `floor` free
+// (fd_headroom.h); says so once if not.
+bool room_for_fd_export(int64_t floor) {
+  if (g_fd_exports < fd_export_cap() && fd_headroom() >= floor) return true;
+  fd_export_refused(g_fd_exports);
+  return false;
+}
+
+// The allocation `b` exported (known by its block id after the first time): its token, 0 when it
+// cannot be. A descriptor export leaves at least `floor` descriptors free.
+uint64_t export_block(const CudaDriver& cu, const Block& b, int64_t floor = kFdOpReserve) {
   std::lock_guard<std::mutex> lock(g_exports_mu);
   auto it = exports().find(b.id);
   if (it != exports().end()) return it->second.token;
   FdService* service = fd_service();
-  if (!service) return 0;
+  if (!service || (b.posix_fd && !room_for_fd_export(floor))) return 0;
   CUmemGenericAllocationHandle h = 0;
   if (cu.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(b.base)) != CUDA_SUCCESS) return 0;
   // A descriptor where the allocation has one, else its FABRIC handle's bytes (a blob the
@@ -101,8 +121,24 @@ uint64_t export_block(const CudaDriver& cu, const Block& b) {
     }
   }
   cu.cuMemRelease(h);  // the retain's reference; the application's own stays
-  if (token) exports()[b.id] = Exported{b.base, b.bytes, token};
+  if (!token) return 0;
+  exports()[b.id] = Exported{b.base, b.bytes, token};
+  if (b.posix_fd) {
+    ++g_fd_exports;
+    fd_headroom_opened(1);
+    fd_export_made();
+  }
+  housekeeping_start();  // which withdraws it once the application frees the allocation
   return token;
+}
+
+// Whether the allocation exported as block `id` at `base` is gone: the address holds another
+// allocation, or none (CUDA_ERROR_INVALID_VALUE). Any other failure (no context, a driver
+// shutting down) tells nothing, and the export stays.
+bool export_freed(const CudaDriver& cu, uint64_t base, uint64_t id) {
+  unsigned long long now = 0;
+  const CUresult r = cu.cuPointerGetAttribute(&now, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, base);
+  return r == CUDA_ERROR_INVALID_VALUE || (r == CUDA_SUCCESS && now != id);
 }
 
 // The extent of the allocation at `p`, exported. An allocation exported before is known by its
@@ -200,97 +236,133 @@ bool describe_inside(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const 
          out->extents[out->nextents - 1].base + out->extents[out->nextents - 1].bytes >= end;
 }
 
+bool export_stage(const CudaDriver& cu, uint64_t addr) {
+  Block b;
+  return block_at(cu, addr, &b) && export_block(cu, b, kFdImportSpare) != 0;
+}
+
 void sweep_exports(const CudaDriver& cu) {
+  // The driver is asked with no lock held: the application's thread takes g_exports_mu to post,
+  // and must never wait behind a driver call of the housekeeping thread (housekeeping.h).
+  std::vector<std::pair<uint64_t, Exported>> known;
+  {
+    std::lock_guard<std::mutex> lock(g_exports_mu);
+    known.assign(exports().begin(), exports().end());
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> gone;  // (block id, token)
+  for (const auto& [id, e] : known)
+    if (export_freed(cu, e.base, id)) gone.emplace_back(id, e.token);
+  if (gone.empty()) return;
   std::lock_guard<std::mutex> lock(g_exports_mu);
   FdService* service = fd_service();
-  for (auto it = exports().begin(); it != exports().end();) {
-    Block b;
-    const bool live = block_at(cu, it->second.base, &b) && b.id == it->first;
-    if (live) {
-      ++it;
-      continue;
-    }
-    if (service) service->withdraw(it->second.token);
-    it = exports().erase(it);
+  for (const auto& [id, token] : gone) {
+    const auto it = exports().find(id);
+    if (it != exports().end() && it->second.token == token) withdraw_export(service, it);
   }
 }
 
 void withdraw_all_exports() {
   std::lock_guard<std::mutex> lock(g_exports_mu);
-  if (FdService* service = fd_service())
-    for (const auto& [id, e] : exports()) service->withdraw(e.token);
-  exports().clear();
+  FdService* service = fd_service();
+  while (!exports().empty()) withdraw_export(service, exports().begin());
 }
 
-// Extents [first, last] of `buf` are imported (those not imported yet, in one request to their
-// owner's fd service).
-bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, uint32_t first,
-                                 uint32_t last, int pid, const char* fd_address,
-                                 const char** why) {
-  std::vector<uint64_t> tokens;
-  std::vector<const OpExtent*> wanted;
-  for (uint32_t i = first; i <= last; ++i)
-    if (!imports_.count({pid, buf.extents[i].block_id})) {
-      tokens.push_back(buf.extents[i].token);
-      wanted.push_back(&buf.extents[i]);
-    }
-  if (tokens.empty()) return true;
-  owners_[pid] = fd_address;
-  const auto started = std::chrono::steady_clock::now();
-  uint64_t imported = 0, imported_bytes = 0;
-  // Descriptors and FABRIC blobs (tokens with kFdBlobToken) come in one request each.
-  std::vector<uint64_t> fd_tokens, blob_tokens;
-  for (uint64_t t : tokens) (t & kFdBlobToken ? blob_tokens : fd_tokens).push_back(t);
-  std::vector<int> got_fds;
-  std::vector<FdBlob> blobs;
-  std::vector<bool> found;
-  if ((!fd_tokens.empty() && !fd_fetch(fd_address, pid, fd_tokens.data(), fd_tokens.size(),
-                                       &got_fds, kFdTimeoutMs, why)) ||
-      (!blob_tokens.empty() && !fd_fetch_blobs(fd_address, pid, blob_tokens.data(),
-                                               blob_tokens.size(), &blobs, &found, kFdTimeoutMs,
-                                               why))) {
-    for (int fd : got_fds)
-      if (fd >= 0) close(fd);
+PeerImports::PeerImports(int device) : device_(device) {
+  stats_peer_held_budget(kPeerHeldBudget);
+  housekeeping_id_ = housekeeping_add(this);
+}
+
+void PeerImports::keep_import(int pid, const OpExtent& e, CUmemGenericAllocationHandle h) {
+  Import& kept = imports_[{pid, e.block_id}];
+  kept.handle = h;
+  kept.bytes = e.bytes;
+  kept.token = e.token;
+  held_ += kept.bytes;
+  stats_pool_bytes_add(static_cast<int64_t>(kept.bytes));
+  stats_peer_held_add(static_cast<int64_t>(kept.bytes));
+}
+
+// The allocations of `wanted` exported as descriptors, imported a batch at a time: each batch's
+// descriptors are closed once imported, before the next is asked for, so that a process near its
+// descriptor limit receives no more than it can hold (fd_headroom.h).
+bool PeerImports::import_descriptors(const CudaDriver& cu,
+                                     const std::vector<const OpExtent*>& wanted, int pid,
+                                     const char* fd_address, const char** why) {
+  if (wanted.empty()) return true;
+  const int64_t batch = fd_import_batch();
+  if (batch == 0) {
+    *why = "out of file descriptors (RLIMIT_NOFILE) to import a peer's buffer";
     return false;
   }
-  // Back in the order of `wanted`: fds[i] >= 0, or blob_of[i] >= 0 for a found blob.
-  std::vector<int> fds(tokens.size(), -1), blob_of(tokens.size(), -1);
-  for (size_t i = 0, nf = 0, nb = 0; i < tokens.size(); ++i) {
-    if (tokens[i] & kFdBlobToken) {
-      if (found[nb]) blob_of[i] = static_cast<int>(nb);
-      ++nb;
-    } else {
-      fds[i] = got_fds[nf++];
+  std::vector<uint64_t> tokens;
+  for (const OpExtent* e : wanted) tokens.push_back(e->token);
+  const char* failed = nullptr;
+  auto take = [&](size_t first, const int* fds, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      CUmemGenericAllocationHandle h = 0;
+      if (fds[i] < 0)
+        failed = failed ? failed : "a peer no longer exports a buffer it posted";
+      else if (failed || !import_allocation(cu, fds[i], &h))
+        failed = failed ? failed : "could not import a peer's buffer";
+      else
+        keep_import(pid, *wanted[first + i], h);
+      if (fds[i] >= 0) close(fds[i]);  // the handle holds the memory now
     }
-  }
-  bool ok = true;
-  for (size_t i = 0; i < fds.size(); ++i) {
+    return failed == nullptr;
+  };
+  if (fd_fetch_batches(fd_address, pid, tokens.data(), tokens.size(), static_cast<size_t>(batch),
+                       take, kFdTimeoutMs, why))
+    return true;
+  if (failed) *why = failed;
+  return false;
+}
+
+// The allocations of `wanted` exported as FABRIC handles: their bytes in one request (no
+// descriptor travels).
+bool PeerImports::import_blobs(const CudaDriver& cu, const std::vector<const OpExtent*>& wanted,
+                               int pid, const char* fd_address, const char** why) {
+  if (wanted.empty()) return true;
+  std::vector<uint64_t> tokens;
+  for (const OpExtent* e : wanted) tokens.push_back(e->token);
+  std::vector<FdBlob> blobs;
+  std::vector<bool> found;
+  if (!fd_fetch_blobs(fd_address, pid, tokens.data(), tokens.size(), &blobs, &found, kFdTimeoutMs,
+                      why))
+    return false;
+  for (size_t i = 0; i < wanted.size(); ++i) {
     CUmemGenericAllocationHandle h = 0;
-    const bool present = fds[i] >= 0 || blob_of[i] >= 0;
-    const bool imported_it =
-        ok && present &&
-        (fds[i] >= 0 ? import_allocation(cu, fds[i], &h)
-                     : import_fabric_allocation(cu, blobs[static_cast<size_t>(blob_of[i])].bytes,
-                                                &h));
-    if (imported_it) {
-      Import& kept = imports_[{pid, wanted[i]->block_id}];
-      kept.handle = h;
-      kept.bytes = wanted[i]->bytes;
-      kept.token = wanted[i]->token;
-      held_ += kept.bytes;
-      stats_pool_bytes_add(static_cast<int64_t>(kept.bytes));
-      ++imported;
-      imported_bytes += kept.bytes;
-    } else if (ok) {
-      ok = false;
-      *why = !present ? "a peer no longer exports a buffer it posted"
-                      : "could not import a peer's buffer";
+    if (!found[i]) {
+      *why = "a peer no longer exports a buffer it posted";
+      return false;
     }
-    if (fds[i] >= 0) close(fds[i]);  // the handle holds the memory now
+    if (!import_fabric_allocation(cu, blobs[i].bytes, &h)) {
+      *why = "could not import a peer's buffer";
+      return false;
+    }
+    keep_import(pid, *wanted[i], h);
   }
+  return true;
+}
+
+// Extents [first, last] of `buf` are imported (those not imported yet): descriptors in batches,
+// FABRIC handles' bytes in one request.
+bool PeerImports::import_missing(const CudaDriver& cu, const OpBuffer& buf, uint32_t first,
+                                 uint32_t last, int pid, const char* fd_address, const char** why) {
+  std::vector<const OpExtent*> fds, blobs;
+  for (uint32_t i = first; i <= last; ++i)
+    if (!imports_.count({pid, buf.extents[i].block_id}))
+      (buf.extents[i].token & kFdBlobToken ? blobs : fds).push_back(&buf.extents[i]);
+  if (fds.empty() && blobs.empty()) return true;
+  owners_[pid] = fd_address;
+  housekeeping_start();  // which releases the imports once their owner frees them
+  const auto started = std::chrono::steady_clock::now();
+  const uint64_t held_before = held_;
+  const size_t count_before = imports_.size();
+  const bool ok = import_descriptors(cu, fds, pid, fd_address, why) &&
+                  import_blobs(cu, blobs, pid, fd_address, why);
   const auto took = std::chrono::steady_clock::now() - started;
   stats_peer_mapped(
-      imported, imported_bytes,
+      imports_.size() - count_before, held_ - held_before,
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
   return ok;
 }
@@ -342,6 +414,7 @@ PeerImports::View* PeerImports::map_view(const CudaDriver& cu, const OpBuffer& b
 bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
                           const char* fd_address, uint64_t addr, uint64_t bytes, uint64_t seq,
                           DoneMark done, Span* out, const char** why, ViewPin* pin) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (addr < buf.addr || bytes > buf.bytes || addr - buf.addr > buf.bytes - bytes) {
     *why = "a peer posted a buffer smaller than the op";
     return false;
@@ -388,16 +461,22 @@ size_t PeerImports::drain_unmaps(const CudaDriver& cu, size_t max_calls) {
   });
 }
 
-void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it) {
+CUmemGenericAllocationHandle PeerImports::forget_import(std::map<Key, Import>::iterator it) {
   if (it->second.freed) {
     --freed_;
     freed_held_ -= it->second.bytes;
   }
-  cu.cuMemRelease(it->second.handle);
+  const CUmemGenericAllocationHandle h = it->second.handle;
   held_ -= it->second.bytes;
   stats_pool_bytes_add(-static_cast<int64_t>(it->second.bytes));
+  stats_peer_held_add(-static_cast<int64_t>(it->second.bytes));
   stats_peer_unmapped(it->second.bytes);
   imports_.erase(it);
+  return h;
+}
+
+void PeerImports::release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it) {
+  cu.cuMemRelease(forget_import(it));
 }
 
 // Takes out of use every view over an allocation its owner freed, once its last op finished;
@@ -412,31 +491,59 @@ void PeerImports::retire_freed() {
     if (views_[i].idle() && over_freed(views_[i])) retire_view(i);
 }
 
-// Asks every owner which of our imports' allocations it still exports. An owner that does not
-// answer (its process is gone, or busy past the time limit) leaves its imports as they are.
-void PeerImports::mark_freed() {
+// For each owner, the tokens of the imports not known to be freed yet.
+void PeerImports::queries_locked(std::vector<OwnerQuery>* out) const {
   for (const auto& [pid, address] : owners_) {
-    std::vector<uint64_t> tokens;
-    std::vector<Import*> asked;
+    OwnerQuery q;
+    q.pid = pid;
+    q.address = address;
     for (auto it = imports_.lower_bound({pid, 0}); it != imports_.end() && it->first.first == pid;
-         ++it) {
-      tokens.push_back(it->second.token);
-      asked.push_back(&it->second);
-    }
-    std::vector<bool> published;
-    if (tokens.empty() || !fd_published(address.c_str(), pid, tokens.data(), tokens.size(),
-                                        &published, kFdAskTimeoutMs, nullptr))
-      continue;
-    for (size_t i = 0; i < asked.size(); ++i)
-      if (!published[i] && !asked[i]->freed) {
-        asked[i]->freed = true;
-        ++freed_;
-        freed_held_ += asked[i]->bytes;
+         ++it)
+      if (!it->second.freed) {
+        q.tokens.push_back(it->second.token);
+        q.block_ids.push_back(it->first.second);
       }
+    if (!q.tokens.empty()) out->push_back(std::move(q));
   }
 }
 
+// Marks the imports an owner answered it no longer exports. An owner that did not answer (its
+// process is gone, or busy past the time limit) leaves its imports as they are; an import made
+// again since the question (another token) is not the one asked about.
+void PeerImports::apply_answers(const std::vector<OwnerQuery>& answers) {
+  for (const OwnerQuery& q : answers) {
+    if (!q.answered) continue;
+    for (size_t i = 0; i < q.tokens.size(); ++i) {
+      const auto it = imports_.find({q.pid, q.block_ids[i]});
+      if (q.published[i] || it == imports_.end() || it->second.token != q.tokens[i] ||
+          it->second.freed)
+        continue;
+      it->second.freed = true;
+      ++freed_;
+      freed_held_ += it->second.bytes;
+    }
+  }
+}
+
+// Asks every owner which of our imports' allocations it still exports, on the application's
+// thread (a socket round trip per owner, kFdAskTimeoutMs at most).
+void PeerImports::mark_freed() {
+  std::vector<OwnerQuery> queries;
+  queries_locked(&queries);
+  for (OwnerQuery& q : queries)
+    q.answered = fd_published(q.address.c_str(), q.pid, q.tokens.data(), q.tokens.size(),
+                              &q.published, kFdAskTimeoutMs, nullptr);
+  apply_answers(queries);
+}
+
+bool PeerImports::copies_idle() const {
+  for (const View& v : views_)
+    if (!v.done.passed()) return false;
+  return true;
+}
+
 void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
+  std::lock_guard<std::mutex> lock(mu_);
   // Called after every op: it walks its views and imports only when an owner freed some of
   // them (until they are gone), a bound is exceeded or views wait to be unmapped.
   if (ask_owners) mark_freed();
@@ -456,9 +563,9 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
 }
 
 void PeerImports::release_while_idle(const CudaDriver& cu, uint64_t budget) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (unmapping_.empty() && freed_ == 0 && held_ <= budget) return;
-  for (const View& v : views_)
-    if (!v.done.passed()) return;  // this rank's copies may still run
+  if (!copies_idle()) return;  // this rank's copies may still run
   if (freed_ > 0) retire_freed();
   release_some(cu, budget);
 }
@@ -498,6 +605,7 @@ void PeerImports::release_some(const CudaDriver& cu, uint64_t budget) {
 }
 
 void PeerImports::release_idle(const CudaDriver& cu) {
+  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = views_.size(); i-- > 0;)
     if (views_[i].idle()) retire_view(i);
   drain_unmaps(cu, SIZE_MAX);
@@ -508,7 +616,58 @@ void PeerImports::release_idle(const CudaDriver& cu) {
       ++it;
 }
 
+uint64_t PeerImports::held_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
+}
+
+bool PeerImports::owner_queries(std::vector<OwnerQuery>* out) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock) return false;
+  queries_locked(out);
+  return true;
+}
+
+bool PeerImports::take_releasable(const std::vector<OwnerQuery>& answers, size_t max_calls,
+                                  Release* out) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock) return false;
+  apply_answers(answers);
+  if (freed_ > 0) retire_freed();
+  // Unmapping slows the copies in flight (peer_memory.h): while they run, the application's
+  // thread releases at its ops as before, unless too much freed memory is held.
+  if (unmapping_.empty() && freed_ == 0) return true;
+  if (!copies_idle() && freed_held_ <= kFreedHeldWhileBusy) return true;
+  out->device = device_;
+  size_t calls = 0;
+  UnmapQueue::View v;
+  while (calls < max_calls && unmapping_.take_front(&v)) {
+    // As good as unmapped for the books: nothing here maps it any more.
+    for (uint64_t id : v.blocks) imports_[{v.pid, id}].views--;
+    calls += v.sizes.size() - v.unmapped;
+    out->views.push_back(std::move(v));
+  }
+  for (auto it = imports_.begin(); calls < max_calls && it != imports_.end();)
+    if (it->second.views == 0 && it->second.freed) {
+      out->handles.push_back(forget_import(it++));
+      ++calls;
+    } else {
+      ++it;
+    }
+  return true;
+}
+
+void PeerImports::release(const CudaDriver& cu, Release* r) {
+  ScopedDevice on(r->device);
+  for (UnmapQueue::View& v : r->views) UnmapQueue::finish(cu, &v);
+  for (CUmemGenericAllocationHandle h : r->handles) cu.cuMemRelease(h);
+  r->views.clear();
+  r->handles.clear();
+}
+
 PeerImports::~PeerImports() {
+  housekeeping_remove(housekeeping_id_);
+  std::lock_guard<std::mutex> lock(mu_);
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;
   ScopedDevice on(device_);

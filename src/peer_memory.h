@@ -17,10 +17,13 @@
 //   cuMem memory        by address in its process when cuMemGetAccess grants the peer's device;
 //                       across processes when its allocation allows POSIX fds (PyTorch's
 //                       expandable segments do) or FABRIC handles (what they may allow alone on
-//                       an IMEX node; fd preferred where both are). An import keeps the exporter's memory alive
-//                       until it is unmapped, even after the exporter freed it: the caches are
-//                       bounded, and `held_bytes` (and the stats' pool_bytes gauge) report what
-//                       this rank holds of its peers.
+//                       an IMEX node; fd preferred where both are). An import keeps the exporter's
+//                       memory alive until it is unmapped, even after the exporter freed it, and so
+//                       does an export (the fd service's duplicate of its descriptor): both go
+//                       within two housekeeping periods of the free (housekeeping.h), with no NCCL
+//                       call; the imports are bounded (kPeerHeldBudget), and `held_bytes` (and the
+//                       stats' pool_bytes and peer_held_bytes gauges) report what this rank
+//                       holds of its peers. Descriptors are bounded too (fd_headroom.h).
 //   anything else       (host, managed, stream-ordered pools): not reachable; the op then goes
 //                       to NCCL when this rank decides it (op_exchange.h).
 #pragma once
@@ -31,6 +34,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +45,11 @@
 #include "unmap_queue.h"
 
 namespace zc {
+
+// The peers' memory one communicator keeps mapped before it releases the least recently used
+// imports (once the ops that used them finished): an import keeps memory alive that its owner
+// may have freed. Stated in the stats (peer_held_budget_bytes) and the housekeeping's INFO line.
+constexpr uint64_t kPeerHeldBudget = uint64_t{16} << 30;
 
 // Who must be able to reach a rank's buffers.
 struct ReachNeeds {
@@ -62,9 +71,16 @@ bool describe_inside(const CudaDriver& cu, uint64_t addr, uint64_t bytes, const 
                      const OpBuffer& outer, OpBuffer* out);
 
 // Exported allocations: withdraws the fd-service entries of allocations no longer mapped where
-// they were (freed by the application). Cheap enough to call every few ops. An export keeps its
-// allocation alive, so they must not outlive their use.
+// they were (freed by the application): one driver query per export, made with no lock held
+// (the housekeeping thread calls it every period, housekeeping.h; the application's thread now
+// and then). An export keeps its allocation alive, so they must not outlive their use.
+// Exports are bounded by the descriptors the process may open (fd_headroom.h): one that would
+// pass the bound is not made, and the buffer across it is unreachable for that op.
 void sweep_exports(const CudaDriver& cu);
+// Exports the stage allocated at `addr` (stage_buffer.h) now, with what is left of the
+// descriptors' reserve if need be (fd_headroom.h): a rank stages only once an op's verdict sent
+// it to the copy engines, and its later peers then cannot do without its stage.
+bool export_stage(const CudaDriver& cu, uint64_t addr);
 // Withdraws every export: when no communicator of this process can post them any more (they
 // are made again on demand). The peers' imports hold references of their own.
 void withdraw_all_exports();
@@ -99,12 +115,36 @@ using ViewPin = std::shared_ptr<std::atomic<int>>;
 // releasing while they ran slowed them (4xH200, 1 GiB in place: the ten ops during which the
 // previous size's freed buffers went ran 2.9-3.1 ms against 2.08; never releasing, 1.00x NCCL
 // CE's copy-engine path; docs/PERFORMANCE.md, "Three and four GPUs").
+//
+// Every public call takes the object's lock. The housekeeping thread (housekeeping.h) also
+// releases what may go — imports whose owner freed them, views no op uses — without any NCCL
+// call: it takes the lock only with try_lock and only for bookkeeping (owner_queries,
+// take_releasable), and makes its socket and driver calls (release) with no lock held, so the
+// application's thread never waits behind a driver call of its.
 class PeerImports {
  public:
-  explicit PeerImports(int device) : device_(device) {}
+  explicit PeerImports(int device);  // registered with the housekeeping thread
   ~PeerImports();  // releases every mapping: the caller made sure nothing uses them any more
   PeerImports(const PeerImports&) = delete;
   PeerImports& operator=(const PeerImports&) = delete;
+
+  // One owner's question for the housekeeping thread: which of `tokens` (the imports of
+  // `block_ids` from process `pid`, whose fd service is at `address`) it still exports.
+  struct OwnerQuery {
+    int pid = 0;
+    std::string address;
+    std::vector<uint64_t> tokens, block_ids;
+    std::vector<bool> published;  // the answer
+    bool answered = false;
+  };
+  // What the housekeeping thread unmaps and releases, out of any PeerImports: views no op uses
+  // any more, then the imports that only they mapped.
+  struct Release {
+    int device = -1;
+    std::vector<UnmapQueue::View> views;
+    std::vector<CUmemGenericAllocationHandle> handles;
+    bool empty() const { return views.empty() && handles.empty(); }
+  };
 
   // [addr, addr + bytes) of the peer's buffer `buf` (posted by process `pid` whose fd service
   // is at `fd_address`) as one span here, for op `seq` whose copies end with `done`; false with
@@ -123,7 +163,21 @@ class PeerImports {
   // Releases every view no live graph pins and whose ops have finished, and the imports no
   // view maps any more (a suspended communicator), all at once.
   void release_idle(const CudaDriver& cu);
-  uint64_t held_bytes() const { return held_; }
+  uint64_t held_bytes();
+  int device() const { return device_; }
+
+  // Housekeeping, from its thread (housekeeping.h); both only try the lock and return false
+  // when the application's thread holds it. The questions to ask each owner (imports it has
+  // not been found to free yet).
+  bool owner_queries(std::vector<OwnerQuery>* out);
+  // With the answers (if any): marks what the owners freed; then, when this rank's copies are
+  // idle (or the freed memory held passes kFreedHeldWhileBusy, peer_memory.cc), takes out into
+  // *out views waiting to be unmapped and freed imports no view maps any more, about
+  // `max_calls` driver calls' worth (a whole view at least): the thread checks between such
+  // steps that the copies are still idle, as unmapping slows the copies in flight.
+  bool take_releasable(const std::vector<OwnerQuery>& answers, size_t max_calls, Release* out);
+  // Unmaps and releases what take_releasable took out; no lock of any PeerImports.
+  static void release(const CudaDriver& cu, Release* r);
 
  private:
   using Key = std::pair<int, uint64_t>;  // (pid, block id)
@@ -148,17 +202,29 @@ class PeerImports {
   };
   bool import_missing(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last,
                       int pid, const char* fd_address, const char** why);
+  bool import_descriptors(const CudaDriver& cu, const std::vector<const OpExtent*>& wanted, int pid,
+                          const char* fd_address, const char** why);
+  bool import_blobs(const CudaDriver& cu, const std::vector<const OpExtent*>& wanted, int pid,
+                    const char* fd_address, const char** why);
+  void keep_import(int pid, const OpExtent& e, CUmemGenericAllocationHandle h);
   View* find_view(const OpBuffer& buf, uint32_t first, uint32_t last, int pid);
   View* map_view(const CudaDriver& cu, const OpBuffer& buf, uint32_t first, uint32_t last, int pid,
                  const char** why);
+  void queries_locked(std::vector<OwnerQuery>* out) const;
+  void apply_answers(const std::vector<OwnerQuery>& answers);
   void mark_freed();
   void retire_freed();
+  bool copies_idle() const;
   // Takes view i out of use and queues its unmapping; its imports count it until it is done.
   void retire_view(size_t i);
   size_t drain_unmaps(const CudaDriver& cu, size_t max_calls);
   void release_some(const CudaDriver& cu, uint64_t budget);
   void release_import(const CudaDriver& cu, std::map<Key, Import>::iterator it);
-  int device_;
+  // Takes an import out of the books (its bytes, its freed mark); its handle is the caller's.
+  CUmemGenericAllocationHandle forget_import(std::map<Key, Import>::iterator it);
+  const int device_;
+  uint64_t housekeeping_id_ = 0;  // its entry in the housekeeping thread's list
+  std::mutex mu_;                 // guards everything below
   uint64_t held_ = 0;
   size_t freed_ = 0;         // imports whose owner freed them, still held
   uint64_t freed_held_ = 0;  // ... and their bytes

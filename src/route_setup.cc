@@ -11,6 +11,7 @@
 #include "config.h"
 #include "fd_exchange.h"
 #include "flag_watch.h"
+#include "housekeeping.h"
 #include "local_aliases.h"
 #include "log.h"
 #include "nvml_links.h"
@@ -159,10 +160,12 @@ void release_route(CommState& st) {
       if (set[e]) cu->cuEventDestroy(set[e]), set[e] = nullptr;
   if (ce.nccl_tail) cu->cuEventDestroy(ce.nccl_tail), ce.nccl_tail = nullptr;
   st.ce.reset();
-  if (g_route_comms.fetch_sub(1) == 1)
+  if (g_route_comms.fetch_sub(1) == 1) {
     withdraw_all_exports();
-  else
+    housekeeping_stop();  // nothing left to tend; it is not waited for (housekeeping.h)
+  } else {
     sweep_exports(*cu);
+  }
 }
 
 }  // namespace

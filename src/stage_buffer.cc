@@ -15,6 +15,12 @@ bool StageBuffer::ensure(const CudaDriver& cu, uint64_t bytes, const ReachNeeds&
   stats_pool_bytes_add(static_cast<int64_t>(grown.bytes));
   if (current_) retired_.push_back(Retired{current_, retire_after});
   current_ = grown;
+  // Exported now, while the descriptors' reserve may still serve (peer_memory.h): describing it
+  // for the peers then finds the export made.
+  if (needs.by_extents && !export_stage(cu, current_.va)) {
+    *why = "could not export a stage for buffers its peers cannot reach";
+    return false;
+  }
   return true;
 }
 

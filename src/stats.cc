@@ -39,6 +39,8 @@ std::atomic<uint64_t> g_comms_created{0};
 std::atomic<uint64_t> g_comms_zero_policy{0};
 std::atomic<uint64_t> g_comms_ce_ready{0};
 std::atomic<int64_t> g_pool_bytes{0};  // signed: a free may be counted before its alloc is seen
+std::atomic<int64_t> g_peer_held_bytes{0};    // ... and of it, the peers' memory mapped here
+std::atomic<uint64_t> g_peer_held_budget{0};  // its bound per communicator, once one prepared
 std::atomic<uint64_t> g_inner_calls{0};
 std::atomic<uint64_t> g_pairs_each{0}, g_pairs_later_both{0};
 std::atomic<uint64_t> g_peer_mappings{0}, g_peer_mapped_bytes{0}, g_peer_map_micros{0};
@@ -108,6 +110,7 @@ void reset_counters() {
 void on_fork_child() {
   reset_counters();
   g_pool_bytes.store(0, kRelaxed);
+  g_peer_held_bytes.store(0, kRelaxed);
   g_owner_pid.store(getpid(), kRelaxed);
   // Another thread of the parent may have held the lock at fork(); the child has one thread.
   // The child writes its own file (its pid or rank differs), so it forgets the last one.
@@ -179,15 +182,18 @@ void print_route(const RouteStats& r) {
           r.captured_ops + r.local_group_ops ==
       0)
     return;
-  char mapped[32], unmapped[32];
+  char mapped[32], unmapped[32], held[32], budget[32];
   human_bytes(r.peer_mapped_bytes, mapped, sizeof(mapped));
   human_bytes(r.peer_unmapped_bytes, unmapped, sizeof(unmapped));
-  log_report("stats route pairs each_pushes=%" PRIu64 " later_does_both=%" PRIu64
-             " peer_mappings=%" PRIu64 " (%s, %.1f ms) unmapped=%s staged_ops=%" PRIu64
-             " captured_ops=%" PRIu64 " local_group_ops=%" PRIu64,
-             r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
-             static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, r.staged_ops, r.captured_ops,
-             r.local_group_ops);
+  human_bytes(r.peer_held_bytes, held, sizeof(held));
+  human_bytes(r.peer_held_budget_bytes, budget, sizeof(budget));
+  log_report(
+      "stats route pairs each_pushes=%" PRIu64 " later_does_both=%" PRIu64 " peer_mappings=%" PRIu64
+      " (%s, %.1f ms) unmapped=%s held=%s (bound %s per "
+      "communicator) staged_ops=%" PRIu64 " captured_ops=%" PRIu64 " local_group_ops=%" PRIu64,
+      r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
+      static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, held, budget, r.staged_ops,
+      r.captured_ops, r.local_group_ops);
   if (r.host_ops == 0) return;
   const double n = static_cast<double>(r.host_ops);
   const uint64_t sums[kHostPhases] = {r.host_post_micros,      r.host_arrive_micros,
@@ -263,6 +269,10 @@ void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros) {
 
 void stats_peer_unmapped(uint64_t bytes) { g_peer_unmapped_bytes.fetch_add(bytes, kRelaxed); }
 
+void stats_peer_held_add(int64_t delta) { g_peer_held_bytes.fetch_add(delta, kRelaxed); }
+
+void stats_peer_held_budget(uint64_t bytes) { g_peer_held_budget.store(bytes, kRelaxed); }
+
 void stats_op_staged() { g_staged_ops.fetch_add(1, kRelaxed); }
 void stats_op_captured() { g_captured_ops.fetch_add(1, kRelaxed); }
 void stats_op_local_group() { g_local_group_ops.fetch_add(1, kRelaxed); }
@@ -287,6 +297,9 @@ RouteStats route_stats_snapshot() {
   for (const RouteCounter& c : kRouteCounters) r.*c.field = c.counter->load(kRelaxed);
   for (int i = 0; i < kHostPhases; ++i)
     r.host_quantiles[i] = {g_host_times[i].quantile(0.5), g_host_times[i].quantile(0.9)};
+  const int64_t held = g_peer_held_bytes.load(kRelaxed);
+  r.peer_held_bytes = held > 0 ? static_cast<uint64_t>(held) : 0;
+  r.peer_held_budget_bytes = g_peer_held_budget.load(kRelaxed);
   return r;
 }
 
@@ -352,6 +365,8 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& ro
              kHostPhaseNames[i], q.p50, kHostPhaseNames[i], q.p90);
     out += buf;
   }
+  append_field(&out, "peer_held_bytes", route.peer_held_bytes);
+  append_field(&out, "peer_held_budget_bytes", route.peer_held_budget_bytes);
   out.back() = '}';
   out += ",\"ops\":{";
   bool first_op = true;

@@ -19,6 +19,10 @@ void stats_inner_call();
 void stats_pair_settled(bool each_pushes);
 void stats_peer_mapped(uint64_t mappings, uint64_t bytes, uint64_t micros);
 void stats_peer_unmapped(uint64_t bytes);
+// The peers' memory this process maps now (a gauge, like pool_bytes, which includes it), reported
+// beside its bound per communicator (peer_memory.h kPeerHeldBudget).
+void stats_peer_held_add(int64_t delta);
+void stats_peer_held_budget(uint64_t bytes);
 // An op in which this rank's buffers were reached through its stage (stage_buffer.h).
 void stats_op_staged();
 void stats_op_captured();  // an all-gather captured into a CUDA graph on the route

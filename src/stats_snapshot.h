@@ -38,6 +38,9 @@ struct RouteStats {
   // Their median and 90th percentile (to ~12 %, stats.cc), per phase and for the whole call,
   // in the order of kHostPhaseNames.
   HostQuantiles host_quantiles[kHostPhases];
+  // Gauges, not counters (a reset keeps them): the peers' memory mapped here now, and the bound
+  // on it per communicator.
+  uint64_t peer_held_bytes = 0, peer_held_budget_bytes = 0;
 };
 RouteStats route_stats_snapshot();
 

@@ -18,7 +18,8 @@ FAKE_HIDDEN int fake_cuda_device_count();
 FAKE_HIDDEN bool fake_cuda_initialized();
 
 // ---- fake_cuda_mem.cc ----
-// "cuda <what> pid=<pid> -> <r>" in the log; returns r.
+// "cuda <what> pid=<pid> -> <r>" in the log (" thread=zerocta-hk" before " pid=" for a call of
+// the shim's housekeeping thread); returns r.
 FAKE_HIDDEN CUresult fake_cuda_done(const std::string& what, CUresult r);
 // False (the call already answered into *r) when the driver is not initialized or the thread
 // has no current context.

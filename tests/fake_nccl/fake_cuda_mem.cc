@@ -73,12 +73,14 @@
 // entry point of the fake refuses a call from a user object's destructor
 // (CUDA_ERROR_NOT_PERMITTED, "called from a user-object destructor").
 //
-// Every call logs "cuda <name> ... pid=<pid> -> <result>". fake_cuda_live(kind) (exported,
+// Every call logs "cuda <name> ... pid=<pid> -> <result>" (" thread=zerocta-hk" before " pid="
+// when the shim's housekeeping thread made it). fake_cuda_live(kind) (exported,
 // for drivers) counts what this process still holds: "alloc", "reserve", "map", "stream",
 // "event", "memalloc", "hostreg", and fake_cuda_graph.cc's "graph", "exec", "userobj".
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -214,7 +216,14 @@ size_t granularity() {
   return g > 0 ? static_cast<size_t>(g) : kDefaultGranularity;
 }
 
-std::string pid_text() { return fake::strf(" pid=%d", static_cast<int>(getpid())); }
+// " pid=<pid>", after " thread=zerocta-hk" for a call of the shim's housekeeping thread (its
+// driver calls are the thread's own, not an op's: tests that count an op's calls leave them out).
+std::string pid_text() {
+  char name[16] = "";
+  prctl(PR_GET_NAME, name, 0, 0, 0);
+  const char* thread = strcmp(name, "zerocta-hk") == 0 ? " thread=zerocta-hk" : "";
+  return fake::strf("%s pid=%d", thread, static_cast<int>(getpid()));
+}
 
 CUresult done(const std::string& what, CUresult r) {
   fake::log_line("cuda " + what + pid_text() + fake::strf(" -> %d", static_cast<int>(r)));

@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -392,6 +393,17 @@ TEST(FdExchange, BlobsArriveInlineInAnotherProcessAndNeverAsDescriptors) {
   s->withdraw(f);
 }
 
+// Publishes `count` memfds whose contents are `prefix` + their index: their tokens, and each
+// one's inode in *inodes.
+std::vector<uint64_t> publish_numbered(size_t count, const std::string& prefix,
+                                       std::vector<ino_t>* inodes) {
+  std::vector<uint64_t> tokens(count);
+  inodes->assign(count, 0);
+  for (size_t i = 0; i < count; ++i)
+    tokens[i] = publish_content(prefix + std::to_string(i), &(*inodes)[i]);
+  return tokens;
+}
+
 TEST(FdExchange, SixHundredTokensInOneFetch) {
   constexpr size_t kCount = 600;
   static_assert(kCount > 2 * zc::kFdMaxPerMessage, "spans three messages");
@@ -405,12 +417,9 @@ TEST(FdExchange, SixHundredTokensInOneFetch) {
   }
   FdService* s = service();
   ASSERT_NE(s, nullptr);
-  std::vector<uint64_t> published(kCount);
-  std::vector<ino_t> inodes(kCount);
-  for (size_t i = 0; i < kCount; ++i) {
-    published[i] = publish_content("memfd #" + std::to_string(i), &inodes[i]);
-    ASSERT_NE(published[i], 0u);
-  }
+  std::vector<ino_t> inodes;
+  const std::vector<uint64_t> published = publish_numbered(kCount, "memfd #", &inodes);
+  for (uint64_t t : published) ASSERT_NE(t, 0u);
   // Asked in reverse order, with an unknown token in each message.
   std::vector<uint64_t> tokens;
   std::vector<long> expect;  // index into published, or -1
@@ -444,6 +453,68 @@ TEST(FdExchange, SixHundredTokensInOneFetch) {
   close_all(&fds);
   for (uint64_t t : published) s->withdraw(t);
   if (lim.rlim_cur < 2 * kCount + 256) setrlimit(RLIMIT_NOFILE, &lim);
+}
+
+// Descriptors open in this process now.
+int open_descriptors() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n - 1;  // less the directory's own
+}
+
+TEST(FdExchange, BatchedFetchFitsWhereOneFetchOfEveryDescriptorDoesNot) {
+  // A process near its RLIMIT_NOFILE (src/fd_headroom.h): 100 published descriptors, 24 free.
+  // One fetch of all of them receives more than the process may open (the kernel drops what it
+  // cannot install, and the fetch fails); fetched 16 at a time, each batch closed by the taker
+  // before the next is asked for, every one of them arrives, in order. A taker that stops gets
+  // no more, and nothing it was not handed stays open.
+  constexpr size_t kCount = 100, kBatch = 16;
+  constexpr int kFree = 24;
+  FdService* s = service();
+  ASSERT_NE(s, nullptr);
+  std::vector<ino_t> inodes;
+  const std::vector<uint64_t> tokens = publish_numbered(kCount, "batched #", &inodes);
+  for (uint64_t t : tokens) ASSERT_NE(t, 0u);
+  rlimit lim;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  rlimit tight = lim;
+  tight.rlim_cur = static_cast<rlim_t>(open_descriptors() + kFree);
+  ASSERT_LE(tight.rlim_cur, lim.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<int> all;
+  const char* why = nullptr;
+  EXPECT_FALSE(fd_fetch(s->address(), getpid(), tokens.data(), kCount, &all, kTimeoutMs, &why));
+  size_t seen = 0, most = 0;
+  auto take = [&](size_t first, const int* fds, size_t n) {
+    EXPECT_EQ(first, seen);
+    most = std::max(most, n);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(inode_of(fds[i]), inodes[first + i]) << first + i;
+      EXPECT_TRUE(has_cloexec(fds[i]));
+      close(fds[i]);
+    }
+    seen += n;
+    return true;
+  };
+  why = nullptr;
+  EXPECT_TRUE(zc::fd_fetch_batches(s->address(), getpid(), tokens.data(), kCount, kBatch, take,
+                                   kTimeoutMs, &why))
+      << why;
+  EXPECT_EQ(seen, kCount);
+  EXPECT_EQ(most, kBatch);
+  // Stopped after the first batch: the rest are never handed over, nor left open.
+  auto stop = [](size_t, const int* fds, size_t n) {
+    for (size_t i = 0; i < n; ++i) close(fds[i]);
+    return false;
+  };
+  EXPECT_FALSE(zc::fd_fetch_batches(s->address(), getpid(), tokens.data(), kCount, kBatch, stop,
+                                    kTimeoutMs, &why));
+  setrlimit(RLIMIT_NOFILE, &lim);
+  for (size_t i = 0; i < kCount; ++i) EXPECT_EQ(count_open(inodes[i]), 1) << i;  // the service's
+  for (uint64_t t : tokens) s->withdraw(t);
 }
 
 TEST(FdExchange, ForkedChildFetchesFromParentsService) {

@@ -296,6 +296,21 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   EXPECT_EQ(json.find("{,"), std::string::npos) << json;
 }
 
+TEST_F(StatsFileTest, PeersMemoryHeldIsAGaugeReportedWithItsBound) {
+  // The peers' memory mapped here and its bound per communicator (peer_memory.h): a gauge that
+  // a reset keeps, in the JSON's route object.
+  zc::stats_peer_held_budget(uint64_t{16} << 30);
+  zc::stats_peer_held_add(3 << 20);
+  zc::stats_reset();
+  const std::string file = path("held.json");
+  ASSERT_EQ(zerocta_write_stats_json(file.c_str()), 0);
+  zc::stats_peer_held_add(-(3 << 20));
+  const std::string json = read_file(file);
+  EXPECT_NE(json.find("\"peer_held_bytes\":3145728,\"peer_held_budget_bytes\":17179869184}"),
+            std::string::npos)
+      << json;
+}
+
 TEST_F(StatsFileTest, JsonWithNothingCountedHasEmptyOps) {
   const std::string file = path("empty.json");
   ASSERT_EQ(zerocta_write_stats_json(file.c_str()), 0);

@@ -92,5 +92,31 @@ TEST(UnmapQueue, OneCallCanFinishOneViewAndStartTheNext) {
   EXPECT_TRUE(q.empty());
 }
 
+TEST(UnmapQueue, AViewTakenOutPartlyUnmappedIsFinishedWhereItLeftOff) {
+  // The housekeeping thread takes the oldest view out (the application's thread may have
+  // unmapped part of it already) and finishes it with no queue: the rest of its allocations,
+  // then its range; the next view stays queued.
+  const CudaDriver cu = stub_driver();
+  UnmapQueue q;
+  q.add(0x100000, {kMiB, kMiB, kMiB}, 1, {1, 2, 3});
+  q.add(0x900000, {kMiB}, 2, {4});
+  EXPECT_EQ(q.drain(cu, 1, nullptr), 1u);
+  UnmapQueue::View v;
+  ASSERT_TRUE(q.take_front(&v));
+  EXPECT_EQ(v.unmapped, 1u);
+  EXPECT_EQ(v.blocks, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(q.size(), 1u);
+  EXPECT_EQ(UnmapQueue::finish(cu, &v, 1), 1u);
+  EXPECT_TRUE(g_frees.empty()) << "freed before its last allocation";
+  EXPECT_EQ(UnmapQueue::finish(cu, &v), 1u);
+  ASSERT_EQ(g_unmaps.size(), 3u);
+  EXPECT_EQ(g_unmaps[2].first, CUdeviceptr{0x100000 + 2 * kMiB});
+  ASSERT_EQ(g_frees.size(), 1u);
+  EXPECT_EQ(g_frees[0], std::make_pair(CUdeviceptr{0x100000}, size_t{3 * kMiB}));
+  ASSERT_TRUE(q.take_front(&v));
+  EXPECT_EQ(v.pid, 2);
+  EXPECT_FALSE(q.take_front(&v));
+}
+
 }  // namespace
 }  // namespace zc

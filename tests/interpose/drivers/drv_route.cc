@@ -48,7 +48,11 @@
 //             DRV_SECOND_WORLD=1 (after DRV_END, another communicator: init, an all-gather as
 //             again.*, destroy),
 //             DRV_SUSPEND=1 (then ncclCommSuspend(NCCL_SUSPEND_MEM), ncclCommResume and an
-//             all-gather "after": suspend_and_resume()).
+//             all-gather "after": suspend_and_resume()), DRV_IDLE_WATCH_MS=N (then, every
+//             buffer freed and with no NCCL call, up to N ms of watching the fake driver's
+//             memory held here go: idle_watch()), DRV_NOFILE_HEADROOM=K (the soft
+//             RLIMIT_NOFILE set to the descriptors open plus K once the all-gather's buffers
+//             exist: limit_descriptors()).
 
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
 //             DRV_KEY) and an all-gather on the child.
@@ -59,7 +63,8 @@
 //             reports as r<K>.child.*; the parent all-gathers again.
 //   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
 //   peerabort basic's init and all-gather, then rank 0 aborts and rank 1 polls, all-reduces and
-//             all-gathers (peer.*: see rank_peer_abort).
+//             all-gathers (peer.*: see rank_peer_abort); DRV_PEER_AHEAD: rank 0 runs ahead of
+//             rank 1, which aborts (ahead.*: see rank_ahead_of_an_aborting_peer).
 //   twocomms  basic's init twice (two instances of one unique id), then one group with an
 //             all-gather on each communicator, both on one stream, each with a pattern of its
 //             own: the first communicator's first, or with DRV_TWO_ORDER=reverse the second's
@@ -104,9 +109,12 @@
 #include <nccl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -246,6 +254,15 @@ uint8_t pattern(int rank, size_t i, int replay = -1) {
   return static_cast<uint8_t>(rank * 37 + i * 7 + 1 + (replay + 1) * 101);
 }
 
+// pattern() repeats every 256 bytes (7 is odd): one period of it, so that buffers of many MiB
+// are filled and checked with memcpy and memcmp (a byte at a time took most of a 256-op test).
+constexpr size_t kPatternPeriod = 256;
+std::array<uint8_t, kPatternPeriod> pattern_period(int rank, int replay) {
+  std::array<uint8_t, kPatternPeriod> p;
+  for (size_t i = 0; i < kPatternPeriod; ++i) p[i] = pattern(rank, i, replay);
+  return p;
+}
+
 // One buffer of an all-gather. DRV_AG_MEM=cumem (the default): cuMem memory that may be
 // exported as POSIX fds, opened read-write for `access` (the devices that must reach it by
 // address: its own, and in one-process scenarios its peers'), rounded up to the granularity —
@@ -340,7 +357,9 @@ struct Gather {
   void fill(int replay = -1) {
     memset(recv.data(), 0xee, recv.size());
     uint8_t* out = sent();
-    for (size_t i = 0; i < send.size(); ++i) out[i] = pattern(rank, i, replay);
+    const auto period = pattern_period(rank, replay);
+    for (size_t i = 0; i < send.size(); i += kPatternPeriod)
+      memcpy(out + i, period.data(), std::min(kPatternPeriod, send.size() - i));
   }
   // `legacy`: on the legacy default stream rather than the buffers' own.
   ncclResult_t issue(ncclComm_t c, bool legacy = false) {
@@ -356,9 +375,12 @@ struct Gather {
   }
   int data_ok(int replay = -1) const {
     const size_t bytes = send.size();
-    for (int r = 0; r < nranks; ++r)
-      for (size_t i = 0; i < bytes; ++i)
-        if (recv[static_cast<size_t>(r) * bytes + i] != pattern(r, i, replay)) return 0;
+    for (int r = 0; r < nranks; ++r) {
+      const auto period = pattern_period(r, replay);
+      const uint8_t* row = &recv[static_cast<size_t>(r) * bytes];
+      for (size_t i = 0; i < bytes; i += kPatternPeriod)
+        if (memcmp(row + i, period.data(), std::min(kPatternPeriod, bytes - i)) != 0) return 0;
+    }
     return 1;
   }
   ~Gather() {
@@ -472,6 +494,18 @@ void captured_all_gather(const std::string& tag, ncclComm_t c, int r, int n, boo
     destroy_captured(cg);
 }
 
+int proc_entries(const char* dir);  // below, with the cycles scenario
+
+// DRV_NOFILE_HEADROOM=K: the soft RLIMIT_NOFILE becomes the descriptors open now plus K, so that
+// what the all-gathers need beyond K is more than the process may open (nofile, nofile_rc).
+void limit_descriptors(long headroom) {
+  rlimit r{};
+  getrlimit(RLIMIT_NOFILE, &r);
+  r.rlim_cur = static_cast<rlim_t>(proc_entries("fd") + headroom);
+  out("nofile", static_cast<long long>(r.rlim_cur));
+  out("nofile_rc", setrlimit(RLIMIT_NOFILE, &r));
+}
+
 // An all-gather on `c` (rank `r` of `n`) with buffers on this rank's device: prints <tag>.rc
 // and <tag>.data_ok. DRV_SLEEP_BEFORE_AG_MS delays it (which rank arrives first);
 // DRV_AG_REPEAT=N issues it N times on the same buffers, each checked (rc: the first error,
@@ -482,6 +516,7 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   if (env_long("DRV_AG_CAPTURE", 0) == 1) return captured_all_gather(tag, c, r, n, grouped);
   const size_t bytes = static_cast<size_t>(env_long("DRV_AG_BYTES", 4096));
   auto fresh = std::make_unique<Gather>(r, n, bytes, g_device);
+  if (long k = env_long("DRV_NOFILE_HEADROOM", 0)) limit_descriptors(k);
   if (long ms = env_long("DRV_SLEEP_BEFORE_AG_MS", 0)) usleep(static_cast<useconds_t>(ms) * 1000);
   ncclResult_t rc = ncclSuccess;
   int ok = 1;
@@ -685,6 +720,56 @@ void suspend_and_resume(ncclComm_t c, int rank, int nranks) {
   stats("after");
 }
 
+// Descriptors of this process on the fake driver's memory (its memfds): its own allocations'
+// mappings, the fd service's duplicates of its exports, its imports of a peer's allocations.
+int memory_descriptors() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char link[256];
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t len = readlink(path.c_str(), link, sizeof link - 1);
+      if (len > 0 &&
+          std::string(link, static_cast<size_t>(len)).find("memfd:fake-cuda") != std::string::npos)
+        ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+// DRV_IDLE_WATCH_MS=N, after the all-gathers (their buffers freed): every rank meets the others,
+// then, making no NCCL call, watches for up to N ms until this process holds nothing of the fake
+// driver's memory (no memfd descriptor, no allocation handle, mapping or reservation): idle.*,
+// idle.clean_ms = when (-1: not within N ms). Between the markers <rank>.idle-begin and
+// <rank>.idle-end; the ranks meet again after it, so no rank calls NCCL while another watches.
+void idle_watch(long ms) {
+  using Clock = std::chrono::steady_clock;
+  if (g_barrier) barrier_of_ranks();
+  drv::log_marker((g_prefix + "idle-begin").c_str());
+  const Clock::time_point start = Clock::now();
+  out("idle.memfds_start", memory_descriptors());
+  out("idle.live_map_start", fake_cuda_live("map"));
+  long long clean_ms = -1;
+  for (;;) {
+    const long long waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    if (memory_descriptors() == 0 && fake_cuda_live("alloc") == 0 && fake_cuda_live("map") == 0 &&
+        fake_cuda_live("reserve") == 0) {
+      clean_ms = waited;
+      break;
+    }
+    if (waited > ms) break;
+    usleep(20 * 1000);
+  }
+  drv::log_marker((g_prefix + "idle-end").c_str());
+  out("idle.clean_ms", clean_ms);
+  out("idle.memfds", memory_descriptors());
+  cuda_live("idle");
+  stats("idle");
+  if (g_barrier) barrier_of_ranks();
+}
+
 void rank_basic(int rank, int nranks) {
   ncclComm_t c = init_world(rank, nranks);
   if (c == nullptr) return;
@@ -695,6 +780,7 @@ void rank_basic(int rank, int nranks) {
   if (env_long("DRV_AG", 1)) {
     all_gather("ag", c, rank, nranks, env_long("DRV_AG_GROUP", 0) == 1);
     stats("ag");
+    if (long ms = env_long("DRV_IDLE_WATCH_MS", 0)) idle_watch(ms);
   }
   if (env_long("DRV_SUSPEND", 0) == 1) suspend_and_resume(c, rank, nranks);
   end_comm(c, "world");
@@ -712,11 +798,39 @@ void rank_basic(int rank, int nranks) {
 // then rank 0 aborts while rank 1 goes on with an op NCCL runs (an all-reduce) and then asks
 // for an all-gather. Prints peer.async (rank 1's ncclCommGetAsyncError after rank 0's abort),
 // peer.ar_rc, peer.async_after_ar, peer.ag_rc; rank 0 prints peer.abort.
+// DRV_PEER_AHEAD=N instead: rank 0 issues N more all-gathers alone (more than the op ring
+// holds, so it ends up waiting for room) while rank 1 sleeps DRV_PEER_ABORT_AFTER_MS (default
+// 500) and aborts. Rank 0 prints ahead.rc (the first failed call's result, 0 if none),
+// ahead.failed_at (its index), ahead.ms (from its first call to the failed one's return) and
+// ahead.abort.
+void rank_ahead_of_an_aborting_peer(ncclComm_t c, int rank, int nranks, long ahead) {
+  if (rank != 0) {
+    usleep(static_cast<useconds_t>(env_long("DRV_PEER_ABORT_AFTER_MS", 500) * 1000));
+    out("peer.abort", ncclCommAbort(c));
+    return;
+  }
+  Gather g(rank, nranks, 4096, g_device);
+  const auto t0 = std::chrono::steady_clock::now();
+  ncclResult_t rc = ncclSuccess;
+  long i = 0;
+  for (; i < ahead && rc == ncclSuccess; ++i) rc = g.issue(c);
+  out("ahead.rc", rc);
+  out("ahead.failed_at", rc == ncclSuccess ? -1 : i - 1);
+  out("ahead.ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0)
+                      .count());
+  out("ahead.abort", ncclCommAbort(c));
+}
+
 void rank_peer_abort(int rank, int nranks) {
   ncclComm_t c = init_world(rank, nranks);
   if (c == nullptr) return;
   all_gather("ag", c, rank, nranks);
   barrier_of_ranks();
+  if (const long ahead = env_long("DRV_PEER_AHEAD", 0)) {
+    rank_ahead_of_an_aborting_peer(c, rank, nranks, ahead);
+    return;
+  }
   if (rank == 0) {
     out("peer.abort", ncclCommAbort(c));
     barrier_of_ranks();
