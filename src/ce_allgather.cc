@@ -662,6 +662,14 @@ ncclResult_t RoutedAllGather::complete() {
       return fail(st, ncclUnhandledCudaError, "ordering it after NCCL's ops", cuda_error_string(r));
   if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan, !x.hold); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
+  // A kernel before the op may have failed the context (a device-side assert, as PyTorch's NaN
+  // check raises): NCCL's kernel launch returns that error at once, but copies and stream
+  // memory operations do not. So the route asks its own push stream (never in a capture, and
+  // a query costs about what a launch does) and fails the op as NCCL's launch would.
+  if (!x.hold)
+    if (CUresult r = cu->cuStreamQuery(ce->streams[static_cast<int>(DirectStream::kPush)]);
+        r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
+      return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   if (!x.hold) routed_op_issued(st);
   // My peers in this process write into (and may read from) my buffers through their second
   // mappings; my push stream passes this point only after every such peer said done, so an

@@ -156,9 +156,9 @@ ZC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
               (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags));
   auto parent = comm_lookup(comm);
   if (parent && (shrinkFlags & NCCL_SHRINK_ABORT)) {
-    // The parent's operations are being terminated: release ours first.
-    route_poison(*parent, ncclRemoteError);
-    route_release_waits(*parent);
+    // The parent's operations are being terminated: ours end too, and their waits are released
+    // first. No error of the parent's for it: NCCL reports none (PyTorch polls it meanwhile).
+    route_leave_without_error(*parent);
   }
   std::vector<unsigned char> storage;
   PolicyResult p = policy_for(config, NullConfig::kInherit, &storage, "ncclCommShrink");

@@ -393,6 +393,10 @@ bool route_idle(const CeComm& ce) {
 void route_leave(CommState& st) {
   int none = ncclSuccess;
   st.poisoned.compare_exchange_strong(none, ncclRemoteError);
+  route_leave_without_error(st);
+}
+
+void route_leave_without_error(CommState& st) {
   std::lock_guard<std::mutex> lock(st.route_mu);
   if (!st.ce || !st.ce->ops) return;
   ScopedDevice on(st.device);

@@ -77,6 +77,10 @@ int route_adopt_peer_poison(CommState& st);
 // flags is released, and the peers learn that it left — not a poison: NCCL's abort is local,
 // and a peer's ops that do not need this rank go on (OpExchange::leave).
 void route_leave(CommState& st);
+// The same, but the communicator lives on with no error here: a shrink that aborts the
+// parent's operations (NCCL_SHRINK_ABORT) leaves the parent's asynchronous error at
+// ncclSuccess. A routed all-gather on it afterwards fails (a rank left: none can pair).
+void route_leave_without_error(CommState& st);
 
 // Whether a peer left so that this rank's routed ops cannot all be right (OpExchange::peer_left).
 bool route_peer_left(CommState& st);

@@ -14,7 +14,8 @@
 # ZCTEST_TORCH_K: pytest -k expression. ZCTEST_TORCH_STACKS_AFTER=S: S seconds into each mode's
 # run, the native stacks of every process of it still running (cuda-gdb) go to
 # OUTDIR/MODE-stacks.txt, for a hang's cause.
-# Out: OUTDIR/MODE.xml (JUnit), OUTDIR/MODE.log, OUTDIR/summary.txt; exit 1 when a test that
+# Out: OUTDIR/MODE.xml (JUnit, written at the end), OUTDIR/MODE.log (a line per test as it ends),
+# OUTDIR/summary.txt; exit 1 when a test that
 # passed plain did not pass with the library.
 set -uo pipefail
 
@@ -59,7 +60,7 @@ run_mode() {
   [[ -n ${ZCTEST_TORCH_K:-} ]] && k=(-k "$ZCTEST_TORCH_K")
   (
     cd "$testdir" || exit 2
-    exec setsid env "${env_mode[@]}" "$python" -m pytest -q -p no:cacheprovider -rA \
+    exec setsid env "${env_mode[@]}" "$python" -m pytest -v -p no:cacheprovider -rA \
       --timeout="${ZCTEST_TORCH_TIMEOUT:-150}" --junitxml="$outdir/$mode.xml" "${k[@]}" "$@"
   ) >"$outdir/$mode.log" 2>&1 &
   local pid=$!

@@ -1262,7 +1262,44 @@ TEST(RouteSetup, ShrinkWithAnExcludeListCommitsTheChild) {
   EXPECT_EQ(waits_not_satisfied(r), 0);
 }
 
+// PyTorch's shrink_group(shrink_flags=NCCL_SHRINK_ABORT) (test_shrink_group_flags): the excluded
+// rank aborts the parent, the others shrink it with NCCL_SHRINK_ABORT and then poll the parent's
+// asynchronous error, which NCCL leaves at ncclSuccess. The route releases its waits and leaves
+// the parent's exchange, but reports no error of its own (it did: ncclRemoteError, and PyTorch
+// raised "remote process exited").
+TEST(RouteSetup, AShrinkThatAbortsTheParentLeavesItsAsyncErrorAlone) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "3", "shrink"},
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"DRV_EXCLUDE", "1"}, {"DRV_SHRINK_ABORT", "1"}}),
+                          s);
+  EXPECT_EQ(rnum(r, 1, "excluded.abort"), 0) << r.describe();
+  for (int k : {0, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "shrink.ag_ce"), 1) << "the parent's all-gather took the route";
+    EXPECT_EQ(rnum(r, k, "world_ag.data_ok"), 1);
+    EXPECT_EQ(rnum(r, k, "shrink.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "shrink.parent_async"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_ag.data_ok"), 1) << r.describe();
+  }
+}
+
 // ---- 7. Failure paths ----
+
+// A kernel before the op failed the context (PyTorch's NaN check raises a device-side assert:
+// test_nan_assert expects the all-gather's call to fail, as NCCL's launch does at once). The
+// fake's stand-in: every stream query of rank 0 reports an error. The routed op fails with
+// ncclUnhandledCudaError rather than returning success over a dead context; rank 1 is released.
+TEST(RouteSetup, AnOpAfterAKernelFailedTheContextFailsAsNcclsLaunchWould) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route({"ranks", "2", "basic", "r0:FAKE_CUDA_FAIL=cuStreamQuery"},
+                          route_env(chan, rdv, unique_id_text()), s);
+  EXPECT_EQ(rnum(r, 0, "exit"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "exit"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 0, "ag.rc"), 1) << r.describe();  // ncclUnhandledCudaError
+}
+
 
 // Rank 1 cannot register the channel's op region with CUDA (where its streams' flags live):
 // every rank passes through and says why. Both join orders: the failing rank last, then first

@@ -14,9 +14,15 @@
 //           never launched before; thread B, 50 ms later, issues the copy and the flag write
 //           on P. If A's launch waits for W while B's calls wait for A's lock: a deadlock,
 //           reported after 5 s (and the process ends with status 2).
+//   loading, own context (argument "ctx2"): the same, but thread B issues its copy (between
+//           cuMem allocations, which every context of the device reaches) and its flag write
+//           on a stream of a context of its own on the same GPU (cuCtxCreate), as a route
+//           helper could; A's lazy load then has to wait for W, which only B's context
+//           releases. Only this part runs (the same-context one ends the process).
 //
 //   nvcc -O2 -o helper_issue_probe tests/gpu/probes/helper_issue_probe.cu -lcuda
 //   ./helper_issue_probe;  CUDA_DEVICE_MAX_CONNECTIONS=32 ./helper_issue_probe
+//   ./helper_issue_probe ctx2
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -25,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,7 +52,7 @@ struct Flags {
 Flags make_flags() {
   Flags f;
   void* p = nullptr;
-  CK(cudaHostAlloc(&p, 2 * sizeof(uint32_t), cudaHostAllocMapped));
+  CK(cudaHostAlloc(&p, 2 * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
   f.host = static_cast<volatile uint32_t*>(p);
   void* d = nullptr;
   CK(cudaHostGetDevicePointer(&d, p, 0));
@@ -79,7 +86,98 @@ bool p_runs_past_w(int j, const Flags& f, void* a, void* b, size_t bytes) {
   return ran;
 }
 
-int main() {
+// One allocation of `bytes` on device 0 through the cuMem API, mapped and open to the device:
+// unlike cudaMalloc memory, any context of the device reaches it.
+CUdeviceptr cumem_alloc(size_t bytes) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  bytes = (bytes + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle h;
+  CU(cuMemCreate(&h, bytes, &prop, 0));
+  CUdeviceptr va = 0;
+  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CU(cuMemMap(va, bytes, 0, h, 0));
+  CUmemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU(cuMemSetAccess(va, bytes, &access, 1));
+  return va;
+}
+
+// Thread A makes W wait on the flag and launches a kernel never launched before; thread B
+// issues P's copy and flag write 50 ms later, on a stream of the primary context or (own_context)
+// of a context of its own.
+void loading(bool own_context, const Flags& f, size_t bytes) {
+  const CUdeviceptr a = cumem_alloc(bytes), b = cumem_alloc(bytes);
+  cudaStream_t w, p = nullptr;
+  CK(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking));
+  if (!own_context) CK(cudaStreamCreateWithFlags(&p, cudaStreamNonBlocking));
+  f.host[0] = 0;
+  f.host[1] = 0;
+  int* out = nullptr;
+  CK(cudaMalloc(&out, 32 * sizeof(int)));
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    const auto t = std::chrono::steady_clock::now();
+    while (!finished.load() && ms_since(t) < 5000)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!finished.load()) {
+      printf("RESULT loading%s DEADLOCK (nothing finished within 5 s)\n",
+             own_context ? " (own context)" : "");
+      fflush(stdout);
+      _exit(2);
+    }
+  });
+  double launch_ms = 0, issue_ms = 0;
+  CUcontext own = nullptr;
+  CUstream own_stream = nullptr;
+  if (own_context) {  // made before the race, as a route would at set-up
+    CUdevice dev;
+    CU(cuDeviceGet(&dev, 0));
+    CUcontext primary;
+    CU(cuCtxGetCurrent(&primary));
+    CU(cuCtxCreate(&own, nullptr, 0, dev));
+    CU(cuStreamCreate(&own_stream, CU_STREAM_NON_BLOCKING));
+    CU(cuCtxSetCurrent(primary));
+  }
+  std::thread helper([&] {
+    if (own_context)
+      CU(cuCtxSetCurrent(own));
+    else
+      CK(cudaSetDevice(0));
+    const CUstream s = own_context ? own_stream : reinterpret_cast<CUstream>(p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto t = std::chrono::steady_clock::now();
+    CU(cuMemcpyAsync(b, a, bytes, s));
+    CU(cuStreamWriteValue32(s, f.release, 1, 0));
+    issue_ms = ms_since(t);
+  });
+  CU(cuStreamWaitValue32(reinterpret_cast<CUstream>(w), f.release, 1, CU_STREAM_WAIT_VALUE_GEQ));
+  const auto t = std::chrono::steady_clock::now();
+  never_launched_before<<<1, 32, 0, w>>>(out);
+  CK(cudaGetLastError());
+  launch_ms = ms_since(t);
+  helper.join();
+  CK(cudaStreamSynchronize(w));
+  if (own_context) {
+    CU(cuStreamSynchronize(own_stream));
+    CU(cuStreamDestroy(own_stream));
+    CU(cuCtxDestroy(own));
+  } else {
+    CK(cudaStreamSynchronize(p));
+  }
+  finished = true;
+  watchdog.join();
+  printf("RESULT loading%s ok: first launch returned after %.2f ms, the helper's copy and flag "
+         "write were issued in %.2f ms\n",
+         own_context ? " (own context)" : "", launch_ms, issue_ms);
+}
+
+int main(int argc, char** argv) {
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
   const char* conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -91,6 +189,10 @@ int main() {
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
   const Flags f = make_flags();
+  if (argc > 1 && std::string(argv[1]) == "ctx2") {
+    loading(true, f, bytes);
+    return 0;
+  }
 
   printf("queues: j streams made between W and P; blocked = P waited behind W's flag wait\n");
   int blocked = 0;
@@ -101,46 +203,6 @@ int main() {
   }
   printf("RESULT queues blocked=%d of 40\n", blocked);
 
-  // loading: thread A waits W on the flag and launches a new kernel; thread B issues P later.
-  cudaStream_t w, p;
-  CK(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&p, cudaStreamNonBlocking));
-  f.host[0] = 0;
-  f.host[1] = 0;
-  int* out = nullptr;
-  CK(cudaMalloc(&out, 32 * sizeof(int)));
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&] {
-    const auto t = std::chrono::steady_clock::now();
-    while (!finished.load() && ms_since(t) < 5000)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!finished.load()) {
-      printf("RESULT loading DEADLOCK (nothing finished within 5 s)\n");
-      fflush(stdout);
-      _exit(2);
-    }
-  });
-  double launch_ms = 0, issue_ms = 0;
-  std::thread helper([&] {
-    CK(cudaSetDevice(0));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const auto t = std::chrono::steady_clock::now();
-    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, p));
-    CU(cuStreamWriteValue32(reinterpret_cast<CUstream>(p), f.release, 1, 0));
-    issue_ms = ms_since(t);
-  });
-  CU(cuStreamWaitValue32(reinterpret_cast<CUstream>(w), f.release, 1, CU_STREAM_WAIT_VALUE_GEQ));
-  const auto t = std::chrono::steady_clock::now();
-  never_launched_before<<<1, 32, 0, w>>>(out);
-  CK(cudaGetLastError());
-  launch_ms = ms_since(t);
-  helper.join();
-  CK(cudaStreamSynchronize(w));
-  CK(cudaStreamSynchronize(p));
-  finished = true;
-  watchdog.join();
-  printf("RESULT loading ok: first launch returned after %.2f ms, the helper's copy and flag "
-         "write were issued in %.2f ms\n",
-         launch_ms, issue_ms);
+  loading(false, f, bytes);
   return blocked == 0 ? 0 : 1;
 }

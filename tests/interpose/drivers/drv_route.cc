@@ -57,7 +57,9 @@
 //   split     basic's init, then ncclCommSplit(DRV_COLOR ("nocolor" = NCCL_SPLIT_NOCOLOR),
 //             DRV_KEY) and an all-gather on the child.
 //   shrink    basic's init, then (ranks not in DRV_EXCLUDE, a comma list) ncclCommShrink and an
-//             all-gather on the child.
+//             all-gather on the child. DRV_SHRINK_ABORT=1: first an all-gather on the world,
+//             then the excluded ranks abort it (excluded.abort) and the others shrink with
+//             NCCL_SHRINK_ABORT and print the parent's ncclCommGetAsyncError (shrink.parent_async).
 //   fork      basic's init and all-gather, then fork(): the child makes a world of its own
 //             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
 //             reports as r<K>.child.*; the parent all-gathers again.
@@ -922,10 +924,23 @@ void rank_shrink(int rank, int nranks) {
   }
   bool me_excluded = false;
   for (int x : excluded) me_excluded = me_excluded || x == rank;
+  const bool abort_parent = env_long("DRV_SHRINK_ABORT", 0) == 1;
+  if (abort_parent) {  // the parent's route in use; the excluded ranks abort it and leave
+    all_gather("world_ag", c, rank, nranks);
+    if (me_excluded) {
+      out("excluded.abort", ncclCommAbort(c));
+      return;
+    }
+  }
   if (!me_excluded) {
     ncclComm_t child = nullptr;
     out("shrink.rc", ncclCommShrink(c, excluded.data(), static_cast<int>(excluded.size()), &child,
-                                    nullptr, NCCL_SHRINK_DEFAULT));
+                                    nullptr, abort_parent ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
+    if (abort_parent) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
+      out("shrink.parent_async", poll != ncclSuccess ? poll : state);
+    }
     if (child != nullptr) use_child(child, "shrink");
   }
   end_comm(c, "world");
