@@ -21,10 +21,11 @@ void announce(const Config& c) {
   for (const UnknownVar& u : find_unknown_vars_in_environment())
     ZC_WARN("%s", unknown_var_line(u).c_str());
   ZC_INFO(
-      "config: zerocta %s ZEROCTA_ENABLE=%d ZEROCTA_STRICT=%d ZEROCTA_CTA_POLICY=%s%s "
-      "ZEROCTA_ALLGATHER=%s ZEROCTA_MIN_BYTES=%llu ZEROCTA_AUTO_MAX_RANKS=%llu "
-      "ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
-      ZEROCTA_VERSION_STRING, c.enable ? 1 : 0, c.strict ? 1 : 0, to_string(c.cta_policy),
+      "config: zerocta %s ZEROCTA_ENABLE=%d ZEROCTA_STRICT=%d ZEROCTA_LOG=%s%s "
+      "ZEROCTA_CTA_POLICY=%s%s ZEROCTA_ALLGATHER=%s ZEROCTA_MIN_BYTES=%llu "
+      "ZEROCTA_AUTO_MAX_RANKS=%llu ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
+      ZEROCTA_VERSION_STRING, c.enable ? 1 : 0, c.strict ? 1 : 0, to_string(c.log),
+      c.log_from_nccl_debug ? " (from NCCL_DEBUG)" : "", to_string(c.cta_policy),
       c.cta_policy_force ? " (forced)" : "", to_string(c.allgather),
       static_cast<unsigned long long>(c.min_bytes),
       static_cast<unsigned long long>(c.auto_max_ranks), c.stats.empty() ? "0" : c.stats.c_str(),
@@ -56,6 +57,7 @@ Entry enter(const void* return_address) {
   const Config& c = config();
   std::call_once(once, [&c] {
     log_set_level(c.log);
+    log_set_file(c.log_file.c_str(), c.nccl_writes_log_file);
     announce(c);
     if (c.enable) stats_install_reporter();
   });
