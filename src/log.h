@@ -50,7 +50,7 @@ void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(print
 void log_report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // One line of `level` to the file descriptor `fd`, whatever the level and the log's file say:
-// a WARN about that file itself, on stderr.
+// a WARN about that file itself, on stderr; a report where its caller asks (zerocta_check_config).
 void log_print_to(int fd, LogLevel level, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
