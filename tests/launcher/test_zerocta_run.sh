@@ -615,7 +615,8 @@ case_shellcheck() {
   fi
   local -a examples
   shopt -s nullglob
-  examples=("$(dirname -- "$LAUNCHER")"/../LD_PRELOAD-examples/*.sh "$(dirname -- "$LAUNCHER")"/zerocta-deps)
+  examples=("$(dirname -- "$LAUNCHER")"/../LD_PRELOAD-examples/*.sh "$(dirname -- "$LAUNCHER")"/zerocta-deps
+    "$(dirname -- "$LAUNCHER")"/../tests/install/*.sh)
   shopt -u nullglob
   run shellcheck -- "$LAUNCHER" "$(readlink -f -- "$0")" ${examples[@]+"${examples[@]}"}
   expect_rc 0
