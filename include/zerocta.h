@@ -74,6 +74,14 @@ int zerocta_write_stats_json(const char* path);
 const char* zerocta_op_name(zerocta_op_t op);
 const char* zerocta_route_name(zerocta_route_t route);
 
+/* Checks this process's environment as it is now with the library's own parser, the one its
+ * first NCCL call uses, and needs neither NCCL nor a GPU: writes to fd, in the log's line
+ * format and whatever ZEROCTA_LOG says, a WARN per invalid ZEROCTA_* value and per unknown
+ * ZEROCTA_* name, then the effective configuration (INFO). Returns the number of invalid
+ * values: 0 = the library runs with exactly what is set (unknown names only warn). A program
+ * without the shim preloaded can dlopen libzerocta.so to call it (tools/zerocta-run --check). */
+int zerocta_check_config(int fd);
+
 #ifdef __cplusplus
 }
 #endif

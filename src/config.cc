@@ -63,6 +63,30 @@ constexpr CtaPolicyMode kCtaPolicies[] = {CtaPolicyMode::kZero, CtaPolicyMode::k
 constexpr AllGatherMode kAllGatherModes[] = {AllGatherMode::kAuto, AllGatherMode::kZerocta,
                                              AllGatherMode::kNccl, AllGatherMode::kOff};
 
+constexpr const char* kLogVar = "ZEROCTA_LOG";
+constexpr const char* kNcclDebugVar = "NCCL_DEBUG";
+constexpr const char* kNcclDebugFileVar = "NCCL_DEBUG_FILE";
+
+// NCCL_DEBUG's words and what they mean here. `nccl_opens_file`: NCCL writes NCCL_DEBUG_FILE
+// at that level (it opens the file only above VERSION, src/debug.cc in NCCL). NONE is not
+// NCCL's word, but NCCL prints nothing with it, and neither does zerocta then.
+struct NcclDebugWord {
+  const char* word;
+  LogLevel level;
+  bool nccl_opens_file;
+};
+constexpr NcclDebugWord kNcclDebugWords[] = {
+    {"NONE", LogLevel::kNone, false}, {"VERSION", LogLevel::kNone, false},
+    {"WARN", LogLevel::kWarn, true},  {"INFO", LogLevel::kInfo, true},
+    {"ABORT", LogLevel::kInfo, true}, {"TRACE", LogLevel::kDebug, true},
+};
+
+const NcclDebugWord* nccl_debug_word(const char* text) {
+  for (const NcclDebugWord& w : kNcclDebugWords)
+    if (text != nullptr && equals_ignore_case(text, w.word)) return &w;
+  return nullptr;
+}
+
 // Stores a variable's value into the config; false = the text is not acceptable (the config
 // is then unchanged and keeps the default).
 using Apply = bool (*)(const char* text, Config* c);
@@ -81,8 +105,11 @@ const std::vector<VarSpec>& specs() {
         "1 makes every NCCL call fail with ncclInvalidUsage while a ZEROCTA_* value is "
         "invalid (an unknown ZEROCTA_* name only warns)."},
        [](const char* t, Config* c) { return parse_bool(t, &c->strict); }},
-      {{"ZEROCTA_LOG", "enum", "none|warn|info|debug", "warn",
-        "How much zerocta logs to stderr, in NCCL's line format."},
+      {{kLogVar, "enum", "none|warn|info|debug", "warn",
+        "How much zerocta logs, in NCCL's line format, to stderr or, with NCCL_DEBUG_FILE set, "
+        "to the file it names (%h host, %p pid, as NCCL expands it); unset, it follows "
+        "NCCL_DEBUG (NONE and VERSION = none, WARN = warn, INFO and ABORT = info, TRACE = "
+        "debug)."},
        [](const char* t, Config* c) { return parse_enum(t, kLogLevels, &c->log); }},
       {{"ZEROCTA_CTA_POLICY", "enum", "zero|efficiency|default|keep", "zero",
         "CTA policy given to every communicator (keep = leave the application's config "
@@ -206,16 +233,38 @@ std::string config_table_markdown() {
   return md;
 }
 
+const std::vector<const char*>& nccl_var_names() {
+  static const std::vector<const char*> kNames = {kNcclDebugVar, kNcclDebugFileVar};
+  return kNames;
+}
+
+bool log_level_for_nccl_debug(const char* text, LogLevel* out) {
+  const NcclDebugWord* w = nccl_debug_word(text);
+  if (w == nullptr) return false;
+  *out = w->level;
+  return true;
+}
+
 Config parse_config(const EnvLookup& getenv_fn) {
   Config c;
+  auto lookup = [&getenv_fn](const char* name) { return getenv_fn ? getenv_fn(name) : nullptr; };
+  bool log_set = false;
   for (const VarSpec& s : specs()) {
-    const char* text = getenv_fn ? getenv_fn(s.row.name) : nullptr;
+    const char* text = lookup(s.row.name);
     if (text == nullptr) continue;
+    // Set counts, valid or not: a bad ZEROCTA_LOG keeps the default its error line names.
+    if (std::strcmp(s.row.name, kLogVar) == 0) log_set = true;
     if (!s.apply(text, &c)) {
       c.errors.push_back(invalid_line(s.row, text));
       continue;
     }
   }
+  // Logging like NCCL: its level while ZEROCTA_LOG is unset, and its file.
+  const char* nccl_debug = lookup(kNcclDebugVar);
+  if (!log_set && log_level_for_nccl_debug(nccl_debug, &c.log)) c.log_from_nccl_debug = true;
+  const NcclDebugWord* w = nccl_debug_word(nccl_debug);
+  c.nccl_writes_log_file = w != nullptr && w->nccl_opens_file;
+  if (const char* file = lookup(kNcclDebugFileVar)) c.log_file = file;
   c.fingerprint = config_fingerprint(c);
   return c;
 }

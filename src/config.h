@@ -26,7 +26,8 @@ constexpr uint64_t kDefaultAutoMaxRanks = 4;
 struct Config {
   bool enable = true;                               // ZEROCTA_ENABLE
   bool strict = false;                              // ZEROCTA_STRICT
-  LogLevel log = LogLevel::kWarn;                   // ZEROCTA_LOG
+  LogLevel log = LogLevel::kWarn;                   // ZEROCTA_LOG; unset: follows NCCL_DEBUG
+  bool log_from_nccl_debug = false;                 // `log` is NCCL_DEBUG's (ZEROCTA_LOG unset)
   CtaPolicyMode cta_policy = CtaPolicyMode::kZero;  // ZEROCTA_CTA_POLICY
   bool cta_policy_force = false;                    // ZEROCTA_CTA_POLICY_FORCE
   // nccl until zerocta's copy-engine route beats NCCL's kernel path (docs/PERFORMANCE.md).
@@ -37,6 +38,11 @@ struct Config {
   bool nvtx = true;                                // ZEROCTA_NVTX
   std::string nccl_library;                        // ZEROCTA_NCCL_LIBRARY
   std::string channel_dir = "/dev/shm";            // ZEROCTA_CHANNEL_DIR
+
+  // NCCL's own variables that zerocta follows (nccl_var_names()); NCCL judges their values,
+  // so they never give an error line here.
+  std::string log_file;               // NCCL_DEBUG_FILE: zerocta's lines go there ("" = stderr)
+  bool nccl_writes_log_file = false;  // NCCL_DEBUG above VERSION: NCCL opens log_file too
 
   // One line per bad value, e.g.
   // ZEROCTA_LOG="verbose" is invalid (accepted: none|warn|info|debug); using the default "warn"
@@ -65,8 +71,17 @@ std::string config_table_markdown();
 // Returns the value of a variable, or nullptr when it is unset.
 using EnvLookup = std::function<const char*(const char*)>;
 
+// NCCL's variables that parse_config reads besides config_table(): NCCL_DEBUG (zerocta's level
+// while ZEROCTA_LOG is unset) and NCCL_DEBUG_FILE (where zerocta's lines go).
+const std::vector<const char*>& nccl_var_names();
+
+// zerocta's level for an NCCL_DEBUG value, compared ignoring case as NCCL does: NONE and
+// VERSION -> none (NCCL prints no warning at either), WARN -> warn, INFO and ABORT -> info,
+// TRACE -> debug. Returns false for any other text and then leaves *out unchanged.
+bool log_level_for_nccl_debug(const char* text, LogLevel* out);
+
 // Pure: parses from the given lookup (tests pass a map). Never prints. Reads exactly the
-// variables of config_table().
+// variables of config_table() and nccl_var_names(), each once.
 Config parse_config(const EnvLookup& getenv_fn);
 
 // Parsed once from the process environment, cached; thread-safe. Does not print either: the

@@ -1,5 +1,5 @@
 // NCCL-format log lines. Kept dependency-free (no config.h) so that configuration parsing
-// itself can log; the level is pushed in by whoever reads the configuration.
+// itself can log; the level and the file are pushed in by whoever reads the configuration.
 #include "log.h"
 
 #include <sys/syscall.h>
@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+
+#include "log_file.h"
 
 namespace zc {
 namespace {
@@ -46,21 +48,26 @@ int log_device() { return t_device; }
 
 namespace {
 
-void vprint(LogLevel level, const char* fmt, va_list ap) {
+constexpr size_t kMaxLine = 2048;
+
+// Formats one line, newline included, into line[kMaxLine]; returns its length (0: none).
+size_t format_line(char* line, LogLevel level, const char* fmt, va_list ap) {
   char host[64] = "?";
   gethostname(host, sizeof(host) - 1);
   if (char* dot = strchr(host, '.')) *dot = '\0';
-  char line[2048];
-  int n =
-      snprintf(line, sizeof(line), "%s:%d:%ld [%d] zerocta %s ", host, static_cast<int>(getpid()),
-               static_cast<long>(syscall(SYS_gettid)), t_device, level_name(level));
-  if (n < 0) return;
-  int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+  int n = snprintf(line, kMaxLine, "%s:%d:%ld [%d] zerocta %s ", host, static_cast<int>(getpid()),
+                   static_cast<long>(syscall(SYS_gettid)), t_device, level_name(level));
+  if (n < 0) return 0;
+  int m = vsnprintf(line + n, kMaxLine - n - 1, fmt, ap);
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
-  if (len > sizeof(line) - 2) len = sizeof(line) - 2;
+  if (len > kMaxLine - 2) len = kMaxLine - 2;
   line[len++] = '\n';
-  // One write(2) per line so lines from several threads or ranks never interleave.
-  ssize_t w = write(STDERR_FILENO, line, len);
+  return len;
+}
+
+// One write(2) per line so lines from several threads or ranks never interleave.
+void write_line(int fd, const char* line, size_t len) {
+  ssize_t w = write(fd, line, len);
   (void)w;
 }
 
@@ -68,17 +75,30 @@ void vprint(LogLevel level, const char* fmt, va_list ap) {
 
 void log_print(LogLevel level, const char* fmt, ...) {
   if (!log_enabled(level)) return;
+  char line[kMaxLine];
   va_list ap;
   va_start(ap, fmt);
-  vprint(level, fmt, ap);
+  const size_t len = format_line(line, level, fmt, ap);
   va_end(ap);
+  if (len > 0) log_file_write(line, len);
 }
 
 void log_report(const char* fmt, ...) {
+  char line[kMaxLine];
   va_list ap;
   va_start(ap, fmt);
-  vprint(LogLevel::kInfo, fmt, ap);
+  const size_t len = format_line(line, LogLevel::kInfo, fmt, ap);
   va_end(ap);
+  write_line(STDERR_FILENO, line, len);
+}
+
+void log_print_to(int fd, LogLevel level, const char* fmt, ...) {
+  char line[kMaxLine];
+  va_list ap;
+  va_start(ap, fmt);
+  const size_t len = format_line(line, level, fmt, ap);
+  va_end(ap);
+  write_line(fd, line, len);
 }
 
 }  // namespace zc

@@ -1,5 +1,6 @@
-// Logging in NCCL's line format: "host:pid:tid [dev] zerocta LEVEL message".
-// WARN is shown unless ZEROCTA_LOG=none; INFO/DEBUG are filtered by ZEROCTA_LOG.
+// Logging in NCCL's line format: "host:pid:tid [dev] zerocta LEVEL message", to stderr or to
+// the file NCCL_DEBUG_FILE names. WARN is shown unless the level is none; INFO/DEBUG are
+// filtered by the level (ZEROCTA_LOG, else NCCL_DEBUG).
 #pragma once
 
 #include <cstdarg>
@@ -12,6 +13,14 @@ enum class LogLevel { kNone = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 void log_set_level(LogLevel level);
 LogLevel log_level();
 bool log_enabled(LogLevel level);
+
+// Sends the lines from now on to the file NCCL_DEBUG_FILE names: `pattern`, expanded as NCCL
+// expands it (%h host, %p pid; log_file.h); nullptr or "" = stderr, as before this call. The
+// file is opened for appending at the first line. `nccl_writes_it`: NCCL opens the same file
+// (its NCCL_DEBUG is above VERSION); zerocta's lines then go through NCCL's own open file, so
+// that neither overwrites the other, and wait for NCCL to open it. A file that cannot be used
+// means stderr, with one WARN there.
+void log_set_file(const char* pattern, bool nccl_writes_it);
 
 // The "[dev]" field of this thread's lines: the CUDA device the thread works on, as far as
 // the caller knows it (the log itself makes no CUDA call). -1 (the default) = not known.
@@ -36,9 +45,14 @@ class LogDeviceScope {
 // printf-style; appends a newline. Thread-safe: one write(2) per line.
 void log_print(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// An INFO line printed whatever ZEROCTA_LOG says: output the user asked for by name
-// (ZEROCTA_STATS=1), which ZEROCTA_LOG=none must not swallow.
+// An INFO line printed to stderr whatever ZEROCTA_LOG and NCCL_DEBUG_FILE say: output the user
+// asked for by name (ZEROCTA_STATS=1), which ZEROCTA_LOG=none must not swallow.
 void log_report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// One line of `level` to the file descriptor `fd`, whatever the level and the log's file say:
+// a WARN about that file itself, on stderr; a report where its caller asks (zerocta_check_config).
+void log_print_to(int fd, LogLevel level, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 }  // namespace zc
 

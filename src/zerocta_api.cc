@@ -2,7 +2,11 @@
 // entry point is marked default-visible here (and listed in exports.map); applications find
 // them with dlsym(RTLD_DEFAULT, "zerocta_...") without linking the shim.
 #include <cerrno>
+#include <cstdlib>
 
+#include "config.h"
+#include "config_report.h"
+#include "log.h"
 #include "stats_snapshot.h"
 #include "zerocta.h"
 
@@ -45,4 +49,12 @@ ZEROCTA_EXPORT const char* zerocta_op_name(zerocta_op_t op) {
 
 ZEROCTA_EXPORT const char* zerocta_route_name(zerocta_route_t route) {
   return static_cast<unsigned>(route) < zerocta_route_count ? kRouteNames[route] : nullptr;
+}
+
+ZEROCTA_EXPORT int zerocta_check_config(int fd) {
+  const zc::Config c = zc::parse_config([](const char* name) { return std::getenv(name); });
+  for (const zc::ReportLine& line :
+       zc::config_report(c, zc::find_unknown_vars_in_environment(), std::getenv("NCCL_CTA_POLICY")))
+    zc::log_print_to(fd, line.level, "%s", line.text.c_str());
+  return static_cast<int>(c.errors.size());
 }

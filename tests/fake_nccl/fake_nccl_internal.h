@@ -96,8 +96,13 @@ FAKE_HIDDEN void delete_comm(ncclComm_t comm);
 
 // True when FAKE_NCCL_FAIL names `fn` (the ncclX name).
 FAKE_HIDDEN bool should_fail(const char* fn);
-// Logs "<line> -> <result>" and returns the result.
+// Logs "<line> -> <result>" (and writes it as an NCCL INFO line: nccl_debug_line) and
+// returns the result.
 FAKE_HIDDEN ncclResult_t finish(const std::string& line, ncclResult_t result);
+// NCCL's own debug output, only to a file (fake_nccl_debug.cc): with NCCL_DEBUG above VERSION
+// and NCCL_DEBUG_FILE set, "host:pid:tid [dev] NCCL INFO <text>" to that file, which the first
+// line opens as NCCL opens it (expanded, emptied, not appending).
+FAKE_HIDDEN void nccl_debug_line(const std::string& text);
 
 // "config=NULL" or "config=0x.. config_size=.. magic=.. version=.. cta=.. blocking=.. hex=..".
 FAKE_HIDDEN std::string describe_config(const ncclConfig_t* config);

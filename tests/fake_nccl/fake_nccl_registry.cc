@@ -86,6 +86,7 @@ bool should_fail(const char* fn) {
 
 ncclResult_t finish(const std::string& line, ncclResult_t result) {
   log_line(line + strf(" -> %d", static_cast<int>(result)));
+  nccl_debug_line(line + strf(" -> %d", static_cast<int>(result)));
   return result;
 }
 

@@ -446,6 +446,7 @@ ncclResult_t create_root(const std::string& line, ncclComm_t* out, int nranks, i
     c->nonblocking = nonblocking;
     *out = reinterpret_cast<ncclComm_t>(c);
     log_line(line + " -> 0 newcomm=" + name_of(c));
+    nccl_debug_line(line + " -> 0 newcomm=" + name_of(c));
     if (nonblocking && env_is_1("FAKE_NCCL_INNER_THREAD")) {
       start_inner_thread(c);  // without FAKE_NCCL_NONBLOCKING the init ends with its thread
       c->inner.join();

@@ -70,6 +70,29 @@ TEST(GoodGuest, LoadsNeitherCudaNorNcclUntilCalled) {
   EXPECT_EQ(r.err, "");
 }
 
+// zerocta-run --check loads the library into python3, where there is no NCCL: checking the
+// configuration must neither need NCCL nor load it (the fake one is on the search path here).
+TEST(GoodGuest, CheckingTheConfigLoadsNeitherCudaNorNccl) {
+  Scratch scratch;
+  RunSpec spec;
+  spec.argv = {driver("drv_no_nccl"), "check", shim_path()};
+  spec.preload = false;
+  spec.env = {{"ZEROCTA_ALLGATHER", "bogus"}, {"ZEROCTA_LOG", "none"}};
+  RunResult r = run(spec, scratch);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_EQ(r.num("shim_loaded"), 1) << r.describe();
+  EXPECT_EQ(r.num("check_result"), 1) << r.describe();
+  EXPECT_EQ(r.num("libcuda_mapped"), 0);
+  EXPECT_EQ(r.num("libnccl_mapped"), 0);
+  EXPECT_EQ(r.log, "") << "an NCCL or CUDA call was made";
+  // Its report is written whatever ZEROCTA_LOG says, in the log's line format.
+  const std::vector<std::string> lines = r.err_lines();
+  ASSERT_EQ(lines.size(), 2u) << r.describe();
+  EXPECT_TRUE(contains(lines[0], " zerocta WARN ZEROCTA_ALLGATHER=\"bogus\" is invalid"))
+      << lines[0];
+  EXPECT_TRUE(contains(lines[1], " zerocta INFO config: zerocta ")) << lines[1];
+}
+
 TEST(GoodGuest, HostOnlyCallsMakeNoCudaCalls) {
   Scratch scratch;
   RunSpec spec;

@@ -72,6 +72,15 @@ expect_env() {
 
 expect_env_absent() { ! grep -q "^$1=" "$T/out" || fail "$1 should not be set"; }
 
+# stderr of a --dry-run with the stub, which has no zerocta_check_config: one line saying that
+# the values could not be checked ($1 the library's real path), then what is left in $T/rest.
+expect_cannot_check() {
+  local note="zerocta-run: cannot check the ZEROCTA_* values with $1: "
+  [[ $(head -n1 "$T/err") == "$note"*zerocta_check_config* ]] ||
+    fail "the first line on stderr does not say that $1 cannot be checked"
+  tail -n +2 "$T/err" >"$T/rest"
+}
+
 # The launcher refused, and the command it was given never ran.
 expect_refused() {
   expect_rc 2
@@ -139,7 +148,7 @@ case_help() {
     expect_rc 0
     [[ ! -s $T/err ]] || fail "$opt wrote to stderr"
     for word in "usage: zerocta-run" --stats --stats=PATH %p %r %h --log --allgather --lib \
-      --dry-run --no-alloc-conf --version -- "NCCL_* and TORCH_* variables are yours"; do
+      --dry-run --check --no-alloc-conf --version -- "NCCL_* and TORCH_* variables are yours"; do
       grep -qF -- "$word" "$T/out" || fail "$opt does not mention $word"
     done
     ! grep -qE "NCCL_NVLS_ENABLE|TORCH_SYMM_MEM" "$T/out" || fail "$opt still mentions multicast"
@@ -290,7 +299,8 @@ case_dry_run() {
   expect_rc 0
   [[ $(cat "$T/out") == "LD_PRELOAD=$LIB_REAL:$T/pre/libtcmalloc.so"$'\n'"ZEROCTA_ALLGATHER=auto"$'\n'"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"$'\n'"ZEROCTA_LOG=info" ]] ||
     fail "unexpected --dry-run output"
-  [[ ! -s $T/err ]] || fail "--dry-run wrote to stderr without a reason"
+  expect_cannot_check "$LIB_REAL"
+  [[ ! -s $T/rest ]] || fail "--dry-run wrote to stderr without a reason"
   run "$LAUNCHER" --lib "$LIB" --dry-run touch "$T/ran"
   expect_rc 0
   [[ ! -e $T/ran ]] || fail "--dry-run ran the command"
@@ -401,15 +411,79 @@ case_unknown_vars() {
   done
   grep -qE "^zerocta-run: warning: ZEROCTA_SOMETHING_ELSE_ENTIRELY is not a zerocta variable and is ignored \(the nearest zerocta variable is ZEROCTA_[A-Z_]+\)$" \
     "$T/err" || fail "no plain warning for a far name"
-  [[ $(wc -l <"$T/err") == 6 ]] || fail "expected one warning per unknown name"
+  # (The stub cannot check the values itself: the launcher names unknown variables instead.)
+  expect_cannot_check "$LIB_REAL"
+  [[ $(wc -l <"$T/rest") == 6 ]] || fail "expected one warning per unknown name"
   # Known names: silent (ZEROCTA_LIB is the launcher's own, ZEROCTA_BUILD an example script's).
   run env ZEROCTA_LIB="$LIB" ZEROCTA_LOG=info ZEROCTA_MIN_BYTES=1M ZEROCTA_NCCL_LIBRARY=/x \
     ZEROCTA_BUILD=/x "$LAUNCHER" --dry-run
   expect_rc 0
-  [[ ! -s $T/err ]] || fail "a known name was reported"
+  expect_cannot_check "$LIB_REAL"
+  [[ ! -s $T/rest ]] || fail "a known name was reported"
   # Unexported shell variables are nobody's business.
   run bash -c 'ZEROCTA_TYPO=1; "$1" --lib "$2" --dry-run' sh "$LAUNCHER" "$LIB"
-  [[ ! -s $T/err ]] || fail "an unexported shell variable was reported"
+  expect_cannot_check "$LIB_REAL"
+  [[ ! -s $T/rest ]] || fail "an unexported shell variable was reported"
+}
+
+# --check and --dry-run have the built library judge the values, with its own parser, in a
+# process without NCCL or a GPU (python3 loads it).
+case_check() {
+  if [[ -z $REAL_LIB ]]; then
+    echo "SKIP: a sanitized libzerocta.so (cannot be loaded into python3)"
+    exit 77
+  fi
+  if ! command -v python3 >/dev/null; then
+    echo "SKIP: python3 not installed"
+    exit 77
+  fi
+  local real
+  real=$(readlink -f -- "$REAL_LIB")
+  # A bogus value: status 1, the library's WARN naming it, then its configuration line.
+  run env ZEROCTA_ALLGATHER=bogus "$LAUNCHER" --lib "$REAL_LIB" --check touch "$T/ran"
+  expect_rc 1
+  [[ ! -e $T/ran ]] || fail "--check ran the command"
+  [[ $(wc -l <"$T/out") == 2 ]] || fail "expected the WARN and the configuration line"
+  grep -qE '^[^ ]+ \[-1\] zerocta WARN ZEROCTA_ALLGATHER="bogus" is invalid \(accepted: auto\|zerocta\|nccl\|off\); using the default "nccl"$' \
+    "$T/out" || fail "no WARN naming ZEROCTA_ALLGATHER=bogus"
+  grep -qF " zerocta INFO config: zerocta " "$T/out" || fail "no configuration line"
+  [[ ! -s $T/err ]] || fail "--check wrote to stderr"
+  # An unknown name only warns.
+  run env ZEROCTA_FOO=1 "$LAUNCHER" --lib "$REAL_LIB" --check
+  expect_rc 0
+  grep -qF " zerocta WARN ZEROCTA_FOO is not a zerocta variable and is ignored" "$T/out" ||
+    fail "no WARN naming ZEROCTA_FOO"
+  # A good configuration, options included, whatever ZEROCTA_LOG says: exit 0, one line.
+  run env ZEROCTA_MIN_BYTES=1M ZEROCTA_LOG=none "$LAUNCHER" --lib "$REAL_LIB" --allgather auto \
+    --check
+  expect_rc 0
+  [[ $(wc -l <"$T/out") == 1 ]] || fail "expected the configuration line alone"
+  grep -qF " zerocta INFO config: zerocta " "$T/out" || fail "no configuration line"
+  local field
+  for field in "ZEROCTA_ENABLE=1" "ZEROCTA_LOG=none" "ZEROCTA_ALLGATHER=auto" \
+    "ZEROCTA_MIN_BYTES=1048576" "fingerprint="; do
+    grep -qF " $field" "$T/out" || fail "the configuration line lacks $field"
+  done
+  [[ ! -s $T/err ]] || fail "--check wrote to stderr"
+  # --dry-run checks too: the listing on stdout, the library's lines on stderr, status 1.
+  run env ZEROCTA_ALLGATHER=bogus "$LAUNCHER" --lib "$REAL_LIB" --dry-run
+  expect_rc 1
+  [[ $(cat "$T/out") == "LD_PRELOAD=$real"$'\n'"# inherited: ZEROCTA_ALLGATHER=bogus" ]] ||
+    fail "unexpected --dry-run output"
+  grep -qF ' zerocta WARN ZEROCTA_ALLGATHER="bogus" is invalid' "$T/err" ||
+    fail "--dry-run does not name the bogus value"
+  # ... whose unknown-name warnings replace the launcher's own.
+  run env ZEROCTA_ALLGATHR=auto "$LAUNCHER" --lib "$REAL_LIB" --dry-run
+  expect_rc 0
+  grep -qF " zerocta WARN ZEROCTA_ALLGATHR is not a zerocta variable" "$T/err" ||
+    fail "--dry-run does not name the misspelt variable"
+  ! grep -qF "zerocta-run: warning:" "$T/err" || fail "the misspelt variable is reported twice"
+  # A library without the check: --check cannot answer (status 2, one line).
+  run "$LAUNCHER" --lib "$LIB" --check
+  expect_rc 2
+  [[ $(wc -l <"$T/err") == 1 ]] || fail "expected one line on stderr"
+  expect_cannot_check "$LIB_REAL"
+  [[ ! -s $T/out ]] || fail "--check wrote to stdout without a library to check"
 }
 
 # tools/zerocta-deps --help prints its header comment only.
@@ -541,7 +615,8 @@ case_shellcheck() {
   fi
   local -a examples
   shopt -s nullglob
-  examples=("$(dirname -- "$LAUNCHER")"/../LD_PRELOAD-examples/*.sh "$(dirname -- "$LAUNCHER")"/zerocta-deps)
+  examples=("$(dirname -- "$LAUNCHER")"/../LD_PRELOAD-examples/*.sh "$(dirname -- "$LAUNCHER")"/zerocta-deps
+    "$(dirname -- "$LAUNCHER")"/../tests/install/*.sh)
   shopt -u nullglob
   run shellcheck -- "$LAUNCHER" "$(readlink -f -- "$0")" ${examples[@]+"${examples[@]}"}
   expect_rc 0

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -58,6 +59,9 @@ void expect_same_values(const Config& a, const Config& b) {
   EXPECT_EQ(a.nvtx, b.nvtx);
   EXPECT_EQ(a.nccl_library, b.nccl_library);
   EXPECT_EQ(a.channel_dir, b.channel_dir);
+  EXPECT_EQ(a.log_from_nccl_debug, b.log_from_nccl_debug);
+  EXPECT_EQ(a.log_file, b.log_file);
+  EXPECT_EQ(a.nccl_writes_log_file, b.nccl_writes_log_file);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -167,8 +171,10 @@ TEST(TableTest, NamesExactlyTheVariablesParseConfigReads) {
     asked.insert(name);
     return nullptr;
   });
+  // The table's, and the NCCL variables zerocta follows (documented with ZEROCTA_LOG).
   std::multiset<std::string> documented;
   for (const ConfigVar& v : config_table()) documented.insert(v.name);
+  for (const char* name : nccl_var_names()) documented.insert(name);
   EXPECT_EQ(asked, documented);
   // Each exactly once: no duplicate rows, no variable read twice.
   EXPECT_EQ(std::set<std::string>(asked.begin(), asked.end()).size(), asked.size());
@@ -180,12 +186,20 @@ TEST(TableTest, ReadsTheSameVariablesWhenAllAreSet) {
   std::set<std::string> asked;
   Env env;
   for (const ConfigVar& v : config_table()) env[v.name] = v.def;
+  env["NCCL_DEBUG"] = "INFO";
+  env["NCCL_DEBUG_FILE"] = "/tmp/nccl.%h.%p";
   parse_config([&](const char* name) -> const char* {
     asked.insert(name);
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
   });
-  EXPECT_EQ(asked.size(), config_table().size());
+  EXPECT_EQ(asked.size(), config_table().size() + nccl_var_names().size());
+}
+
+TEST(TableTest, TheLogRowNamesTheNcclVariablesItFollows) {
+  const std::string meaning = row("ZEROCTA_LOG").meaning;
+  for (const char* name : nccl_var_names())
+    EXPECT_NE(meaning.find(name), std::string::npos) << name << " is not in: " << meaning;
 }
 
 TEST(TableTest, RowsAreComplete) {
@@ -391,6 +405,83 @@ TEST(Enums, RejectsNearMisses) {
       expect_same_values(c, parse_env({}));
     }
   }
+}
+
+// ---------------------------------------------------------------- logging like NCCL
+
+TEST(NcclDebug, SetsTheLevelWhileZeroctaLogIsUnset) {
+  const std::map<std::string, LogLevel> expected = {
+      {"NONE", LogLevel::kNone}, {"VERSION", LogLevel::kNone}, {"WARN", LogLevel::kWarn},
+      {"INFO", LogLevel::kInfo}, {"ABORT", LogLevel::kInfo},   {"TRACE", LogLevel::kDebug},
+  };
+  for (const auto& [word, level] : expected) {
+    std::string lower = word;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    // NCCL compares its words ignoring case.
+    for (const std::string& text : {word, lower, mixed_case(lower)}) {
+      Config c = parse_env({{"NCCL_DEBUG", text}});
+      EXPECT_EQ(c.log, level) << text;
+      EXPECT_TRUE(c.log_from_nccl_debug) << text;
+      EXPECT_TRUE(c.errors.empty()) << text;
+    }
+  }
+}
+
+TEST(NcclDebug, ZeroctaLogWins) {
+  for (const char* nccl : {"NONE", "VERSION", "WARN", "INFO", "TRACE"}) {
+    for (const char* mine : {"none", "warn", "info", "debug"}) {
+      Config c = parse_env({{"NCCL_DEBUG", nccl}, {"ZEROCTA_LOG", mine}});
+      EXPECT_EQ(to_string(c.log), std::string(mine)) << nccl << " " << mine;
+      EXPECT_FALSE(c.log_from_nccl_debug);
+    }
+  }
+  // A bad ZEROCTA_LOG is still set: its line names the default, and the default it is.
+  Config c = parse_env({{"NCCL_DEBUG", "TRACE"}, {"ZEROCTA_LOG", "verbose"}});
+  EXPECT_EQ(c.log, LogLevel::kWarn);
+  EXPECT_FALSE(c.log_from_nccl_debug);
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_EQ(c.errors[0], invalid_line("ZEROCTA_LOG", "verbose"));
+}
+
+TEST(NcclDebug, OtherValuesAreNcclsToJudgeAndKeepTheDefault) {
+  for (const char* text : {"", "DEBUG", "INFO,COLL", " INFO", "verbose", "2"}) {
+    Config c = parse_env({{"NCCL_DEBUG", text}});
+    EXPECT_EQ(c.log, LogLevel::kWarn) << text;
+    EXPECT_FALSE(c.log_from_nccl_debug) << text;
+    EXPECT_FALSE(c.nccl_writes_log_file) << text;
+    EXPECT_TRUE(c.errors.empty()) << text;
+  }
+}
+
+TEST(NcclDebug, NcclWritesTheFileAboveVersionOnly) {
+  // NCCL opens NCCL_DEBUG_FILE only at WARN or more (src/debug.cc there).
+  const std::map<std::string, bool> opens = {{"NONE", false}, {"VERSION", false}, {"WARN", true},
+                                             {"INFO", true},  {"ABORT", true},    {"TRACE", true}};
+  for (const auto& [word, nccl_opens] : opens) {
+    Config c = parse_env({{"NCCL_DEBUG", word}, {"ZEROCTA_LOG", "none"}});
+    EXPECT_EQ(c.nccl_writes_log_file, nccl_opens) << word;
+  }
+  EXPECT_FALSE(parse_env({}).nccl_writes_log_file);
+}
+
+TEST(NcclDebug, TheFileIsReadAsItIsWhateverTheLevels) {
+  EXPECT_EQ(parse_env({}).log_file, "");
+  EXPECT_EQ(parse_env({{"NCCL_DEBUG_FILE", "/tmp/n.%h.%p"}}).log_file, "/tmp/n.%h.%p");
+  Config c = parse_env({{"NCCL_DEBUG_FILE", "/tmp/x"}, {"ZEROCTA_LOG", "none"}});
+  EXPECT_EQ(c.log_file, "/tmp/x");
+  EXPECT_TRUE(c.errors.empty());
+  // Not a protocol setting: ranks may log differently.
+  EXPECT_EQ(c.fingerprint, parse_env({}).fingerprint);
+  EXPECT_EQ(parse_env({{"NCCL_DEBUG", "INFO"}}).fingerprint, parse_env({}).fingerprint);
+}
+
+TEST(NcclDebug, LevelForNcclDebugLeavesTheLevelAloneOnOtherText) {
+  LogLevel l = LogLevel::kDebug;
+  EXPECT_FALSE(log_level_for_nccl_debug(nullptr, &l));
+  EXPECT_FALSE(log_level_for_nccl_debug("INFOX", &l));
+  EXPECT_EQ(l, LogLevel::kDebug);
+  EXPECT_TRUE(log_level_for_nccl_debug("warn", &l));
+  EXPECT_EQ(l, LogLevel::kWarn);
 }
 
 TEST(Enums, ToStringNamesAnOutOfRangeValue) {
