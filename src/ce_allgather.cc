@@ -126,6 +126,16 @@ bool peer_failed(const CommState& st) {
          (st.ce && st.ce->ops && st.ce->ops->anyone_left());
 }
 
+// The error a kernel left in this rank's context (a device-side assert, as PyTorch's NaN check
+// raises), or CUDA_SUCCESS. NCCL's kernel launch returns it at once; copies and stream memory
+// operations do not, so the route asks its own push stream (never in a capture; a query costs
+// about what a launch does) and fails the op as NCCL's launch would.
+CUresult context_error(const CeComm& ce) {
+  const CUresult r =
+      cuda_driver()->cuStreamQuery(ce.streams[static_cast<int>(DirectStream::kPush)]);
+  return r == CUDA_ERROR_NOT_READY ? CUDA_SUCCESS : r;
+}
+
 // How long a later rank waits for an earlier one to publish its stage. That rank is inside the
 // op already, doing host work only (an allocation the first time, an export): a wait this long
 // means it died or hangs, and the op fails rather than waits on.
@@ -533,6 +543,13 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
     *result = fail(st, ncclUnhandledCudaError, "set-up", "no device context");
     return false;
   }
+  // Before the op reaches any peer (its post, its exports): a rank over a failed context would
+  // otherwise hold its peers in the exchange while its own calls fail one by one.
+  if (!x.capturing)
+    if (CUresult r = context_error(*ce); r != CUDA_SUCCESS) {
+      *result = fail(st, ncclUnhandledCudaError, "starting", cuda_error_string(r));
+      return false;
+    }
   // Every rank in this process, ops coming one by one (not as one thread's group over all of
   // them, local_group_allgather.h): NCCL's. Measured with this exchange: nccl-tests -t 2 (a
   // thread per GPU) ran at 172.6 / 191.1 / 196.7 GB/s in place at 64 MiB / 256 MiB / 1 GiB on
@@ -662,13 +679,9 @@ ncclResult_t RoutedAllGather::complete() {
       return fail(st, ncclUnhandledCudaError, "ordering it after NCCL's ops", cuda_error_string(r));
   if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan, !x.hold); r != CUDA_SUCCESS)
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
-  // A kernel before the op may have failed the context (a device-side assert, as PyTorch's NaN
-  // check raises): NCCL's kernel launch returns that error at once, but copies and stream
-  // memory operations do not. So the route asks its own push stream (never in a capture, and
-  // a query costs about what a launch does) and fails the op as NCCL's launch would.
+  // Again once issued: the context may have failed during the op's host work.
   if (!x.hold)
-    if (CUresult r = cu->cuStreamQuery(ce->streams[static_cast<int>(DirectStream::kPush)]);
-        r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
+    if (CUresult r = context_error(*ce); r != CUDA_SUCCESS)
       return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   if (!x.hold) routed_op_issued(st);
   // My peers in this process write into (and may read from) my buffers through their second

@@ -1290,7 +1290,8 @@ TEST(RouteSetup, AShrinkThatAbortsTheParentLeavesItsAsyncErrorAlone) {
 // A kernel before the op failed the context (PyTorch's NaN check raises a device-side assert:
 // test_nan_assert expects the all-gather's call to fail, as NCCL's launch does at once). The
 // fake's stand-in: every stream query of rank 0 reports an error. The routed op fails with
-// ncclUnhandledCudaError rather than returning success over a dead context; rank 1 is released.
+// ncclUnhandledCudaError before it reaches its peer rather than returning success over a dead
+// context; rank 1, which posted, is released by the poison.
 TEST(RouteSetup, AnOpAfterAKernelFailedTheContextFailsAsNcclsLaunchWould) {
   Scratch s, chan, rdv;
   RunResult r = run_route({"ranks", "2", "basic", "r0:FAKE_CUDA_FAIL=cuStreamQuery"},
