@@ -8,4 +8,5 @@ if(ZEROCTA_NCCL_LIBRARY AND ZEROCTA_CUDART_LIBRARY)
                              ${ZEROCTA_NCCL_INCLUDE_DIR})
   target_link_libraries(zerocta-demo PRIVATE ${ZEROCTA_NCCL_LIBRARY} ${ZEROCTA_CUDART_LIBRARY}
                         ${CMAKE_DL_LIBS})
+  install(TARGETS zerocta-demo RUNTIME DESTINATION bin)
 endif()

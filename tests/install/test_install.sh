@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix and checks the layout the README promises: the
-# library, its header, the launcher (which finds the library from bin/) and the license.
+# Installs the build into a temporary prefix as `make install` does (stripped) and checks the
+# layout the README promises: the library (no debug sections), its header, the launcher (which
+# finds the library from bin/), the demo where the build has it, and the license.
 #   test_install.sh CMAKE BUILD_DIR SOURCE_LICENSE
 set -euo pipefail
 
@@ -16,7 +17,7 @@ fail() {
   exit 1
 }
 
-"$CMAKE" --install "$BUILD" --prefix "$T" >"$T/install.log" 2>&1 || {
+"$CMAKE" --install "$BUILD" --prefix "$T" --strip >"$T/install.log" 2>&1 || {
   cat -- "$T/install.log"
   fail "cmake --install failed"
 }
@@ -24,6 +25,13 @@ for f in lib/libzerocta.so include/zerocta.h bin/zerocta-run share/doc/zerocta/L
   [[ -f $T/$f ]] || fail "$f is not installed"
 done
 cmp -s -- "$LICENSE" "$T/share/doc/zerocta/LICENSE" || fail "the installed LICENSE differs"
+if command -v readelf >/dev/null; then
+  ! readelf -S --wide "$T/lib/libzerocta.so" | grep -q '\.debug_' ||
+    fail "the installed library is not stripped"
+fi
+if [[ -x $BUILD/tools/zerocta-demo ]]; then
+  [[ -x $T/bin/zerocta-demo ]] || fail "bin/zerocta-demo is not installed"
+fi
 # The license: Apache 2.0 in full, under the project's copyright line.
 [[ $(head -n1 "$LICENSE") == "Copyright the zerocta authors" ]] ||
   fail "LICENSE does not start with the copyright line"

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -414,87 +413,13 @@ TEST(StatsFork, ChildStartsFromZero) {
   zc::stats_pool_bytes_add(-12345);
 }
 
-// --- exit reporter: the test binary re-runs itself with ZEROCTA_STATS set ---------------------
-
-// Runs only inside the re-executed binary (StatsExitReport tests below): counts, then makes two
-// grandchildren that exit normally: one by fork(), one by a raw clone.
-TEST(StatsExitReportChild, Run) {
-  if (getenv("ZCTEST_STATS_TEST_CHILD") == nullptr) {
-    GTEST_SKIP() << "runs only as the child of the other StatsExitReport tests";
-  }
-  zc::stats_install_reporter();
-  zerocta_reset_stats();
-  for (int i = 0; i < 3; ++i) zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
-  zc::stats_count(zerocta_op_send, zerocta_route_passthrough, 7);
-  zc::stats_comm_created(true);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) exit(0);  // runs the atexit reporter, as the grandchild's own
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-
-  // A child made without fork()'s atfork handlers (a raw clone, as some spawners do) inherits
-  // the counters and the exit handler but is not their owner: it must report nothing.
-  const long raw = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
-  ASSERT_GE(raw, 0);
-  if (raw == 0) exit(0);
-  ASSERT_EQ(waitpid(static_cast<pid_t>(raw), &status, 0), raw);
-  ASSERT_TRUE(WIFEXITED(status));
-}
-
-// Runs only inside the re-executed binary (StatsWriteNow tests below): ZEROCTA_STATS names a
-// file; stats_write_now() must write it without any exit handler (the child leaves by _exit).
-TEST(StatsWriteNowChild, Run) {
-  if (getenv("ZCTEST_STATS_TEST_WRITE_NOW") == nullptr) {
-    GTEST_SKIP() << "runs only as the child of the StatsWriteNow tests";
-  }
-  const std::string file = getenv("ZCTEST_STATS_TEST_WRITE_NOW");
-  if (getenv("ZCTEST_STATS_TEST_UNWRITABLE") != nullptr) {
-    // Every write fails: one WARN for the process, however many teardowns and the exit.
-    zc::stats_install_reporter();
-    for (int i = 0; i < 3; ++i) {
-      zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1);
-      zc::stats_write_now();
-    }
-    zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1);
-    exit(0);  // and the exit report tries once more
-  }
-  zc::stats_write_now();  // before stats_install_reporter(): does nothing
-  if (access(file.c_str(), F_OK) == 0) _exit(10);
-  zc::stats_install_reporter();
-  zerocta_reset_stats();
-  zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
-  zc::stats_write_now();
-  if (read_file(file).find("\"allgather\":{\"ce\":{\"calls\":1,") == std::string::npos) _exit(11);
-  // Unchanged counters: not written again (the file removed stays removed) ...
-  if (unlink(file.c_str()) != 0) _exit(12);
-  zc::stats_write_now();
-  if (access(file.c_str(), F_OK) == 0) _exit(13);
-  // ... changed ones are.
-  zc::stats_count(zerocta_op_allgather, zerocta_route_ce, 1000);
-  zc::stats_write_now();
-  if (read_file(file).find("\"allgather\":{\"ce\":{\"calls\":2,") == std::string::npos) _exit(14);
-  // A forked child writes its own file (here the same %r/%p-less name) with its own counters.
-  const pid_t pid = fork();
-  if (pid < 0) _exit(15);
-  if (pid == 0) {
-    zc::stats_count(zerocta_op_send, zerocta_route_passthrough, 1);
-    zc::stats_write_now();
-    _exit(0);
-  }
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) _exit(16);
-  if (read_file(file).find("\"send\":{\"passthrough\"") == std::string::npos) _exit(17);
-  if (read_file(file).find("\"allgather\"") != std::string::npos) _exit(18);
-  _exit(0);  // no atexit report: what is on disk is what stats_write_now() wrote
-}
+// --- exit reporter: a helper program (stats_child_main.cc) runs with ZEROCTA_STATS set -------
 
 class StatsExitReport : public StatsFileTest {
  protected:
-  // Re-runs this binary's StatsExitReportChild.Run with ZEROCTA_STATS=stats; its stderr goes to
-  // the file stderr_path(). Returns the child's pid after it exited with status 0, or -1.
-  // write_now: run StatsWriteNowChild.Run instead, which checks the file of that name itself.
+  // Runs the helper program zerocta_stats_child (its exit-report part) with ZEROCTA_STATS=stats;
+  // its stderr goes to the file stderr_path(). Returns the child's pid after it exited with
+  // status 0, or -1. write_now: its write-now part, which checks the file of that name itself.
   pid_t run_child(const std::string& stats, bool log_none = false,
                   const std::vector<std::string>& extra_env = {},
                   const std::string& write_now = "") {
@@ -519,11 +444,8 @@ class StatsExitReport : public StatsFileTest {
     for (std::string& var : env) envp.push_back(var.data());
     envp.push_back(nullptr);
 
-    char exe[] = "/proc/self/exe";
-    char filter_exit[] = "--gtest_filter=StatsExitReportChild.Run";
-    char filter_now[] = "--gtest_filter=StatsWriteNowChild.Run";
-    char* filter = write_now.empty() ? filter_exit : filter_now;
-    char* argv[] = {exe, filter, nullptr};
+    char exe[] = ZCTEST_STATS_CHILD;
+    char* argv[] = {exe, nullptr};
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
@@ -593,7 +515,7 @@ TEST_F(StatsExitReport, WritesOneFilePerRankWithHostAndRankPatterns) {
 TEST_F(StatsExitReport, WriteNowWritesWithoutExitHandlers) {
   const std::string file = path("now.json");
   ASSERT_GT(run_child(file, false, {}, file), 0)
-      << "StatsWriteNowChild.Run failed (see its _exit codes)\n"
+      << "zerocta_stats_child's write-now part failed (see its exit codes)\n"
       << read_file(stderr_path());
 }
 
