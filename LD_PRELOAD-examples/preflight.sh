@@ -1,5 +1,17 @@
 # shellcheck shell=bash
-# Sourced by the run_*.sh examples. `preflight NGPU` sets the array `torchrun` (TORCHRUN, else
+# Sourced by the run_*.sh examples and nccl_cpp.sh.
+#
+# `multicast_off_if_asked`: with EXAMPLES_MULTICAST_OFF=1 in the environment, exports
+# NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off, for machines
+# that must not use it) and says so in one line; otherwise sets nothing. zerocta needs multicast
+# neither way; NCCL and PyTorch keep their own defaults unless you ask.
+multicast_off_if_asked() {
+  [[ ${EXAMPLES_MULTICAST_OFF:-} == 1 ]] || return 0
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+  echo "$(basename -- "$0"): set NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (EXAMPLES_MULTICAST_OFF=1)"
+}
+
+# `preflight NGPU` sets the array `torchrun` (TORCHRUN, else
 # /opt/torch/.venv/bin/torchrun where it exists, else torchrun) and stops the script with
 # status 2 and one clear line when torchrun cannot be found or fewer than NGPU GPUs are
 # visible, before anything is launched.

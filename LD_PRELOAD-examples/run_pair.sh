@@ -53,10 +53,7 @@ python=${PYTHON:-python3}
 timeout_s=${PAIR_TIMEOUT_S:-600}
 # The plain runs are the reference: zerocta must not be preloaded already.
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }
-# Test-host rule, not a zerocta requirement: the project's GPU hosts must not use NVLink
-# multicast, so the examples run with it off. On your own cluster drop this line (or export
-# NCCL_NVLS_ENABLE=1 first) to keep NCCL's NVLink SHARP; zerocta needs it neither way.
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+multicast_off_if_asked  # sets nothing unless EXAMPLES_MULTICAST_OFF=1 (preflight.sh)
 # This script's own ZEROCTA_* knobs stay in this shell: the ranks have no use for them.
 export -n ZEROCTA_BUILD ZEROCTA_RUN ZEROCTA_PAIR_ALLGATHER ZEROCTA_PAIR_ARGS ZEROCTA_FSDP_ALLGATHER
 
