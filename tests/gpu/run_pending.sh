@@ -43,7 +43,7 @@
 #   second thread destroy them):
 #   cycles-1000-serial
 # Part x4 (4 GPUs): the sweeps beside NCCL CE, the fixed-work overlap, the 10 000-op soaks:
-#   bench-4        zerocta-bench -g 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
+#   bench-4        zerocta-bench --procs 4, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
 #   bench-3        the same on 3 of the GPUs
 #   contention-4   fixed-work overlap on 4 GPUs, 5 runs, in and out of place
 #   soak-cumem-4   the soak on 4 ranks, 7000 iterations (over 10 000 ops)
@@ -60,7 +60,7 @@
 #   mem-ncclmem          ncclMemAlloc itself
 # Parts x8 and x8f (8 GPUs; never lent so far): what it takes to raise ZEROCTA_AUTO_MAX_RANKS
 #   from 4. auto stops at 4 ranks, so these ask for the route itself (ZEROCTA_ALLGATHER=zerocta):
-#   bench-8        zerocta-bench -g 8, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
+#   bench-8        zerocta-bench --procs 8, --alloc cumem, nccl-kernel nccl-ce zerocta ceiling
 #   contention-8   fixed-work overlap on 8 GPUs, 5 runs, in and out of place
 #   soak-cumem-8   the soak on 8 ranks, 7000 iterations
 #   fsdp2-8 (x8f)  FSDP2 comm and compute on 8 ranks, plain against zerocta-run --allgather
@@ -114,7 +114,7 @@ bench() {
   local name=$1 secs=$2
   shift 2
   step "$name" "$secs" env LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
-    "$BUILD/tools/zerocta-bench" --test-host --paths nccl-kernel,nccl-ce,zerocta,ceiling \
+    "$BUILD/tools/zerocta-bench" --multicast-off --paths nccl-kernel,nccl-ce,zerocta,ceiling \
     -b 64M -e 1G -f 4 --json "$OUT/$name.json" "$@"
 }
 
@@ -143,10 +143,10 @@ case "$PART" in
     grep -h '^RESULT' "$OUT/isolated.log" 2>/dev/null | sed "s/^/    /"
     ;;
   b)
-    bench bench-1proc 60 -g 2 --one-process
-    bench bench-cumem 60 -g 2 --alloc cumem
-    bench bench-small 60 -g 2 --one-process --paths nccl-ce,zerocta,ceiling -b 1M -e 16M
-    bench contention 180 -g 2 --alloc cumem --paths none --contention \
+    bench bench-1proc 60 -g 2
+    bench bench-cumem 60 --procs 2 --alloc cumem
+    bench bench-small 60 -g 2 --paths nccl-ce,zerocta,ceiling -b 1M -e 16M
+    bench contention 180 --procs 2 --alloc cumem --paths none --contention \
       --contention-paths nccl-kernel,nccl-ce,zerocta --repeats 5 --contention-placement both
     step fsdp2-comm 200 env FSDP_ARGS="--profile-steps 5" \
       "$REPO/LD_PRELOAD-examples/run_fsdp2.sh" 2 "$OUT/fsdp2" comm
@@ -173,9 +173,9 @@ case "$PART" in
     grep -h '^RELIABILITY cycles' "$OUT/cycles-1000-serial.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
-    bench bench-4 120 -g 4 --alloc cumem
-    bench bench-3 120 -g 3 --alloc cumem
-    bench contention-4 200 -g 4 --alloc cumem --paths none --contention \
+    bench bench-4 120 --procs 4 --alloc cumem
+    bench bench-3 120 --procs 3 --alloc cumem
+    bench contention-4 200 --procs 4 --alloc cumem --paths none --contention \
       --contention-paths nccl-kernel,nccl-ce,zerocta --repeats 5 --contention-placement both
     soak soak-cumem-4 120 4 cumem 7000
     # NCCL_GRAPH_REGISTER=0: NCCL 2.28.3 alone hangs on captured ops over cuMem on some ranks and
@@ -199,8 +199,8 @@ case "$PART" in
     done
     ;;
   x8)
-    bench bench-8 150 -g 8 --alloc cumem
-    bench contention-8 220 -g 8 --alloc cumem --paths none --contention \
+    bench bench-8 150 --procs 8 --alloc cumem
+    bench contention-8 220 --procs 8 --alloc cumem --paths none --contention \
       --contention-paths nccl-kernel,nccl-ce,zerocta --repeats 5 --contention-placement both
     soak soak-cumem-8 150 8 cumem 7000
     ;;

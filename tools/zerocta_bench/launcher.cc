@@ -107,12 +107,13 @@ std::string describe_status(int status) {
 }  // namespace
 
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, PathId path,
-                                            const std::string& shim_lib, bool test_host) {
+                                            const std::string& shim_lib, bool multicast_off) {
   std::vector<std::string> env = base;
-  // --test-host: multicast must stay off on the project's GPU hosts, whatever the caller's
-  // environment says. Never done otherwise: on the user's cluster NVLS may be what they run.
-  if (test_host) {
-    for (const char* kv : kTestHostEnv) {
+  // --multicast-off: multicast stays off on machines that must not use it, whatever the
+  // caller's environment says. Never done otherwise: on the user's cluster NVLS may be what
+  // they run.
+  if (multicast_off) {
+    for (const char* kv : kMulticastOffEnv) {
       const std::string s = kv;
       set_var(&env, s.substr(0, s.find('=')), s.substr(s.find('=') + 1));
     }
@@ -151,7 +152,7 @@ LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler) {
   std::vector<std::string> base;
   for (char** e = environ; *e; ++e) base.emplace_back(*e);
   const std::vector<std::string> env =
-      worker_environment(base, spec.path, spec.shim_lib, spec.test_host);
+      worker_environment(base, spec.path, spec.shim_lib, spec.multicast_off);
 
   std::vector<Proc> procs(static_cast<size_t>(nprocs));
   pid_t pgid = 0;

@@ -22,7 +22,7 @@ struct LaunchSpec {
   int repeat = -1;                // contention: the repeat this run belongs to (--worker-repeat)
   std::vector<std::string> args;  // the parent's argv[1..], passed through to every worker
   std::string shim_lib;           // LD_PRELOAD for the shim paths
-  bool test_host = false;         // --test-host: kTestHostEnv in every worker
+  bool multicast_off = false;     // --multicast-off: kMulticastOffEnv in every worker
   int timeout_s = 60;
 };
 
@@ -42,9 +42,9 @@ LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler);
 
 // The environment of a path's workers, from `base` (NAME=value entries): for a shim path
 // LD_PRELOAD=<shim_lib>[:rest] and ZEROCTA_ALLGATHER=<mode>; for the others every libzerocta
-// entry removed from LD_PRELOAD; with test_host (--test-host) also kTestHostEnv.
+// entry removed from LD_PRELOAD; with multicast_off (--multicast-off) also kMulticastOffEnv.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, PathId path,
-                                            const std::string& shim_lib, bool test_host);
+                                            const std::string& shim_lib, bool multicast_off);
 
 // Installs SIGINT/SIGTERM handlers that make run_path kill its workers and return, and ignores
 // SIGPIPE. Call once in the parent.

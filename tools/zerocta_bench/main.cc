@@ -163,7 +163,7 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
   spec.one_process = o.one_process;
   spec.args = args;
   spec.shim_lib = b->shim_lib;
-  spec.test_host = o.test_host;
+  spec.multicast_off = o.multicast_off;
   spec.timeout_s = limit;
   LaunchOutcome out = run_path(spec, [&](uint32_t type, const std::vector<char>& p) {
     if (type == kMsgHello && p.size() == sizeof(HelloMsg)) {
@@ -249,7 +249,7 @@ void run_contention_path(BenchReport* b, const ContentionResult& r, ContentionRu
   spec.repeat = run->repeat;
   spec.args = args;
   spec.shim_lib = b->shim_lib;
-  spec.test_host = o.test_host;
+  spec.multicast_off = o.multicast_off;
   spec.timeout_s = limit;
   run->before = read_gpu_telemetry();
   LaunchOutcome out = run_path(spec, [&](uint32_t type, const std::vector<char>& p) {
@@ -372,9 +372,9 @@ int main(int argc, char** argv) {
   }
 
   print_machine(b);
-  if (o.test_host) {
-    printf("# --test-host: every worker runs with");
-    for (const char* kv : kTestHostEnv) printf(" %s", kv);
+  if (o.multicast_off) {
+    printf("# --multicast-off: every worker runs with");
+    for (const char* kv : kMulticastOffEnv) printf(" %s", kv);
     printf("\n");
   }
   b.sizes = sweep_sizes(o);

@@ -223,7 +223,7 @@ std::vector<PathId> default_sweep_paths(CollOp op) {
   return {PathId::kNcclKernel, PathId::kNcclPolicy, PathId::kZeroctaPolicy};
 }
 
-const char* const kTestHostEnv[2] = {"NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"};
+const char* const kMulticastOffEnv[2] = {"NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"};
 
 int check_gpu_count(const Options& o, int visible, const std::string& no_gpu_reason,
                     std::string* message) {
@@ -238,7 +238,8 @@ int check_gpu_count(const Options& o, int visible, const std::string& no_gpu_rea
   }
   const int nranks = o.ngpus > 0 ? o.ngpus : visible;
   if (nranks > visible) {
-    *message = "zerocta-bench: -g " + std::to_string(nranks) + " but only " +
+    *message = "zerocta-bench: " + (o.ranks_option.empty() ? std::string("-g") : o.ranks_option) +
+               " " + std::to_string(nranks) + " but only " +
                std::to_string(visible) + " GPU(s) visible";
     if (visible == 0) *message += " (" + no_gpu_reason + ")";
     return kExitUsage;
@@ -388,10 +389,27 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       return true;
     } else if (a == "--quick") {
       // handled above
-    } else if (a == "-g" || a == "--ngpus") {
+    } else if (a == "-g" || a == "--ngpus" || a == "--procs") {
+      // nccl-tests' -g: GPUs one thread drives, in one process; --procs: a process per rank.
       if (!need(&v)) return false;
-      if (!parse_int(v, 1, 1024, &n)) return bad(v, "ranks >= 1");
+      if (!parse_int(v, 1, 1024, &n)) return bad(v, a == "--procs" ? "ranks >= 1" : "GPUs >= 1");
+      const std::string which = a == "--procs" ? "--procs" : "-g";
+      if (!o->ranks_option.empty() && o->ranks_option != which) {
+        *error = "-g (GPUs of one thread, in one process, as nccl-tests) and --procs (a process "
+                 "per rank) exclude each other";
+        return false;
+      }
+      o->ranks_option = which;
       o->ngpus = static_cast<int>(n);
+      if (which == "-g") o->one_process = true;
+    } else if (a == "-t" || a == "--nthreads") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 1024, &n)) return bad(v, "threads >= 1");
+      if (n != 1) {
+        *error = "-t " + v + ": threads per process, as in nccl-tests; this bench drives a " +
+                 "process's GPUs from one thread (-g N), or runs a process per rank (--procs N)";
+        return false;
+      }
     } else if (a == "-b" || a == "--minbytes") {
       if (!need(&v)) return false;
       if (!parse_size(v, &o->min_bytes) || o->min_bytes == 0) return bad(v, "a size like 1M");
@@ -513,8 +531,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       o->deadline_s = static_cast<int>(n);
     } else if (a == "--dry-run") {
       o->dry_run = true;
-    } else if (a == "--test-host") {
-      o->test_host = true;
+    } else if (a == "--multicast-off" || a == "--test-host") {  // the latter: its former name
+      o->multicast_off = true;
     } else if (a == "--self-test") {
       o->self_test = true;
     } else if (a == "--fake-gpus") {
@@ -615,7 +633,9 @@ shim paths in one re-executed process under LD_PRELOAD).
 nccl-tests options (sizes as nccl-tests prints them: allgather total output bytes, allreduce
 and broadcast the buffer, reducescatter total input bytes):
   --op OP     allgather (default), allreduce, reducescatter, broadcast (ncclSum, root 0)
-  -g N        ranks (default: every visible GPU)
+  -g N        GPUs driven by one thread, in one process (as nccl-tests; the NCCL paths
+              then run as --one-process); default: every visible GPU, a process per rank
+  -t N        threads per process (as nccl-tests): only 1 (see -g and --procs)
   -b SIZE     min size (default 1M)          -e SIZE   max size (default 1G)
   -f N        step factor (default 4)        -n N      timed iterations (default 20)
   -w N        warm-up iterations (default 5) -c 0|1    check results (default 1)
@@ -637,6 +657,9 @@ Other options:
                          (the recommended granularity for chunks and VA alignment, not
                          the minimum), peers (access for every device that can reach
                          it); default none
+  --procs N              N ranks, each in a process of its own (nccl-tests under mpirun -np N
+                         -g 1); the default with every visible GPU when neither -g nor --procs
+                         is given
   --one-process          the NCCL paths as one process, one thread driving every GPU
                          (nccl-tests -g N); default: one process per rank
   --graph                the sweep's checked op and timed iterations are replays of a CUDA
@@ -678,10 +701,10 @@ Other options:
   --timeout SEC          per path (default: from the estimate, at least 90)
   --deadline SEC         whole run (default 450); paths not started by then are SKIPPED
   --seed N               data pattern seed
-  --test-host            run every worker with NCCL_NVLS_ENABLE=0 and
-                         TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (a rule of the project's GPU test
-                         hosts, which must not use NVLink multicast; printed when used).
-                         Without it the workers get the caller's environment as it is.
+  --multicast-off        run every worker with NVLink multicast off: NCCL_NVLS_ENABLE=0 and
+                         TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (for machines that must not use
+                         it; printed when used). Without it the workers get the caller's
+                         environment as it is.
   --dry-run              probe the GPUs, print the plan and the time estimate, run nothing
   --self-test            CPU self-test of parsing, math and report formatting
   -h, --help             this text
@@ -690,8 +713,9 @@ Exit status: 0 all paths OK (also when, without -g, fewer than 2 GPUs are found:
                says so),
              1 a path FAILED (wrong data, a worker died or hung, a zerocta fallback,
                a zerocta-policy communicator created without the zero-CTA policy),
-             2 usage error (also -g larger than the GPUs visible, e.g. -g 2 without a GPU,
-               or -g 1), or libzerocta.so not found while a zerocta path is requested.
+             2 usage error (also -g or --procs larger than the GPUs visible, e.g. --procs 2
+               without a GPU, or 1 rank), or libzerocta.so not found while a zerocta path
+               is requested.
 )";
   return s;
 }

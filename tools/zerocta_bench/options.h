@@ -88,7 +88,10 @@ struct Options {
   // The collective of the sweep (--op); the contention study always all-gathers.
   CollOp op = CollOp::kAllGather;
   // nccl-tests flags. Sizes follow nccl-tests' "size" column (coll_shape).
-  int ngpus = 0;  // -g: ranks; 0 = every visible GPU
+  // Ranks (0 = every visible GPU) and how they run: nccl-tests' -g N (GPUs driven by one
+  // thread: one process, one_process set) or --procs N (a process per rank).
+  int ngpus = 0;
+  std::string ranks_option = "";  // "-g" or "--procs", for messages; "" when not given
   uint64_t min_bytes = 1ull << 20;
   uint64_t max_bytes = 1ull << 30;
   uint64_t step_factor = 4;
@@ -105,8 +108,8 @@ struct Options {
   // segments: 20 MiB; a size at least the buffer's: one allocation, as ncclMemAlloc's).
   uint64_t cumem_chunk_bytes = 20ull << 20;
   CumemProps cumem_props;  // --cumem-props: ncclMemAlloc's properties, one at a time
-  // --one-process: the NCCL-program paths run as one process whose one thread drives every
-  // GPU (nccl-tests -g N); default: one process per rank.
+  // -g N / --one-process: the NCCL-program paths run as one process whose one thread drives
+  // every GPU (nccl-tests -g N); default and --procs N: one process per rank.
   bool one_process = false;
   // --graph: the sweep's checked op and timed loop replay a CUDA graph that captured the op
   // (global capture mode, as PyTorch captures): what graph users get, host work gone.
@@ -141,9 +144,10 @@ struct Options {
   int deadline_s = 450;  // whole run; paths not started by then are SKIPPED
 
   bool quick = false;
-  // --test-host: the workers run with kTestHostEnv (the project's GPU hosts must not use NVLink
-  // multicast); off by default, so the bench measures what the caller's environment gives.
-  bool test_host = false;
+  // --multicast-off: the workers run with kMulticastOffEnv (NVLink multicast off, for machines
+  // that must not use it); off by default, so the bench measures what the caller's environment
+  // gives.
+  bool multicast_off = false;
   bool dry_run = false;    // probe, print the plan and the estimate, run nothing
   bool self_test = false;  // CPU self-test of parsing, math and report formatting
   int fake_gpus = 0;       // testing: pretend N GPUs, workers produce synthetic rows, no CUDA
@@ -162,8 +166,8 @@ struct Options {
   uint64_t contention_total_bytes(int nranks) const;
 };
 
-// What --test-host sets in every worker's environment (NAME=value), whatever it held.
-extern const char* const kTestHostEnv[2];
+// What --multicast-off sets in every worker's environment (NAME=value), whatever it held.
+extern const char* const kMulticastOffEnv[2];
 
 // What to do with `visible` GPUs before anything runs: -1 to go on, or the exit status with
 // *message, the line to print (on stdout for kExitOk, else on stderr). No GPU or one GPU with

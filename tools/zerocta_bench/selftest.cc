@@ -99,6 +99,15 @@ void test_options() {
   EXPECT(o.ngpus == 4 && o.min_bytes == (2ull << 20) && o.max_bytes == (512ull << 20));
   EXPECT(o.step_factor == 2 && o.iters == 7 && o.warmups == 1 && !o.check);
   EXPECT(o.dtype.nccl == ncclBfloat16 && o.dtype.bytes == 2);
+  // -g is nccl-tests' GPUs of one thread (one process); --procs a process per rank; -t only 1.
+  EXPECT(o.one_process && o.ranks_option == "-g");
+  {
+    Options p, q, t;
+    EXPECT(parse({"--procs", "2", "-t", "1"}, &p) && p.ngpus == 2 && !p.one_process &&
+           p.ranks_option == "--procs");
+    EXPECT(!parse({"-g", "2", "--procs", "2"}, &q));
+    EXPECT(!parse({"-t", "2"}, &t));
+  }
   // Canonical run order, whatever order the list had.
   EXPECT(o.paths.size() == 2 && o.paths[0] == PathId::kNcclKernel &&
          o.paths[1] == PathId::kZerocta);
@@ -410,7 +419,7 @@ void test_bandwidth_and_rows() {
 void test_environment() {
   std::vector<std::string> base = {"PATH=/bin", "LD_PRELOAD=/x/libzerocta.so:/y/libother.so",
                                    "NCCL_NVLS_ENABLE=1", "ZEROCTA_LOG=info"};
-  // Without --test-host the caller's NCCL/TORCH settings reach the workers unchanged.
+  // Without --multicast-off the caller's NCCL/TORCH settings reach the workers unchanged.
   for (PathId p : {PathId::kNcclKernel, PathId::kZerocta, PathId::kCeiling}) {
     std::vector<std::string> e = worker_environment(base, p, "/b/libzerocta.so", false);
     EXPECT(has(e, "NCCL_NVLS_ENABLE=1") && !has(e, "NCCL_NVLS_ENABLE=0"));
@@ -419,14 +428,14 @@ void test_environment() {
   std::vector<std::string> plain =
       worker_environment({"PATH=/bin"}, PathId::kNcclKernel, "/l.so", false);
   EXPECT(plain == std::vector<std::string>{"PATH=/bin"});
-  // --test-host: the two host rules, whatever the caller had.
+  // --multicast-off: multicast off, whatever the caller had.
   std::vector<std::string> k =
       worker_environment(base, PathId::kNcclKernel, "/b/libzerocta.so", true);
   EXPECT(has(k, "LD_PRELOAD=/y/libother.so"));  // the shim stripped from a no-shim path
   EXPECT(has(k, "NCCL_NVLS_ENABLE=0") && !has(k, "NCCL_NVLS_ENABLE=1"));
   EXPECT(has(k, "TORCH_SYMM_MEM_DISABLE_MULTICAST=1") && has(k, "PATH=/bin"));
   EXPECT(!has_prefix(k, "ZEROCTA_ALLGATHER="));
-  for (const char* kv : kTestHostEnv) EXPECT(has(k, kv));
+  for (const char* kv : kMulticastOffEnv) EXPECT(has(k, kv));
   std::vector<std::string> z =
       worker_environment(base, PathId::kZerocta, "/b/libzerocta.so", false);
   EXPECT(has(z, "LD_PRELOAD=/b/libzerocta.so:/y/libother.so"));  // prepended, never twice
@@ -446,11 +455,13 @@ void test_environment() {
                          PathId::kNcclPolicy, "/l.so", true);
   EXPECT(!has_prefix(np, "LD_PRELOAD=") && has(np, "NCCL_NVLS_ENABLE=0"));
   Options o;
-  EXPECT(parse({}, &o) && !o.test_host);
-  EXPECT(parse({"--test-host"}, &o) && o.test_host);
+  EXPECT(parse({}, &o) && !o.multicast_off);
+  EXPECT(parse({"--multicast-off"}, &o) && o.multicast_off);
+  Options former;
+  EXPECT(parse({"--test-host"}, &former) && former.multicast_off);  // its former name
 }
 
-// --help names every path the bench knows, and says which environment --test-host sets.
+// --help names every path the bench knows, and says which environment --multicast-off sets.
 void test_help_lists_every_path() {
   const std::string help = usage_text("zerocta-bench");
   for (int i = 0;; ++i) {
@@ -460,8 +471,9 @@ void test_help_lists_every_path() {
     EXPECT(help.find(row) != std::string::npos);
     if (help.find(row) == std::string::npos) fprintf(stderr, "  (--help lacks path %s)\n", name);
   }
-  EXPECT(help.find("--test-host") != std::string::npos);
-  for (const char* kv : kTestHostEnv)
+  EXPECT(help.find("--multicast-off") != std::string::npos);
+  EXPECT(help.find("--test-host") == std::string::npos);
+  for (const char* kv : kMulticastOffEnv)
     EXPECT(help.find(std::string(kv).substr(0, 10)) != std::string::npos);
 }
 
@@ -475,7 +487,7 @@ void test_gpu_count() {
          m.find("no GPU found (no driver)") != std::string::npos);
   EXPECT(check_gpu_count(any, 1, "", &m) == kExitOk);
   EXPECT(check_gpu_count(any, 2, "", &m) == -1 && check_gpu_count(any, 8, "", &m) == -1);
-  // -g 2 asks for GPUs: without them it is an error, never a quiet 0.
+  // 2 ranks asked for: without GPUs it is an error, never a quiet 0.
   EXPECT(check_gpu_count(two, 0, "no driver", &m) == kExitUsage &&
          m.find("-g 2 but only 0 GPU(s) visible (no driver)") != std::string::npos);
   EXPECT(check_gpu_count(two, 1, "", &m) == kExitUsage);

@@ -326,25 +326,32 @@ ZCB_FAKE_HANG=nccl-kernel "$BENCH" --fake-gpus 2 --quick --deadline 2 --paths nc
   >"$TMP/deadline.txt" 2>&1
 check "deadline skips later paths" contains "$TMP/deadline.txt" "Path ceiling: SKIPPED"
 
-# 5b. --test-host: the two host rules, printed; without it, none of them.
-"$BENCH" --fake-gpus 2 --quick --paths nccl-kernel --test-host >"$TMP/th.txt" 2>&1
-check "--test-host run exits 0" test $? -eq 0
-check "--test-host prints what it sets" contains "$TMP/th.txt" \
-  "# --test-host: every worker runs with NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"
-check "no --test-host line by default" bash -c "! grep -q -- '--test-host' '$TMP/ok.txt'"
+# 5b. --multicast-off: multicast off, printed; without it, nothing set.
+"$BENCH" --fake-gpus 2 --quick --paths nccl-kernel --multicast-off >"$TMP/th.txt" 2>&1
+check "--multicast-off run exits 0" test $? -eq 0
+check "--multicast-off prints what it sets" contains "$TMP/th.txt" \
+  "# --multicast-off: every worker runs with NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"
+check "no --multicast-off line by default" bash -c "! grep -q -- '--multicast-off' '$TMP/ok.txt'"
 "$BENCH" --help >"$TMP/help.txt" 2>&1
 for p in nccl-kernel nccl-policy zerocta-policy nccl-ce zerocta zerocta-auto ceiling bare-ce; do
   check "--help lists $p" grep -qE "^  $p " "$TMP/help.txt"
 done
 
-# 5c. -g N without a GPU is an error (exit 2), not "nothing to measure" (only checkable here
-# when this machine has no GPU).
+# 5c. -g N or --procs N without a GPU is an error (exit 2), not "nothing to measure" (only
+# checkable here when this machine has no GPU).
 "$BENCH" --dry-run >"$TMP/nogpu.txt" 2>&1
 if grep -q "no GPU found" "$TMP/nogpu.txt"; then
   "$BENCH" -g 2 >"$TMP/g2.txt" 2>&1
   check "-g 2 without a GPU exits 2" test $? -eq 2
   check "-g 2 without a GPU explained" contains "$TMP/g2.txt" "-g 2 but only 0 GPU(s) visible"
+  "$BENCH" --procs 2 >"$TMP/p2.txt" 2>&1
+  check "--procs 2 without a GPU exits 2" test $? -eq 2
+  check "--procs 2 without a GPU explained" contains "$TMP/p2.txt" "--procs 2 but only 0 GPU(s) visible"
 fi
+# 5d. -t means threads per process, as in nccl-tests: only 1 here, with a reason.
+"$BENCH" --fake-gpus 2 -t 2 >"$TMP/t2.txt" 2>&1
+check "-t 2 is a usage error" test $? -eq 2
+check "-t 2 says why" contains "$TMP/t2.txt" "threads per process, as in nccl-tests"
 
 # 6. The plot script: a style of its own for every path, then PNGs where matplotlib exists,
 # the one-line message where it does not.
