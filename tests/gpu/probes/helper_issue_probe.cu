@@ -20,6 +20,12 @@
 //           helper could; A's lazy load then has to wait for W, which only B's context
 //           releases. Only this part runs (the same-context one ends the process).
 //
+// What it showed (2xH200, driver 580.159.04, CUDA_MODULE_LOADING unset, i.e. lazy;
+// docs/plots/lifecycle-2xH200/helper-own-context-probe.txt, and earlier 4xH200): queues 0 of 40
+// blocked; loading from the primary context DEADLOCKS; from a context of the helper's own it
+// does not (the first launch returned after 110 ms, once the helper had released W; the
+// helper's two calls took 0.08 ms).
+//
 //   nvcc -O2 -o helper_issue_probe tests/gpu/probes/helper_issue_probe.cu -lcuda
 //   ./helper_issue_probe;  CUDA_DEVICE_MAX_CONNECTIONS=32 ./helper_issue_probe
 //   ./helper_issue_probe ctx2

@@ -43,7 +43,13 @@
 // slowdown, the ops' total time alone and under load, the host's enqueue time after the flag
 // (ops are released after the first 6 are enqueued, the rest enqueued while they run: if
 // enqueue_ms nears ops_under_load_ms, the host was the limit).
-// What it showed: (not run yet)
+// What it showed (2xH200, driver 580.159.04, docs/plots/lifecycle-2xH200/scratch-push-probe.txt):
+// alone, the ring with the driver's copy and 32 MiB slices ran at 0.91-0.93x each pushes (339 /
+// 362 GB/s against 373 / 387 at 128 / 512 MiB); the kernel needs 16 CTAs to come near it. Beside
+// the SM-bound loop each pushes kept its time (35.8 ms for its ops) and cost the loop nothing,
+// while every ring variant took 68-71 ms for the same ops (L's local copy waits for SMs, and
+// E's pushes wait for L's slots), 58 ms with L's copy stream at the highest priority, which
+// cost the loop 3-4 %. So E pushing into L's scratch doubles the op beside compute.
 //   nvcc -O2 -std=c++17 -arch=sm_90 -o scratch_push_probe scratch_push_probe.cu -lcuda
 //   scratch_push_probe [load repetitions (3)]
 // Needs GPUs 0 and 1 with peer access, 1.5 GiB on GPU 1; well under a minute expected on 2xH200.
