@@ -42,8 +42,7 @@ class HostTimeHistogram {
   // The value below which a share `q` (0..1) of the added ones lie, to the bucket's middle;
   // 0 with nothing added.
   double quantile(double q) const {
-    uint64_t total = 0;
-    for (const auto& c : counts_) total += c.load(std::memory_order_relaxed);
+    const uint64_t total = count();
     if (total == 0) return 0;
     const double want = q * static_cast<double>(total);
     uint64_t seen = 0;
@@ -52,6 +51,12 @@ class HostTimeHistogram {
       if (static_cast<double>(seen) >= want && seen > 0) return middle_of(b);
     }
     return middle_of(kBuckets - 1);
+  }
+
+  uint64_t count() const {
+    uint64_t total = 0;
+    for (const auto& c : counts_) total += c.load(std::memory_order_relaxed);
+    return total;
   }
 
   void reset() {

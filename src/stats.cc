@@ -53,6 +53,7 @@ std::atomic<uint64_t> g_host_ops{0}, g_host_post{0}, g_host_arrive{0}, g_host_pa
 // The same host times per op as distributions (medians and tails for the report), in the
 // order of RouteStats::host_quantiles: each phase, then the whole call.
 HostTimeHistogram g_host_times[kHostPhases];
+HostTimeHistogram g_nccl_call_times;
 // The route's counters, each with its RouteStats field and JSON name, in the JSON's order: the
 // snapshot, the reset and the file all walk this one table.
 struct RouteCounter {
@@ -102,6 +103,7 @@ void reset_counters() {
   g_inner_calls.store(0, kRelaxed);
   for (const RouteCounter& c : kRouteCounters) c.counter->store(0, kRelaxed);
   for (HostTimeHistogram& h : g_host_times) h.reset();
+  g_nccl_call_times.reset();
 }
 
 // A forked child inherits a copy of the parent's counters; without this it would report the
@@ -205,12 +207,17 @@ void print_route(const RouteStats& r) {
   char part[96];
   for (int i = 0; i < kHostPhases; ++i) {
     const HostQuantiles& q = r.host_quantiles[i];
-    snprintf(part, sizeof(part), " %s=%.1f/%.0f/%.0f", kHostPhaseNames[i],
-             static_cast<double>(i + 1 < kHostPhases ? sums[i] : call) / n, q.p50, q.p90);
+    snprintf(part, sizeof(part), " %s=%.1f/%.0f/%.0f/%.0f", kHostPhaseNames[i],
+             static_cast<double>(i + 1 < kHostPhases ? sums[i] : call) / n, q.p50, q.p90,
+             q.p99);
     line += part;
   }
-  log_report("stats route host us per op, mean/median/p90:%s (%" PRIu64 " ops)", line.c_str(),
-             r.host_ops);
+  log_report("stats route host us per op, mean/median/p90/p99:%s (%" PRIu64 " ops)",
+             line.c_str(), r.host_ops);
+  if (r.nccl_calls > 0)
+    log_report("stats nccl host us per forwarded collective (NCCL's own call), median/p90/p99: "
+               "%.0f/%.0f/%.0f (%" PRIu64 " calls)",
+               r.nccl_call.p50, r.nccl_call.p90, r.nccl_call.p99, r.nccl_calls);
 }
 
 void report_at_exit() {
@@ -277,6 +284,8 @@ void stats_op_staged() { g_staged_ops.fetch_add(1, kRelaxed); }
 void stats_op_captured() { g_captured_ops.fetch_add(1, kRelaxed); }
 void stats_op_local_group() { g_local_group_ops.fetch_add(1, kRelaxed); }
 
+void stats_nccl_call_time(int64_t us) { g_nccl_call_times.add(us); }
+
 void stats_op_host_times(const HostTimes& t) {
   auto add = [](std::atomic<uint64_t>& c, int64_t us) {
     c.fetch_add(us > 0 ? static_cast<uint64_t>(us) : 0, kRelaxed);
@@ -295,8 +304,12 @@ void stats_op_host_times(const HostTimes& t) {
 RouteStats route_stats_snapshot() {
   RouteStats r;
   for (const RouteCounter& c : kRouteCounters) r.*c.field = c.counter->load(kRelaxed);
-  for (int i = 0; i < kHostPhases; ++i)
-    r.host_quantiles[i] = {g_host_times[i].quantile(0.5), g_host_times[i].quantile(0.9)};
+  auto quantiles = [](const HostTimeHistogram& h) {
+    return HostQuantiles{h.quantile(0.5), h.quantile(0.9), h.quantile(0.99)};
+  };
+  for (int i = 0; i < kHostPhases; ++i) r.host_quantiles[i] = quantiles(g_host_times[i]);
+  r.nccl_calls = g_nccl_call_times.count();
+  r.nccl_call = quantiles(g_nccl_call_times);
   const int64_t held = g_peer_held_bytes.load(kRelaxed);
   r.peer_held_bytes = held > 0 ? static_cast<uint64_t>(held) : 0;
   r.peer_held_budget_bytes = g_peer_held_budget.load(kRelaxed);
@@ -361,10 +374,18 @@ std::string stats_json(const zerocta_stats_t& s, pid_t pid, const RouteStats& ro
   for (const RouteCounter& c : kRouteCounters) append_field(&out, c.name, route.*c.field);
   for (int i = 0; i < kHostPhases; ++i) {
     const HostQuantiles& q = route.host_quantiles[i];
-    snprintf(buf, sizeof(buf), "\"host_%s_p50_micros\":%.1f,\"host_%s_p90_micros\":%.1f,",
-             kHostPhaseNames[i], q.p50, kHostPhaseNames[i], q.p90);
+    snprintf(buf, sizeof(buf),
+             "\"host_%s_p50_micros\":%.1f,\"host_%s_p90_micros\":%.1f,"
+             "\"host_%s_p99_micros\":%.1f,",
+             kHostPhaseNames[i], q.p50, kHostPhaseNames[i], q.p90, kHostPhaseNames[i], q.p99);
     out += buf;
   }
+  append_field(&out, "nccl_calls", route.nccl_calls);
+  snprintf(buf, sizeof(buf),
+           "\"nccl_call_p50_micros\":%.1f,\"nccl_call_p90_micros\":%.1f,"
+           "\"nccl_call_p99_micros\":%.1f,",
+           route.nccl_call.p50, route.nccl_call.p90, route.nccl_call.p99);
+  out += buf;
   append_field(&out, "peer_held_bytes", route.peer_held_bytes);
   append_field(&out, "peer_held_budget_bytes", route.peer_held_budget_bytes);
   out.back() = '}';

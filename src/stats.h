@@ -2,6 +2,8 @@
 // path; printed at exit with ZEROCTA_STATS=1 or written as JSON to the path it names.
 #pragma once
 
+#include <chrono>
+
 #include <cstdint>
 
 #include "zerocta.h"
@@ -37,6 +39,19 @@ struct HostTimes {
   int64_t post = 0, arrive = 0, pair_wait = 0, reach = 0, issue = 0;
 };
 void stats_op_host_times(const HostTimes& t);
+// The host time of NCCL's own call for a collective the wrappers forward to it, in
+// microseconds: what the route's host time per op is compared with, in the same job.
+void stats_nccl_call_time(int64_t us);
+// Runs `call` (NCCL's own function for a forwarded collective) and counts its host time.
+template <typename Call>
+auto timed_nccl_call(Call&& call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = call();
+  stats_nccl_call_time(std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count());
+  return r;
+}
 
 // Installs the at-exit reporter and the fork handler once (called lazily at the first NCCL
 // call, never from a constructor). Only the process that gathered the counters reports them:

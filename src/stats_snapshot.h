@@ -21,7 +21,7 @@ constexpr int kHostPhases = 6;
 constexpr const char* kHostPhaseNames[kHostPhases] = {"post",  "arrive", "pair_wait",
                                                       "reach", "issue",  "call"};
 struct HostQuantiles {
-  double p50 = 0, p90 = 0;
+  double p50 = 0, p90 = 0, p99 = 0;
 };
 
 // The route's own doings (stats.h), as counted so far.
@@ -35,9 +35,13 @@ struct RouteStats {
   // Host time of the routed ops (stats.h HostTimes), summed over host_ops ops.
   uint64_t host_ops = 0, host_post_micros = 0, host_arrive_micros = 0,
            host_pair_wait_micros = 0, host_reach_micros = 0, host_issue_micros = 0;
-  // Their median and 90th percentile (to ~12 %, stats.cc), per phase and for the whole call,
-  // in the order of kHostPhaseNames.
+  // Their median, 90th and 99th percentile (to ~12 %, stats.cc), per phase and for the whole
+  // call, in the order of kHostPhaseNames.
   HostQuantiles host_quantiles[kHostPhases];
+  // NCCL's own calls of the collectives forwarded to it, in the same process: how many, and
+  // the quantiles of their host time (stats_nccl_call_time).
+  uint64_t nccl_calls = 0;
+  HostQuantiles nccl_call;
   // Gauges, not counters (a reset keeps them): the peers' memory mapped here now, and the bound
   // on it per communicator.
   uint64_t peer_held_bytes = 0, peer_held_budget_bytes = 0;

@@ -172,9 +172,11 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
   return in_comm_order(st, stream, [&] {
     if (needs_detour(nccl_ce, stream))
       return on_side_stream(*st, stream, [&](cudaStream_t side) {
-        return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
+        return timed_nccl_call(
+            [&] { return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side); });
       });
-    return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+    return timed_nccl_call(
+        [&] { return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); });
   });
 }
 
@@ -223,7 +225,9 @@ using namespace zc;
     uint64_t bytes = (BYTES);                                                               \
     stats_count(OP, zerocta_route_passthrough, bytes);                                      \
     NvtxRange range(OP, zerocta_route_passthrough, bytes);                                  \
-    return chained(st, LINK, in_comm_order(st, stream, [&] { return e.real->name args; })); \
+    return chained(st, LINK, in_comm_order(st, stream, [&] {                                \
+                     return timed_nccl_call([&] { return e.real->name args; });             \
+                   }));                                                                     \
   }
 
 // Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
@@ -239,9 +243,9 @@ using namespace zc;
     return chained(st, LINK, in_comm_order(st, stream_arg, [&] {                                \
                      if (needs_detour(nccl_ce, stream_arg))                                     \
                        return on_side_stream(*st, stream_arg, [&](cudaStream_t side) {          \
-                         return e.real->name args_on_side;                                      \
+                         return timed_nccl_call([&] { return e.real->name args_on_side; });     \
                        });                                                                      \
-                     return e.real->name args;                                                  \
+                     return timed_nccl_call([&] { return e.real->name args; });                 \
                    }));                                                                         \
   }
 

@@ -243,6 +243,10 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   zc::stats_op_staged();
   zc::stats_op_host_times({10, 1, 300, 40, 25});
   zc::stats_op_host_times({12, 0, 0, 2, 23});
+  // NCCL's own calls of forwarded collectives, beside the route's ops: 98 quick, 2 slow.
+  for (int i = 0; i < 98; ++i) zc::stats_nccl_call_time(6);
+  zc::stats_nccl_call_time(20);
+  zc::stats_nccl_call_time(20);
 
   const std::string file = path("stats.json");
   ASSERT_EQ(zerocta_write_stats_json(file.c_str()), 0);
@@ -275,6 +279,13 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
             std::string::npos)
       << json;
   EXPECT_NE(json.find("\"host_call_p50_micros\":"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"host_post_p90_micros\":12.0,\"host_post_p99_micros\":12.0,"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"nccl_calls\":100,\"nccl_call_p50_micros\":6.0,"
+                      "\"nccl_call_p90_micros\":6.0,\"nccl_call_p99_micros\":20.0,"),
+            std::string::npos)
+      << json;
   EXPECT_NE(json.find("\"ops\":{\"allgather\":{\"ce\":{\"calls\":2,\"bytes\":300},"
                       "\"nccl-ce\":{\"calls\":1,\"bytes\":5}},"
                       "\"recv\":{\"passthrough\":{\"calls\":1,\"bytes\":9}}}"),
