@@ -27,8 +27,8 @@ done
 . "$here/preflight.sh"
 preflight "$ngpu"  # once here, not once per configuration
 read -r -a fsdp_args <<<"${FSDP_ARGS:-}"
-# (run_pair.sh sets the test hosts' NCCL/TORCH rule for every run and keeps the ZEROCTA_* knobs
-# of both scripts out of the ranks.)
+# (run_pair.sh turns NVLink multicast off for every run when EXAMPLES_MULTICAST_OFF=1, and keeps
+# the ZEROCTA_* knobs of both scripts out of the ranks.)
 mkdir -p "$outdir"
 
 failed=()

@@ -31,7 +31,7 @@ python=${PYTHON:-python3}
 [[ -x /opt/torch/.venv/bin/python3 && -z ${PYTHON:-} ]] && python=/opt/torch/.venv/bin/python3
 # NVLink multicast stays off on the project's GPU machines, in every run.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-echo "run_torch_suite: set NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (this host's rule)"
+echo "run_torch_suite: set NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off)"
 
 # The native stacks of every process in `pgid`'s group, after `secs` seconds.
 dump_stacks_later() {
