@@ -49,7 +49,7 @@ def first_loss_difference(a, b):
 
 
 def load_stats_files(stats_dir):
-    """The ZEROCTA_STATS JSON files in stats_dir (src/stats.cc's format), one per process, in
+    """The ZEROCTA_STATS JSON files in stats_dir (src/core/stats.cc's format), one per process, in
     name order."""
     return [load(path) for path in sorted(glob.glob(os.path.join(stats_dir, "*.json")))]
 

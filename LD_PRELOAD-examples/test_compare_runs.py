@@ -1,5 +1,5 @@
 """Tests of compare_runs.py's report from a zerocta run's ZEROCTA_STATS files (routes and how
-the route's pairs were settled), on files written here in src/stats.cc's format: standard
+the route's pairs were settled), on files written here in src/core/stats.cc's format: standard
 library only, no torch, no GPU.
 
     cd LD_PRELOAD-examples && python3 -m unittest -v test_compare_runs
@@ -24,7 +24,7 @@ def record(zerocta):
 
 
 def stats_file(directory, pid, comms, ce_calls, each, later):
-    """One process's ZEROCTA_STATS JSON, as src/stats.cc writes it (the fields read here)."""
+    """One process's ZEROCTA_STATS JSON, as src/core/stats.cc writes it (the fields read here)."""
     s = {"version": "0.1.0", "pid": pid, "comms_created": comms, "comms_zero_policy": comms,
          "comms_ce_ready": comms,
          "route": {"pairs_each_pushes": each, "pairs_later_does_both": later},

@@ -1,4 +1,4 @@
-// zerocta-env-table: prints the ZEROCTA_* variable table (src/config.cc) as markdown, or
+// zerocta-env-table: prints the ZEROCTA_* variable table (src/core/config.cc) as markdown, or
 // rewrites it in place in a file between the README markers. The unit test
 // EnvTableMarkdown.ReadmeHoldsTheCurrentTable fails until README.md matches this output.
 //

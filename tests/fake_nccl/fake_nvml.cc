@@ -1,5 +1,5 @@
 // A fake NVML (libnvidia-ml.so.1) for CPU-only tests: the three calls the shim asks whether two
-// GPUs are linked by NVLink (src/nvml_links.h). It knows the GPUs of this host as the fake
+// GPUs are linked by NVLink (src/channel/nvml_links.h). It knows the GPUs of this host as the fake
 // CUDA driver names them (fake_cuda_mem.cc: "fgpu", the host's seed, the device number, a
 // fixed tail), so a GPU of another host (another FAKE_CUDA_UUID_SEED) is not found.
 //

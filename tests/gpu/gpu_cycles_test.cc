@@ -2,7 +2,7 @@
 // two ranks must not leak. With the shim and ZEROCTA_ALLGATHER=zerocta (set by the test;
 // ZCTEST_CYCLES_ALLGATHER overrides) every cycle joins a channel in /dev/shm, allocates and
 // exports an arena, maps the peer's at its all-gather and frees all of it in ncclCommDestroy
-// (src/route_setup.h). Without the shim the same test measures NCCL alone.
+// (src/comms/route_setup.h). Without the shim the same test measures NCCL alone.
 //
 // Host RSS (/proc/self/statm, after malloc_trim), GPU memory in use (cudaMemGetInfo: total -
 // free), open file descriptors, threads and zerocta entries in /dev/shm are sampled on every rank

@@ -1,6 +1,6 @@
 // One thread driving every GPU's communicator in one group (nccl-tests -g N): with the shim and
 // ZEROCTA_ALLGATHER=zerocta each round's all-gathers go as local group sets
-// (src/local_group_allgather.h). Each round: fresh random inputs, odd sizes, every datatype, in
+// (src/collectives/allgather/local_group_allgather.h). Each round: fresh random inputs, odd sizes, every datatype, in
 // place or out of place, a non-blocking stream or the legacy default one, buffers freed and
 // allocated again now and then, outputs poisoned with guard bytes around them; checked bitwise
 // against the inputs and against NCCL's own all-gather (pncclAllGather, which the shim does not

@@ -42,7 +42,7 @@ TEST(BadInputKnownIssue, InitWithNullCommPointerReturnsNcclsAnswer) {
   }
 }
 
-// KNOWN ISSUE 2 (src/wrappers_comm.cc nonblocking_config, src/cta_policy.cc): the shim reads
+// KNOWN ISSUE 2 (src/wrappers_comm.cc nonblocking_config, src/comms/cta_policy.cc): the shim reads
 // `blocking` at offset 16 of the application's ncclConfig_t whatever its `size` (and
 // apply_cta_policy reads magic and version at 8..16 before looking at `size`). NCCL copies
 // exactly `size` bytes (parseCommConfig), so a 16-byte config ending at an unmapped page
@@ -91,7 +91,7 @@ TEST(BadInputKnownIssue, InitAllWithBadDeviceListCreatesNothing) {
   }
 }
 
-// KNOWN ISSUE 5 (src/real_nccl.cc find_handle/real_nccl): while no NCCL can be found, every
+// KNOWN ISSUE 5 (src/core/real_nccl.cc find_handle/real_nccl): while no NCCL can be found, every
 // NCCL call retries the dlopen of ZEROCTA_NCCL_LIBRARY and says again why it failed ("could
 // not be loaded", "is libzerocta itself"): one WARN line per call, so a training loop floods
 // stderr. The "no NCCL library is loaded" line is already said once. Fix: remember the
@@ -119,7 +119,7 @@ TEST(BadInputKnownIssue, UnusableNcclLibraryIsReportedOncePerProcess) {
   }
 }
 
-// KNOWN ISSUE 7 (src/shim_entry.cc announce): NCCL_CTA_POLICY is printed into a WARN line as
+// KNOWN ISSUE 7 (src/interpose/shim_entry.cc announce): NCCL_CTA_POLICY is printed into a WARN line as
 // it is, so a value with a newline starts a line of its own choosing on stderr; ZEROCTA_*
 // values are quoted and escaped (config.cc quote()). Fix: print NCCL_CTA_POLICY through the
 // same quoting (export it from config.cc, e.g. `std::string quoted(const char*)`).

@@ -49,7 +49,7 @@ TEST(Exports, EveryHeaderFunctionIsExported) {
 }
 
 // Functions of NCCL releases newer than the header the library builds with, which it wraps all
-// the same (src/nccl_api.def, its last section).
+// the same (src/core/nccl_api.def, its last section).
 const std::set<std::string> kNewerThanTheHeader = {"ncclCommSuspend", "ncclCommResume"};
 
 TEST(Exports, NothingButTheNcclApiAndZeroctaApi) {

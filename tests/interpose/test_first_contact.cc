@@ -173,7 +173,7 @@ TEST(FirstContact, InfoConfigLineHasTheVersionAndEveryRoutingSetting) {
 
 // The library must load where glibc is 2.34 (RHEL 9) or 2.35 (Ubuntu 22.04): no symbol it
 // imports may carry a newer GLIBC_2.x version. (The static C++ runtime pulled arc4random from
-// 2.36 and _dl_find_object from 2.35; src/glibc_compat.c defines both inside the library.)
+// 2.36 and _dl_find_object from 2.35; src/interpose/glibc_compat.c defines both inside the library.)
 TEST(FirstContactGlibc, NeedsNoSymbolVersionNewerThan2_34) {
   std::string objdump;
   std::istringstream path(getenv("PATH") ? getenv("PATH") : "");

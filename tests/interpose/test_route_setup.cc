@@ -1,4 +1,4 @@
-// The copy-engine route's set-up (src/route_setup.h: join, freeze, prepare, teardown) against
+// The copy-engine route's set-up (src/comms/route_setup.h: join, freeze, prepare, teardown) against
 // the hazards it was rebuilt for, on the CPU: drivers/drv_route.cc under LD_PRELOAD of the
 // shim, the fake NCCL (cross-process rendezvous, non-blocking model) and the fake CUDA driver
 // with FAKE_CUDA_CE=1 (memfd-backed memory really shared between processes, copies run at

@@ -361,7 +361,7 @@ case_version() {
   [[ -n $want ]] || fail "no project version in CMakeLists.txt"
   # The script's own version is the project's.
   grep -qx "readonly VERSION=$want" "$LAUNCHER" || fail "the script's VERSION is not $want"
-  # A library with the version written in it (as src/zerocta_api.cc writes it).
+  # A library with the version written in it (as src/interpose/zerocta_api.cc writes it).
   cp -- "$STUB" "$T/tagged.so"
   printf '\0@(#)zerocta 9.8.7\0' >>"$T/tagged.so"
   run "$LAUNCHER" --lib "$T/tagged.so" --version

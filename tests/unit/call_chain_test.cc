@@ -1,4 +1,4 @@
-// The call chain (src/call_chain.h): every rank that makes the same collective calls reaches the
+// The call chain (src/route/call_chain.h): every rank that makes the same collective calls reaches the
 // same value; one call more, fewer, reordered or different in what NCCL requires alike gives
 // another; what may legally differ between ranks (send and receive, a custom reduction's
 // handle) does not enter it.

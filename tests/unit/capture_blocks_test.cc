@@ -1,4 +1,4 @@
-// The flag blocks of captured ops (src/capture_blocks.h): claimed by their owner, held by the
+// The flag blocks of captured ops (src/channel/capture_blocks.h): claimed by their owner, held by the
 // peers that read the owner's post, claimed again only when every holder dropped them, and
 // released for good (the high half) by an orphaning or an abort.
 #include "capture_blocks.h"

@@ -1,4 +1,4 @@
-// What the library says about its configuration (src/config_report.cc): at the first NCCL call
+// What the library says about its configuration (src/core/config_report.cc): at the first NCCL call
 // and in zerocta_check_config.
 #include "config_report.h"
 

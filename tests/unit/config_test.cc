@@ -1,4 +1,4 @@
-// Tests of the ZEROCTA_* configuration (src/config.cc): defaults, every bad-input class per
+// Tests of the ZEROCTA_* configuration (src/core/config.cc): defaults, every bad-input class per
 // variable type, size suffixes and boundaries, the fingerprint, and that the table documents
 // exactly the variables that are read.
 #include "config.h"

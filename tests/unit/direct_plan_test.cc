@@ -1,4 +1,4 @@
-// The zero-copy all-gather's plans (src/direct_plan.h) run against each other on host memory.
+// The zero-copy all-gather's plans (src/route/direct_plan.h) run against each other on host memory.
 //
 // A simulator gives every rank its four in-order streams and CUDA-like events (a wait applies to
 // the latest record of that event enqueued before it); a seeded scheduler runs one stream

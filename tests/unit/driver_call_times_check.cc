@@ -1,4 +1,4 @@
-// The diagnostic build's driver-call accounting (src/driver_call_times.cc, compiled here with
+// The diagnostic build's driver-call accounting (src/core/driver_call_times.cc, compiled here with
 // ZC_DRIVER_CALL_TIMES as -DZEROCTA_DRIVER_CALL_TIMES=ON compiles it into the library): the
 // functions it replaces still reach the driver, with their arguments and results, and are
 // counted; functions never called are not reported.

@@ -1,6 +1,6 @@
 // The ZEROCTA_* table as markdown (what tools/zerocta-env-table prints), and the README check:
 // README.md must hold exactly that table between its markers, so the documentation cannot
-// drift from src/config.cc.
+// drift from src/core/config.cc.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kBeginMarker = "<!-- zerocta-env-table:begin -->";
 constexpr const char* kEndMarker = "<!-- zerocta-env-table:end -->";
 constexpr const char* kHowToRegenerate =
-    "Generate the table from src/config.cc with\n"
+    "Generate the table from src/core/config.cc with\n"
     "    ./build/tools/zerocta-env-table --update README.md\n"
     "(or paste the output of ./build/tools/zerocta-env-table between the lines\n"
     "    <!-- zerocta-env-table:begin -->\n"
@@ -119,7 +119,7 @@ TEST(EnvTableMarkdown, ReadmeHoldsTheCurrentTable) {
   for (size_t i = first; i < last; ++i) section += lines[i] + "\n";
 
   EXPECT_EQ(section, config_table_markdown())
-      << "The ZEROCTA_* table in " << path << " differs from config_table() in src/config.cc. "
+      << "The ZEROCTA_* table in " << path << " differs from config_table() in src/core/config.cc. "
       << kHowToRegenerate;
 }
 

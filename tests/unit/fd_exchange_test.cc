@@ -1,4 +1,4 @@
-// The fd exchange (src/fd_exchange.h) on the CPU: memfd descriptors stand in for exported
+// The fd exchange (src/channel/fd_exchange.h) on the CPU: memfd descriptors stand in for exported
 // cuMem handles, and identity is checked through content written on one side and read on
 // the other, or through fstat's inode. Covers the service in this process, a forked child
 // as client, the 253-per-message split, unknown and withdrawn tokens, malformed input from
@@ -466,7 +466,7 @@ int open_descriptors() {
 }
 
 TEST(FdExchange, BatchedFetchFitsWhereOneFetchOfEveryDescriptorDoesNot) {
-  // A process near its RLIMIT_NOFILE (src/fd_headroom.h): 100 published descriptors, 24 free.
+  // A process near its RLIMIT_NOFILE (src/channel/fd_headroom.h): 100 published descriptors, 24 free.
   // One fetch of all of them receives more than the process may open (the kernel drops what it
   // cannot install, and the fetch fails); fetched 16 at a time, each batch closed by the taker
   // before the next is asked for, every one of them arrives, in order. A taker that stops gets

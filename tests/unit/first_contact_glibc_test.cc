@@ -1,4 +1,4 @@
-// src/glibc_compat.c, the local arc4random and _dl_find_object that keep libzerocta.so on a
+// src/interpose/glibc_compat.c, the local arc4random and _dl_find_object that keep libzerocta.so on a
 // glibc 2.34 baseline, checked against glibc's own. The top-level CMakeLists.txt links the file
 // into this test binary as well; its hidden definitions take this binary's calls, while
 // dlvsym() still finds glibc's.
@@ -26,7 +26,7 @@ TEST(FirstContactGlibc, CompatFindObjectAgreesWithGlibc) {
   if (real == nullptr) GTEST_SKIP() << "this glibc has no _dl_find_object";
   const FindObject ours = &_dl_find_object;
   ASSERT_NE(reinterpret_cast<void*>(ours), reinterpret_cast<void*>(real))
-      << "src/glibc_compat.c is not linked into this test";
+      << "src/interpose/glibc_compat.c is not linked into this test";
 
   int on_stack = 0;
   void* heap = malloc(16);
@@ -66,7 +66,7 @@ TEST(FirstContactGlibc, CompatArc4randomGivesRandomWords) {
   const auto real = reinterpret_cast<Arc4random>(dlvsym(RTLD_DEFAULT, "arc4random", "GLIBC_2.36"));
   const Arc4random ours = &arc4random;
   ASSERT_NE(reinterpret_cast<void*>(ours), reinterpret_cast<void*>(real))
-      << "src/glibc_compat.c is not linked into this test";
+      << "src/interpose/glibc_compat.c is not linked into this test";
   std::set<uint32_t> seen;
   uint32_t all_or = 0, all_and = ~0u;
   for (int i = 0; i < 256; ++i) {

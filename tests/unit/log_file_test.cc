@@ -1,4 +1,4 @@
-// NCCL_DEBUG_FILE's name as NCCL expands it (src/log_file.cc). Where the lines go, shared with
+// NCCL_DEBUG_FILE's name as NCCL expands it (src/core/log_file.cc). Where the lines go, shared with
 // NCCL's own file, is tested in real processes: tests/interpose/test_logs.cc.
 #include "log_file.h"
 

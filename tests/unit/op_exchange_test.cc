@@ -1,4 +1,4 @@
-// The per-op exchange (src/op_exchange.h) on plain memory: who arrived before whom, the verdict
+// The per-op exchange (src/channel/op_exchange.h) on plain memory: who arrived before whom, the verdict
 // the first rank takes for all, the mode tag and signature checks, the ring, and the pairs'
 // compare-and-swap, from several threads at once.
 #include "op_exchange.h"

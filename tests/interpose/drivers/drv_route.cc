@@ -1,4 +1,4 @@
-// Scenarios of the copy-engine route's set-up (src/route_setup.h), run under LD_PRELOAD of the
+// Scenarios of the copy-engine route's set-up (src/comms/route_setup.h), run under LD_PRELOAD of the
 // shim with the fake NCCL and the fake CUDA driver (FAKE_CUDA_CE=1: memory really shared
 // between processes, tests/fake_nccl/fake_cuda_mem.cc). Checked by test_route_setup.cc.
 // Results are "key=value" lines on stdout; the verdict is the test's.

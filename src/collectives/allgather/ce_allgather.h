@@ -56,8 +56,4 @@ void set_ring_flags(const CeComm& ce, int me, int nranks, uint64_t seq, DirectOp
 // (captured_ops.h). Host-only: any thread, a watchdog's poll included.
 void check_captured_replays(CommState& st);
 
-// Whether `stream` is being captured into a CUDA graph (true when it cannot be queried: the
-// mode tag then makes a mistaken answer an error on every rank, never a divergence).
-bool stream_is_capturing(CUstream stream);
-
 }  // namespace zc

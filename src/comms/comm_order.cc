@@ -2,7 +2,7 @@
 
 #include <mutex>
 
-#include "ce_allgather.h"
+#include "cuda_driver.h"
 #include "group_state.h"
 #include "log.h"
 

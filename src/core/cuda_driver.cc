@@ -168,4 +168,15 @@ ScopedDevice::~ScopedDevice() {
   if (d && restore_) d->cuCtxSetCurrent(saved_);
 }
 
+bool stream_is_capturing(CUstream stream) {
+  const CudaDriver* cu = cuda_driver();
+  if (!cu || !cu->ce_ok) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // The legacy stream cannot be captured, and querying it during another thread's global-mode
+  // capture is itself an error; it never needs the question.
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return false;
+  if (cu->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 }  // namespace zc

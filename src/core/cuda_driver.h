@@ -93,6 +93,10 @@ int current_device();
 // Text for a CUresult ("CUDA_ERROR_..."), never NULL.
 const char* cuda_error_string(CUresult r);
 
+// Whether `stream` is being captured into a CUDA graph (true when it cannot be queried: the
+// mode tag then makes a mistaken answer an error on every rank, never a divergence).
+bool stream_is_capturing(CUstream stream);
+
 // Makes `device`'s primary context current on this thread and restores the previous
 // context when destroyed: the caller's current device is never changed by zerocta. Log lines
 // written meanwhile carry `device` in their [dev] field.

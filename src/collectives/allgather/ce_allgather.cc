@@ -414,21 +414,6 @@ bool capture_streams(const CudaDriver& cu, CeComm* ce) {
   return true;
 }
 
-}  // namespace
-
-bool stream_is_capturing(CUstream stream) {
-  const CudaDriver* cu = cuda_driver();
-  if (!cu || !cu->ce_ok) return false;
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  // The legacy stream cannot be captured, and querying it during another thread's global-mode
-  // capture is itself an error; it never needs the question.
-  if (stream == nullptr || stream == CU_STREAM_LEGACY) return false;
-  if (cu->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;
-  return status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
-namespace {
-
 // A flag block claimed for a captured op goes back unless the op's graph keeps it (its hold).
 class BlockClaim {
  public:

@@ -1,0 +1,60 @@
+# Fails when a source of a lower layer includes a header of an upper layer.
+#   cmake -DSRC=<dir> -DLAYERS="core;channel;..." -P CheckLayers.cmake
+# SRC holds one folder per layer (the first folder of a file's path names its layer); LAYERS
+# lists them from the bottom up. A quoted include is looked up by name in SRC, so every file
+# name there must be unique; an include found nowhere in SRC (a system or public header) is
+# not checked. The build enforces the same (each layer's target sees only its own folder and
+# those below); this check also names the include and runs without a compiler.
+cmake_minimum_required(VERSION 3.22)
+if(NOT SRC OR NOT LAYERS)
+  message(FATAL_ERROR "usage: cmake -DSRC=<dir> -DLAYERS=\"a;b;...\" -P CheckLayers.cmake")
+endif()
+get_filename_component(SRC ${SRC} ABSOLUTE)
+
+file(GLOB_RECURSE files RELATIVE ${SRC} ${SRC}/*)
+set(bad 0)
+foreach(f IN LISTS files)
+  get_filename_component(name ${f} NAME)
+  if(DEFINED layer_of_${name})
+    message(SEND_ERROR "two files named ${name}: ${f} and ${path_of_${name}}")
+    set(bad 1)
+  endif()
+  string(REGEX REPLACE "/.*" "" layer ${f})
+  list(FIND LAYERS ${layer} rank)
+  if(rank LESS 0)
+    if(NOT f STREQUAL layer)  # a file at the top of SRC (a README) belongs to no layer
+      message(SEND_ERROR "${f}: ${layer}/ is not a layer (${LAYERS})")
+      set(bad 1)
+    endif()
+    continue()
+  endif()
+  set(layer_of_${name} ${layer})
+  set(rank_of_${name} ${rank})
+  set(path_of_${name} ${f})
+endforeach()
+
+set(edges 0)
+foreach(f IN LISTS files)
+  get_filename_component(name ${f} NAME)
+  if(NOT DEFINED rank_of_${name})
+    continue()
+  endif()
+  file(STRINGS ${SRC}/${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^[^\"]*\"([^\"]*)\".*" "\\1" inc "${line}")
+    get_filename_component(inc_name "${inc}" NAME)
+    if(NOT DEFINED rank_of_${inc_name})
+      continue()
+    endif()
+    math(EXPR edges "${edges} + 1")
+    if(rank_of_${inc_name} GREATER rank_of_${name})
+      message(SEND_ERROR "${f} (${layer_of_${name}}) includes ${path_of_${inc_name}} "
+                         "(${layer_of_${inc_name}}, a layer above it)")
+      set(bad 1)
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  message(FATAL_ERROR "layers (bottom up): ${LAYERS}: an include goes the wrong way")
+endif()
+message(STATUS "layers (bottom up): ${LAYERS}: ${edges} includes, none goes up")
