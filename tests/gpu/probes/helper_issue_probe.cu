@@ -126,18 +126,7 @@ void loading(bool own_context, const Flags& f, size_t bytes) {
   f.host[1] = 0;
   int* out = nullptr;
   CK(cudaMalloc(&out, 32 * sizeof(int)));
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&] {
-    const auto t = std::chrono::steady_clock::now();
-    while (!finished.load() && ms_since(t) < 5000)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!finished.load()) {
-      printf("RESULT loading%s DEADLOCK (nothing finished within 5 s)\n",
-             own_context ? " (own context)" : "");
-      fflush(stdout);
-      _exit(2);
-    }
-  });
+  DeadlockWatch watch(own_context ? "loading (own context)" : "loading");
   double launch_ms = 0, issue_ms = 0;
   CUcontext own = nullptr;
   CUstream own_stream = nullptr;
@@ -176,8 +165,7 @@ void loading(bool own_context, const Flags& f, size_t bytes) {
   } else {
     CK(cudaStreamSynchronize(p));
   }
-  finished = true;
-  watchdog.join();
+  watch.done();
   printf("RESULT loading%s ok: first launch returned after %.2f ms, the helper's copy and flag "
          "write were issued in %.2f ms\n",
          own_context ? " (own context)" : "", launch_ms, issue_ms);

@@ -108,17 +108,7 @@ void imports_under_lazy_loading(CUcontext own, const Shareable& peer, CUdevicept
   int* out = nullptr;
   CK(cudaMalloc(&out, 32 * sizeof(int)));
   *flag_host = 0;
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&] {
-    const auto t = std::chrono::steady_clock::now();
-    while (!finished.load() && ms_since(t) < 5000)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!finished.load()) {
-      printf("RESULT imports DEADLOCK (nothing finished within 5 s)\n");
-      fflush(stdout);
-      _exit(2);
-    }
-  });
+  DeadlockWatch watch("imports");
   double import_ms = 0, issue_ms = 0, launch_ms = 0;
   std::thread helper([&] {
     CU(cuCtxSetCurrent(own));
@@ -151,8 +141,7 @@ void imports_under_lazy_loading(CUcontext own, const Shareable& peer, CUdevicept
   launch_ms = ms_since(t);
   helper.join();
   CK(cudaStreamSynchronize(w));
-  finished = true;
-  watchdog.join();
+  watch.done();
   close(fd);
   printf("RESULT imports ok: first launch returned after %.2f ms; the helper's import, map and "
          "access took %.2f ms, its copy and flag write %.2f ms\n",

@@ -4,8 +4,14 @@
 
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <utility>
+#include <thread>
+#include <string>
+#include <chrono>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -85,3 +91,29 @@ inline int gpus_for_probe(const char* probe) {
   printf("%s: needs 2 GPUs, found %d\n", probe, n);
   return 0;
 }
+
+// Watches a part of a probe that may deadlock: unless done() is called within 5 s, prints
+// "RESULT <what> DEADLOCK (nothing finished within 5 s)" and ends the process with status 2.
+class DeadlockWatch {
+ public:
+  explicit DeadlockWatch(std::string what) : what_(std::move(what)), thread_([this] { watch(); }) {}
+  void done() {
+    finished_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  ~DeadlockWatch() { done(); }
+
+ private:
+  void watch() {
+    const auto t = std::chrono::steady_clock::now();
+    while (!finished_.load() && std::chrono::steady_clock::now() - t < std::chrono::seconds(5))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (finished_.load()) return;
+    printf("RESULT %s DEADLOCK (nothing finished within 5 s)\n", what_.c_str());
+    fflush(stdout);
+    _exit(2);
+  }
+  std::string what_;
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+};
