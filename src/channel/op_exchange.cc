@@ -13,7 +13,8 @@ namespace zc {
 //   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
 //   --- page boundary: the GPUs' part (device_offset), the only part registered with CUDA ---
-//   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing]   (uint32_t each)
+//   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing], pushed[nranks][kOpRing]
+//            (uint32_t each)
 //   blocks   the captured ops' flag blocks (capture_blocks.h)
 struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
@@ -55,7 +56,7 @@ size_t flags_offset(uint32_t nranks) {
       pairs_offset(nranks) + sizeof(std::atomic<uint64_t>) * nranks * nranks * kOpRing;
   return (end + kPage - 1) / kPage * kPage;
 }
-size_t flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (1 + nranks); }
+size_t flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (2 + nranks); }
 
 uint32_t slot_of(uint64_t seq) { return static_cast<uint32_t>(seq % kOpRing); }
 
@@ -251,6 +252,27 @@ void OpExchange::finish(uint32_t rank, uint64_t seq) {
   shared_->finished[rank].store(seq, std::memory_order_release);
 }
 
+void PostsRead::job_coming(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.push_back(seq);
+}
+
+void PostsRead::op_done(OpExchange& ops, uint32_t me, uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  through_ = seq;
+  publish(ops, me);
+}
+
+void PostsRead::job_done(OpExchange& ops, uint32_t me, uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.erase(std::remove(pending_.begin(), pending_.end(), seq), pending_.end());
+  publish(ops, me);
+}
+
+void PostsRead::publish(OpExchange& ops, uint32_t me) {
+  ops.finish(me, pending_.empty() ? through_ : std::min(through_, pending_.front() - 1));
+}
+
 uint32_t* OpExchange::flags_begin() {
   return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(shared_) + flags_offset(nranks_));
 }
@@ -270,6 +292,11 @@ uint32_t* OpExchange::ready_flag(uint32_t rank, uint64_t seq) {
 
 uint32_t* OpExchange::done_flag(uint32_t rank, uint32_t peer, uint64_t seq) {
   return flags_begin() + size_t{nranks_} * kOpRing + (size_t{rank} * nranks_ + peer) * kOpRing +
+         slot_of(seq);
+}
+
+uint32_t* OpExchange::pushed_flag(uint32_t rank, uint64_t seq) {
+  return flags_begin() + size_t{nranks_} * kOpRing * (1 + nranks_) + size_t{rank} * kOpRing +
          slot_of(seq);
 }
 

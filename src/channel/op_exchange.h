@@ -39,6 +39,10 @@
 //   ready    flag ready[r][slot] = seq (low 32 bits): rank r's buffers are ready for op seq
 //            (written by r's stream once the work before the op is done).
 //   done     flag done[r][p][slot] = seq: rank p has finished with r's buffers for op seq.
+//   pushed   flag pushed[r][slot] = seq: rank r's pushes into the ranks that arrived after it
+//            and claimed "each pushes" are done. An eager rank never waits for those claims:
+//            the process's push issuer (push_issuer.h) issues the pushes once they come, on a
+//            stream of its own, and writes this flag after them; r's push stream waits for it.
 //            Flags only grow (seq), so a stream waits "greater or equal" and nobody resets them.
 //   stage    where a rank whose own buffers its peers cannot reach (cudaMalloc memory across
 //            processes, host or managed memory) is reached instead when ranks arrive after it:
@@ -51,6 +55,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "capture_blocks.h"
 
@@ -191,6 +197,7 @@ class OpExchange {
   // Flag addresses in the region (host addresses; the caller maps them for its streams).
   uint32_t* ready_flag(uint32_t rank, uint64_t seq);
   uint32_t* done_flag(uint32_t rank, uint32_t peer, uint64_t seq);
+  uint32_t* pushed_flag(uint32_t rank, uint64_t seq);
   // Every flag, for release: [flags_begin, flags_begin + flag_count).
   uint32_t* flags_begin();
   size_t flag_count() const;
@@ -212,6 +219,26 @@ class OpExchange {
   Shared* shared_;
   uint32_t nranks_;
   CaptureBlocks blocks_;
+};
+
+// One rank's OpExchange::finish in op order, where a job of the push issuer (push_issuer.h)
+// still reads a later rank's post of an op after the application's thread moved on: the rank
+// says it finished op n only once nothing reads the posts of op n or any before it (a peer may
+// reuse the slot of every op up to what this rank says).
+class PostsRead {
+ public:
+  // A job will read the posts of op `seq` (said before the job is handed over).
+  void job_coming(uint64_t seq);
+  // The application's thread is done with op `seq`.
+  void op_done(OpExchange& ops, uint32_t me, uint64_t seq);
+  // The job of op `seq` is done with them.
+  void job_done(OpExchange& ops, uint32_t me, uint64_t seq);
+
+ private:
+  void publish(OpExchange& ops, uint32_t me);
+  std::mutex mu_;
+  uint64_t through_ = 0;           // the last op the application's thread was done with
+  std::vector<uint64_t> pending_;  // ops whose job still reads posts, in op order
 };
 
 template <typename GiveUp>

@@ -51,6 +51,13 @@ struct CeComm {
   std::unique_ptr<PeerImports> imports;
   std::unique_ptr<StageBuffer> stage;     // only once an op needed one
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
+  // The push issuer's stream for this communicator, in its own context (push_issuer.h), and
+  // the event that tells its end at the teardown; null where no pushes are deferred.
+  CUstream issuer_stream = nullptr;
+  CUevent issuer_drained = nullptr;
+  CUcontext issuer_context = nullptr;
+  // This rank's reading of the op posts, finished in op order (op_exchange.h).
+  PostsRead posts_read;
   CUevent events[kDirectEvents] = {};
   // NCCL's order among the communicator's ops (comm_order.h): the event after the last op
   // forwarded to NCCL, whether one came since the last routed op, and whether a routed op came

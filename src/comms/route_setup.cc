@@ -16,6 +16,7 @@
 #include "log.h"
 #include "nvml_links.h"
 #include "parked_routes.h"
+#include "push_issuer.h"
 #include "process_info.h"
 #include "real_nccl.h"
 #include "stats.h"
@@ -142,15 +143,31 @@ void release_route(CommState& st) {
   const CudaDriver* cu = cuda_driver();
   if (!st.ce || !cu) return;
   CeComm& ce = *st.ce;
+  // No job of the push issuer touches this communicator from here on.
+  push_issuer_forget(&st);
   ScopedDevice on(st.device);
   OpExchange* ops = ce.ops.get();
+  // The issuer's stream may still hold pushes into peers' memory the life below keeps mapped:
+  // its event, recorded in its own context, is waited for with the route's own.
+  CUevent issuer_recorded = nullptr;
+  if (ce.issuer_stream) {
+    ScopedContext in(ce.issuer_context);
+    if (cu->cuEventRecord(ce.issuer_drained, ce.issuer_stream) == CUDA_SUCCESS)
+      issuer_recorded = ce.issuer_drained;
+    else
+      cu->cuEventDestroy(ce.issuer_drained);
+    ce.issuer_drained = nullptr;
+    cu->cuStreamDestroy(ce.issuer_stream);  // does not wait for its work
+    ce.issuer_stream = nullptr;
+  }
   // One release path: a communicator never prepared has no graphs, so its life ends here.
   std::shared_ptr<CaptureLife> life =
       ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
   life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
                   std::move(ce.imports), std::move(ce.ops), std::move(ce.stage));
   static_assert(kDirectEvents >= kDirectStreams, "an event of the route's own per stream");
-  free_when_drained(std::move(life), ce.streams, ce.events, kDirectStreams, st.device, ops, ce.seq);
+  free_when_drained(std::move(life), ce.streams, ce.events, kDirectStreams, issuer_recorded,
+                    st.device, ops, ce.seq);
   // Destroying a stream or an event does not wait for its work.
   for (CUstream* set : {ce.streams, ce.capture_streams})
     for (int k = 1; k < kDirectStreams; ++k)
@@ -328,6 +345,27 @@ const char* make_streams(CeComm& ce, const CudaDriver& cu) {
   return nullptr;
 }
 
+// The push issuer's stream and event for this communicator, in the issuer's context on its
+// GPU (push_issuer.h): where ranks in other processes may arrive after this one. Without them
+// (no context of its own could be made) an earlier rank waits for its later ones as before.
+void make_issuer_stream(CeComm& ce, const CudaDriver& cu, int device) {
+  if (!ce.needs.by_extents) return;
+  CUcontext own = push_issuer_context(device);
+  if (!own) return;
+  ScopedContext in(own);
+  if (!in.ok() || cu.cuStreamCreate(&ce.issuer_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    ce.issuer_stream = nullptr;
+    return;
+  }
+  if (cu.cuEventCreate(&ce.issuer_drained, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    cu.cuStreamDestroy(ce.issuer_stream);
+    ce.issuer_stream = nullptr;
+    ce.issuer_drained = nullptr;
+    return;
+  }
+  ce.issuer_context = own;
+}
+
 // The prepare phase under st.route_mu, once committed: nullptr, or why it failed.
 const char* set_up_route(CommState& st, CeComm& ce, const CudaDriver& cu) {
   // PyTorch captures in global mode, where these calls would invalidate the capture.
@@ -336,6 +374,7 @@ const char* set_up_route(CommState& st, CeComm& ce, const CudaDriver& cu) {
   ScopedDevice on(st.device);
   const char* why = on.ok() ? reach_needs(st, ce, cu) : "cannot make the communicator's device current";
   if (!why) why = make_streams(ce, cu);
+  if (!why) make_issuer_stream(ce, cu, st.device);
   cu.cuThreadExchangeStreamCaptureMode(&mode);
   if (why) return why;
   ce.imports.reset(new PeerImports(st.device));

@@ -84,6 +84,10 @@ CudaDriver* load() {
   capture &= get(gpa, "cuStreamGetCaptureInfo", &d.cuStreamGetCaptureInfo);
   capture &= get(gpa, "cuUserObjectCreate", &d.cuUserObjectCreate);
   capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
+  bool own = ce;
+  own &= get(gpa, "cuCtxCreate", &d.cuCtxCreate_v2, 3020);
+  own &= get(gpa, "cuCtxPopCurrent", &d.cuCtxPopCurrent);
+  own &= get(gpa, "cuMemGetInfo", &d.cuMemGetInfo);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   // Asked for with the 13.0 ABI only where the driver has it: a 12.8 driver would answer that
@@ -94,6 +98,7 @@ CudaDriver* load() {
     get(gpa, "cuMemcpyBatchAsync", &d.cuMemcpyBatchAsync, 13000);
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;
+  d.own_context_ok = own && d.ce_ok;
   if (!d.context_ok) return nullptr;
   time_driver_calls(&d);
   return &d;
@@ -147,6 +152,17 @@ CUcontext primary_context(const CudaDriver& d, int device) {
 CUcontext primary_context_of(int device) {
   const CudaDriver* d = cuda_driver();
   return d ? primary_context(*d, device) : nullptr;
+}
+
+ScopedContext::ScopedContext(CUcontext ctx) {
+  const CudaDriver* d = cuda_driver();
+  if (!d || !ctx || d->cuCtxGetCurrent(&saved_) != CUDA_SUCCESS) return;
+  ok_ = saved_ == ctx || d->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+ScopedContext::~ScopedContext() {
+  const CudaDriver* d = cuda_driver();
+  if (d && ok_) d->cuCtxSetCurrent(saved_);
 }
 
 ScopedDevice::ScopedDevice(int device) : log_device_(device) {

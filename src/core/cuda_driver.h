@@ -79,9 +79,16 @@ struct CudaDriver {
   CUresult (*cuUserObjectCreate)(CUuserObject*, void*, CUhostFn, unsigned, unsigned);
   CUresult (*cuGraphRetainUserObject)(CUgraph, CUuserObject, unsigned, unsigned);
 
+  // The push issuer's contexts of its own (push_issuer.h); `own_context_ok` when all resolved.
+  // cuCtxCreate with the 3.2 ABI, named as that version is.
+  CUresult (*cuCtxCreate_v2)(CUcontext*, unsigned, CUdevice);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuMemGetInfo)(size_t*, size_t*);
+
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
   bool capture_ok = false;  // ... and the capture group
+  bool own_context_ok = false;  // ... and the push issuer's group
 };
 
 // nullptr when no CUDA driver can be loaded. Loads libcuda.so.1 on first use only.
@@ -102,6 +109,21 @@ bool stream_is_capturing(CUstream stream);
 // written meanwhile carry `device` in their [dev] field.
 // The primary context of `device` (retained once and kept), nullptr if it cannot be had.
 CUcontext primary_context_of(int device);
+
+// Makes `ctx` current on this thread for a scope and restores the previous one (the push
+// issuer's contexts, push_issuer.h).
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext ctx);
+  ~ScopedContext();
+  bool ok() const { return ok_; }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  CUcontext saved_ = nullptr;
+  bool ok_ = false;
+};
 
 class ScopedDevice {
  public:

@@ -43,7 +43,11 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   auto slot = [&](uint64_t base, int r) { return base + static_cast<uint64_t>(r) * v.chunk; };
   const uint64_t own = slot(v.recv, v.rank);
   const bool in_place = v.send == own;
-  auto copies = [&](int p) { return p != v.rank && (v.peers[p].push || v.peers[p].pull); };
+  auto copies = [&](int p) {
+    return p != v.rank && (v.peers[p].push || v.peers[p].pull || v.peers[p].deferred);
+  };
+  bool deferred = false;
+  for (int p = 0; p < v.nranks; ++p) deferred |= p != v.rank && v.peers[p].deferred;
 
   // A flag: eager, a counter set to the op's number; captured, a signal its one waiter resets.
   auto signal = [&](S s, uint64_t flag) { w.write(s, flag, v.captured ? 1u : v.seq); };
@@ -119,6 +123,8 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
     w.record(S::kLocal, kEvLocal);
   }
   if (pulls) w.wait_event(S::kPush, kEvPulled);
+  // My deferred pushes are the issuer's: done for those peers only once it says so.
+  if (deferred && !v.captured) w.wait_geq(S::kPush, v.pushed, v.seq);
   for (int p = 0; p < v.nranks; ++p)
     if (copies(p)) signal(S::kPush, v.done_to[p]);
   // The done waits in rank order: descending, or r+1, r+2, ... (the order peers push into me),
@@ -131,6 +137,20 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan) {
   if (!in_place) w.wait_event(S::kPush, kEvLocal);
   w.record(S::kPush, kEvEnd);
   w.wait_event(S::kUser, kEvEnd);
+}
+
+void build_deferred_push(const DirectOpView& v, int peer, bool first, bool last,
+                         std::vector<DirectOp>* plan) {
+  using S = DirectStream;
+  PlanWriter w(plan);
+  // My send buffer holds the op's input once my push stream said ready (after the event of the
+  // op's start on the user's stream); the peer's receive buffer, once its stream said so.
+  if (peer >= 0) {
+    if (first) w.wait_geq(S::kPush, v.ready[v.rank], v.seq);
+    w.wait_geq(S::kPush, v.ready[peer], v.seq);
+    w.copy(S::kPush, v.peers[peer].to.addr, v.send, v.chunk);
+  }
+  if (last) w.write(S::kPush, v.pushed, v.seq);
 }
 
 }  // namespace zc

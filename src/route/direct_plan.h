@@ -21,6 +21,7 @@
 //   push   wait kEvStart; [staged: copy my chunk into the stage]; [eager, a peer copies with
 //          me: write ready[me]=seq, wait ready[me]>=seq]; wait ready[p]>=seq for every peer
 //          p I push to, in the order I push to them; my pushes; [wait kEvPulled]; write
+//          [deferred: wait pushed[me]>=seq]; write
 //          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
 //          that copies to or from me; [staged: copy the chunks of the peers that reached me
 //          through the stage out of it]; [wait kEvLocal]; record kEvEnd
@@ -28,6 +29,9 @@
 //          pulls; record kEvPulled (its own flag waits: the pulls start as soon as their peers
 //          are ready, with no event hop from the push stream on the way)
 //   local  (out of place) wait kEvStart; copy my chunk; record kEvLocal
+//   issuer (the push issuer's stream, pushes to later peers deferred) wait ready[me]>=seq; for
+//          each such peer p as it claims: wait ready[p]>=seq, copy my chunk into it; then
+//          write pushed[me]=seq
 //
 // The user's stream holds nothing but the two events: no copy, no flag wait, no flag write
 // (direct_plan.cc says what the ready write there cost).
@@ -82,6 +86,10 @@ struct PeerPart {
   bool pull = false;         // copy the peer's chunk into my receive buffer
   bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
   bool staged = false;       // ... through my stage: its chunk is copied out of it after
+  // My push to this peer (a later rank that had not claimed when I returned) is issued by the
+  // push issuer (push_issuer.h) once it claims: my push stream waits for `pushed` instead, and
+  // then tells the peer done like any peer I copied to.
+  bool deferred = false;
   // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
   // my address space: `chunk` bytes each.
   Span from, to;
@@ -99,6 +107,7 @@ struct DirectOpView {
   uint64_t ready[kMaxRanks] = {};      // eager: ready[r] of this op's slot
   uint64_t done_to[kMaxRanks] = {};    // done[p][me]: I tell peer p I am done with its buffers
   uint64_t done_from[kMaxRanks] = {};  // done[me][p]: peer p tells me
+  uint64_t pushed = 0;                 // pushed[me]: where a peer's part is deferred
   // Captured ops: words of the blocks instead (done_to/done_from are words too).
   bool captured = false;
   uint64_t started = 0;                     // my block's
@@ -110,5 +119,14 @@ struct DirectOpView {
 
 // Appends the plan (clears nothing: the caller reuses one vector).
 void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan);
+
+// The push issuer's part of an eager op (push_issuer.h), on its own stream (kPush in the plan):
+// for each deferred peer in the order they claimed, after my own ready (`ready_me`, the first
+// time: my send buffer holds the op's input), wait the peer's ready and push my chunk into it;
+// after the last, write `pushed`. Appended step by step as peers claim: `first` until a step
+// with a copy was appended, `last` with the last peer; `peer` -1 for one that I push nothing to
+// (it settled "later does both": it does my part too).
+void build_deferred_push(const DirectOpView& v, int peer, bool first, bool last,
+                         std::vector<DirectOp>* plan);
 
 }  // namespace zc

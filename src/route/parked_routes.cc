@@ -40,7 +40,7 @@ void destroy_events(const CudaDriver& cu, Parked* p) {
 }  // namespace
 
 void free_when_drained(std::shared_ptr<CaptureLife> life, const CUstream* streams, CUevent* events,
-                       int n, int device, OpExchange* ops, uint64_t seq) {
+                       int n, CUevent recorded, int device, OpExchange* ops, uint64_t seq) {
   const CudaDriver* cu = cuda_driver();
   if (!cu) return;
   Parked p{std::move(life), {}, device, ops, seq};
@@ -53,6 +53,7 @@ void free_when_drained(std::shared_ptr<CaptureLife> life, const CUstream* stream
     if (!e || cu->cuEventRecord(e, streams[k]) != CUDA_SUCCESS) unknown = true;
     if (e) p.drained.push_back(e);
   }
+  if (recorded) p.drained.push_back(recorded);
   if (!unknown && drained(*cu, p)) {
     destroy_events(*cu, &p);
     return;  // p.life goes here, and with its last reference what it holds

@@ -23,10 +23,12 @@ class OpExchange;
 
 // Frees `life` now if the work queued so far on `streams` (n of them; null entries skipped) has
 // run, else parks it. events[k] is recorded on streams[k] to tell (the route's own events, free
-// once it is torn down): taken over and set to null. `ops`: the exchange `life` owns, whose flags
-// are released again while parked (null: none). Makes no blocking CUDA call.
+// once it is torn down): taken over and set to null. `recorded`: one more event, recorded already
+// (on the push issuer's stream, in its own context), taken over too (null: none). `ops`: the
+// exchange `life` owns, whose flags are released again while parked (null: none). Makes no
+// blocking CUDA call.
 void free_when_drained(std::shared_ptr<CaptureLife> life, const CUstream* streams, CUevent* events,
-                       int n, int device, OpExchange* ops, uint64_t seq);
+                       int n, CUevent recorded, int device, OpExchange* ops, uint64_t seq);
 
 // On an application thread: frees the parked leftovers whose streams have drained.
 void collect_drained_routes();

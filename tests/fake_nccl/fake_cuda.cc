@@ -4,7 +4,8 @@
 // cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, the primary-context and current-context
 // calls (a per-thread context stack; cuCtxGetDevice reports the device of its top).
 // Contexts are fake pointers (void*)(0x1000 + device), so a test can read the device straight
-// from a logged context. Each call logs "cuda <name> ...". FAKE_CUDA_DEVICES (default 4) is
+// from a logged context; cuCtxCreate makes (void*)(0x2000 + device) (one more context per
+// device, made current), and cuMemGetInfo answers 80 GiB free of 80 GiB. Each call logs "cuda <name> ...". FAKE_CUDA_DEVICES (default 4) is
 // the device count; FAKE_CUDA_ISOLATED=K makes the process see one device, the host's device K
 // (as CUDA_VISIBLE_DEVICES=K does: ordinal 0, with device K's UUID).
 //
@@ -31,6 +32,7 @@
 namespace {
 
 constexpr uintptr_t kCtxBase = 0x1000;
+constexpr uintptr_t kCreatedCtxBase = 0x2000;
 constexpr int kMaxDevices = 64;
 
 std::atomic<bool> g_initialized{false};
@@ -53,6 +55,7 @@ CUcontext ctx_of(int dev) { return reinterpret_cast<CUcontext>(kCtxBase + dev); 
 // -1 for a pointer that is not one of our contexts.
 int device_of(CUcontext ctx) {
   auto v = reinterpret_cast<uintptr_t>(ctx);
+  if (v >= kCreatedCtxBase) v -= kCreatedCtxBase - kCtxBase;
   if (v < kCtxBase || v >= kCtxBase + static_cast<uintptr_t>(device_count())) return -1;
   return static_cast<int>(v - kCtxBase);
 }
@@ -187,6 +190,25 @@ CUresult cuCtxPopCurrent(CUcontext* pctx) {
   return done("cuCtxPopCurrent ctx=" + fake::hex_ptr(top), CUDA_SUCCESS);
 }
 
+CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  std::string what = fake::strf("cuCtxCreate flags=%u dev=%d", flags, dev);
+  FAKE_CUDA_ENTRY("cuCtxCreate", what, CUDA_ERROR_UNKNOWN);
+  if (!g_initialized) return done(what, CUDA_ERROR_NOT_INITIALIZED);
+  if (pctx == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+  if (dev < 0 || dev >= device_count()) return done(what, CUDA_ERROR_INVALID_DEVICE);
+  *pctx = reinterpret_cast<CUcontext>(kCreatedCtxBase + static_cast<uintptr_t>(dev));
+  t_stack.push_back(*pctx);
+  return done(what + " ctx=" + fake::hex_ptr(*pctx), CUDA_SUCCESS);
+}
+
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  FAKE_CUDA_ENTRY("cuMemGetInfo", "cuMemGetInfo", CUDA_ERROR_UNKNOWN);
+  if (!g_initialized) return done("cuMemGetInfo", CUDA_ERROR_NOT_INITIALIZED);
+  if (current() == nullptr) return done("cuMemGetInfo", CUDA_ERROR_INVALID_CONTEXT);
+  *free_bytes = *total_bytes = size_t{80} << 30;
+  return done("cuMemGetInfo", CUDA_SUCCESS);
+}
+
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult* symbolStatus) {
   struct Entry {
@@ -206,6 +228,8 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
       {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease)},
       {"cuCtxPushCurrent", reinterpret_cast<void*>(&cuCtxPushCurrent)},
       {"cuCtxPopCurrent", reinterpret_cast<void*>(&cuCtxPopCurrent)},
+      {"cuCtxCreate", reinterpret_cast<void*>(&cuCtxCreate_v2)},
+      {"cuMemGetInfo", reinterpret_cast<void*>(&cuMemGetInfo_v2)},
   };
   std::string what =
       fake::strf("cuGetProcAddress symbol=%s version=%d flags=%llu", symbol ? symbol : "(null)",

@@ -73,8 +73,9 @@
 // entry point of the fake refuses a call from a user object's destructor
 // (CUDA_ERROR_NOT_PERMITTED, "called from a user-object destructor").
 //
-// Every call logs "cuda <name> ... pid=<pid> -> <result>" (" thread=zerocta-hk" before " pid="
-// when the shim's housekeeping thread made it). fake_cuda_live(kind) (exported,
+// Every call logs "cuda <name> ... pid=<pid> -> <result>" (" thread=zerocta-hk" or
+// " thread=zerocta-push" before " pid=" when the shim's housekeeping thread or push issuer made
+// it). fake_cuda_live(kind) (exported,
 // for drivers) counts what this process still holds: "alloc", "reserve", "map", "stream",
 // "event", "memalloc", "hostreg", and fake_cuda_graph.cc's "graph", "exec", "userobj".
 #include <cuda.h>
@@ -217,12 +218,14 @@ size_t granularity() {
 }
 
 // " pid=<pid>", after " thread=zerocta-hk" for a call of the shim's housekeeping thread (its
-// driver calls are the thread's own, not an op's: tests that count an op's calls leave them out).
+// driver calls are the thread's own, not an op's: tests that count an op's calls leave them out)
+// and " thread=zerocta-push" for one of its push issuer (an op's pushes it issues later).
 std::string pid_text() {
   char name[16] = "";
   prctl(PR_GET_NAME, name, 0, 0, 0);
-  const char* thread = strcmp(name, "zerocta-hk") == 0 ? " thread=zerocta-hk" : "";
-  return fake::strf("%s pid=%d", thread, static_cast<int>(getpid()));
+  const bool ours = strcmp(name, "zerocta-hk") == 0 || strcmp(name, "zerocta-push") == 0;
+  return fake::strf("%s%s pid=%d", ours ? " thread=" : "", ours ? name : "",
+                    static_cast<int>(getpid()));
 }
 
 CUresult done(const std::string& what, CUresult r) {

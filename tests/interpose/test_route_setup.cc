@@ -123,6 +123,18 @@ long long rnum(const RunResult& r, int rank, const std::string& key) {
 }
 
 // Fake CUDA lines of one process for one entry point that succeeded.
+// Integer count of the fake CUDA's lines for `fn` of process `pid` that succeeded and hold
+// `needle` (an argument's value).
+int cuda_calls_with(const RunResult& r, const std::string& fn, const std::string& pid,
+                    const std::string& needle) {
+  int n = 0;
+  for (const std::string& line : r.log_lines())
+    if (line.rfind("cuda " + fn + " ", 0) == 0 && contains(line, " pid=" + pid + " -> 0") &&
+        contains(line, needle))
+      ++n;
+  return n;
+}
+
 int cuda_calls(const RunResult& r, const std::string& fn, const std::string& pid) {
   int n = 0;
   for (const std::string& line : r.log_lines())
@@ -511,10 +523,13 @@ TEST(RouteSetup, AutoOnTwoProcessesCommitsAndRoutesTheAllGather) {
     // No GPU memory of the shim's own: the driver's two buffers are the only allocations.
     EXPECT_EQ(cuda_calls(r, "cuMemCreate", pid), 2) << r.describe();
     // Prepare: the route's 3 streams (plus the driver's) and 4 events, and the event after the
-    // last op forwarded to NCCL (comm_order.h); no peer access, since the peer is in another
+    // last op forwarded to NCCL (comm_order.h); the push issuer's context, and its stream and
+    // event for the communicator (push_issuer.h); no peer access, since the peer is in another
     // process.
-    EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1);
-    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 4 + 1);
+    EXPECT_EQ(cuda_calls(r, "cuStreamCreate", pid), 3 + 1 + 1);
+    EXPECT_EQ(cuda_calls(r, "cuEventCreate", pid), 4 + 1 + 1);
+    EXPECT_TRUE(any_contains(shim_lines(r, pid, "INFO"), "push issuer: a context of its own"))
+        << r.describe();
     EXPECT_EQ(cuda_calls(r, "cuCtxEnablePeerAccess", pid), 0);
     EXPECT_EQ(rnum(r, k, "end.fd_threads"), 1) << "one fd service per process";
     expect_nothing_left(r, k);
@@ -922,7 +937,7 @@ TEST(RouteSetup, ProcessesOfSeveralRanksPostEveryRankBeforeWaiting) {
       for (const std::string& line : r.err_lines()) {
         if (line.find(":" + pid + ":") == std::string::npos) continue;
         if (line.find(" posted and its pairs") != std::string::npos) order += 'P';
-        if (line.find(" waits for the claims") != std::string::npos) order += 'W';
+        if (line.find(" settles its pairs with later") != std::string::npos) order += 'W';
       }
       EXPECT_EQ(order, "PPWWPPWWPPWWPPWW") << r.describe();
     }
@@ -1754,8 +1769,11 @@ TEST(RouteSetup, AnUnreachableRankBetweenOthersTakesPartThroughItsStage) {
   // One stage of the op's size, allocated once and exported once; only rank 2 imports it.
   EXPECT_EQ(cuda_calls(r, "cuMemCreate", staged), 1) << r.describe();
   EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", staged), 1) << r.describe();
-  EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", staged), 2)
-      << "rank 1 does both copies with rank 0 through its two buffers\n"
+  // It does both copies with rank 0 through rank 0's two buffers, and its push issuer pushes
+  // its chunk into rank 2, which claimed "each pushes".
+  EXPECT_EQ(cuda_calls(r, "cuMemImportFromShareableHandle", staged), 3) << r.describe();
+  EXPECT_EQ(cuda_calls_with(r, "cuMemImportFromShareableHandle", staged, " thread=zerocta-push "),
+            1)
       << r.describe();
 }
 
@@ -1874,20 +1892,28 @@ TEST(RouteSetup, CyclesWithAStagedRankLeaveNothingBehind) {
       {{"ZEROCTA_ALLGATHER", "zerocta"}}, 60);
 }
 
-TEST(RouteSetup, LaterRankDoesBothWhenTheEarlierOneStopsWaiting) {
-  // Rank 1 arrives long after rank 0, which stops waiting for it and settles the pair as "later
-  // does both": rank 1 imports rank 0's two buffers and makes both copies; rank 0 only copies
-  // its own chunk.
+TEST(RouteSetup, AnEarlierRankWaitsForNoPeerItsPushFollowsTheLaterRanksClaim) {
+  // Rank 1 arrives long after rank 0. Rank 0's call does not wait for it (before the push
+  // issuer it waited up to its pair wait's cap, then settled "later does both": imports 0 and 2):
+  // its push issuer pushes rank 0's chunk once rank 1 claimed "each pushes".
   Scratch s, chan, rdv;
   RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_SLEEP_BEFORE_AG_MS=300"},
-                          route_env(chan, rdv, unique_id_text()), s);
+                          with(route_env(chan, rdv, unique_id_text()),
+                               {{"ZEROCTA_STATS", s.dir() + "/stats-%p.json"}}),
+                          s);
   expect_clean_pair(r, chan);
   expect_committed_pair(r);
   int imports[2] = {};
   expect_pair_imports(r, imports);
-  EXPECT_EQ(imports[0], 0) << r.describe();
-  EXPECT_EQ(imports[1], 2) << r.describe();
-  EXPECT_EQ(cuda_calls(r, "cuMemExportToShareableHandle", pid_of(r, 0)), 2) << r.describe();
+  EXPECT_EQ(imports[0], 1) << r.describe();
+  EXPECT_EQ(imports[1], 1) << r.describe();
+  const std::string early = pid_of(r, 0);
+  EXPECT_EQ(cuda_calls_with(r, "cuMemcpyAsync", early, " thread=zerocta-push "), 1)
+      << r.describe();
+  EXPECT_EQ(cuda_calls_with(r, "cuMemImportFromShareableHandle", early, " thread=zerocta-push "),
+            1)
+      << r.describe();
+  EXPECT_EQ(json_number(stats_file(s, early), "host_pair_wait_micros"), 0) << r.describe();
   for (int k = 0; k < 2; ++k) expect_nothing_left(r, k);
 }
 
@@ -2050,17 +2076,6 @@ TEST(RouteSetup, ABufferAcrossSeveralAllocationsIsOneCopyPerPeer) {
   EXPECT_EQ(waits_not_satisfied(r), 0) << r.describe();
 }
 
-// Integer count of the fake CUDA's lines for `fn` of process `pid` that succeeded and hold
-// `needle` (an argument's value).
-int cuda_calls_with(const RunResult& r, const std::string& fn, const std::string& pid,
-                    const std::string& needle) {
-  int n = 0;
-  for (const std::string& line : r.log_lines())
-    if (line.rfind("cuda " + fn + " ", 0) == 0 && contains(line, " pid=" + pid + " -> 0") &&
-        contains(line, needle))
-      ++n;
-  return n;
-}
 
 TEST(RouteSetup, FabricOnlyBuffersAreReachedThroughTheirFabricHandles) {
   // On an IMEX node PyTorch's expandable segments may export FABRIC handles only: no POSIX fd.

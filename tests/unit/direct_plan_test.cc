@@ -72,7 +72,15 @@ struct Scenario {
   // exchange (order, mode and unreachable do not apply).
   bool local_group = false;
   int replays = 1;
+  // Eager ops whose earlier ranks leave their pushes to later ranks to the push issuer
+  // (push_issuer.h): its plan (build_deferred_push) runs on a stream of its own, one per rank,
+  // its peers in a random claim order. Plans passed to `mutate` as rank -1 - r.
+  bool deferred = false;
 };
+
+// The simulated stream of rank r's push issuer (after the plan's own streams).
+constexpr int kIssuerStream = kDirectStreams;
+constexpr int kSimStreams = kDirectStreams + 1;
 
 class Sim {
  public:
@@ -86,7 +94,7 @@ class Sim {
     stage_.assign(n, std::vector<uint8_t>(s.chunk * n, 0xEE));
     s_.unreachable.resize(n, false);
     send_.assign(n, std::vector<uint8_t>(s.chunk, 0xEE));
-    streams_.assign(n, std::vector<std::deque<SimOp>>(kDirectStreams));
+    streams_.assign(n, std::vector<std::deque<SimOp>>(kSimStreams));
     records_.assign(n, std::vector<uint64_t>(kDirectEvents, 0));
     enqueued_records_.assign(n, std::vector<uint64_t>(kDirectEvents, 0));
   }
@@ -108,6 +116,14 @@ class Sim {
       if (a >= recv_of(r) && a < recv_of(r) + recv_[r].size()) return r;
     return -1;
   }
+
+  // Who arrived when at op k, whose buffers go through a stage, and how each pair moves its
+  // chunks (op_exchange.h).
+  struct ArrivalShape {
+    std::vector<int> position;
+    std::vector<bool> staged;
+    std::vector<std::vector<PairMode>> mode;
+  };
 
   // The views of every rank for op k, as ce_allgather builds them (local_group_allgather for a
   // local group); captured ops' plans are kept for replay() rather than enqueued.
@@ -134,6 +150,7 @@ class Sim {
         v.done_to[p] = addr(ex_->done_flag(up, um, seq));
         v.done_from[p] = addr(ex_->done_flag(um, up, seq));
       }
+      v.pushed = addr(ex_->pushed_flag(static_cast<uint32_t>(me), seq));
       if (s_.captured) captured_words(me, block, &v);
       std::vector<DirectOp> plan;
       build_direct_plan(v, &plan);
@@ -144,16 +161,35 @@ class Sim {
         continue;
       }
       enqueue(me, seq, plan);
+      if (s_.deferred) issue_deferred(me, seq, v, shape, mutate);
     }
   }
 
-  // Who arrived when at op k, whose buffers go through a stage, and how each pair moves its
-  // chunks (op_exchange.h).
-  struct ArrivalShape {
-    std::vector<int> position;
-    std::vector<bool> staged;
-    std::vector<std::vector<PairMode>> mode;
-  };
+  // What rank me's push issuer issues for op `seq`: its later peers in a random claim order.
+  void issue_deferred(int me, uint64_t seq, const DirectOpView& v, const ArrivalShape& a,
+                      const std::function<void(int rank, std::vector<DirectOp>*)>& mutate) {
+    std::vector<int> later;
+    for (int p = 0; p < s_.nranks; ++p)
+      if (p != me && v.peers[p].deferred) later.push_back(p);
+    if (later.empty()) return;
+    std::shuffle(later.begin(), later.end(), rng_);
+    std::vector<DirectOp> plan;
+    bool copied = false;
+    for (size_t i = 0; i < later.size(); ++i) {
+      const int p = later[i];
+      const bool each = a.mode[me][p] == PairMode::kEachPushes;
+      build_deferred_push(v, each ? p : -1, !copied, i + 1 == later.size(), &plan);
+      copied |= each;
+    }
+    if (mutate) mutate(-1 - me, &plan);
+    for (const DirectOp& o : plan) {
+      SimOp op;
+      op.op = o;
+      op.seq = seq;
+      streams_[me][kIssuerStream].push_back(op);
+    }
+  }
+
   ArrivalShape arrival_shape(int k) {
     ArrivalShape a;
     std::vector<int> order = s_.order(k, rng_);
@@ -189,13 +225,17 @@ class Sim {
       const PairMode m = a.mode[me][p];
       part.push = later || m == PairMode::kEachPushes;
       part.pull = later && m == PairMode::kLaterDoesBoth;
+      // An eager earlier rank leaves the pair to its issuer, whichever way it settled.
+      part.deferred = s_.deferred && !later;
+      const bool push_to = part.push;
+      if (part.deferred) part.push = false;
       part.peer_copies = !later || m == PairMode::kEachPushes;
       part.staged = !later && a.staged[me];
       // A staged peer is reached through its stage, laid out like its receive buffer.
       const uint64_t peer_recv = a.staged[p] ? stage_of(p) : recv_of(p);
       const uint64_t peer_send =
           a.staged[p] ? stage_of(p) + static_cast<uint64_t>(p) * s_.chunk : send_of(p);
-      if (part.push) part.to = Span{peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk};
+      if (push_to) part.to = Span{peer_recv + static_cast<uint64_t>(me) * s_.chunk, s_.chunk};
       if (part.pull) part.from = Span{peer_send, s_.chunk};
     }
   }
@@ -253,7 +293,7 @@ class Sim {
       std::vector<std::pair<int, int>> runnable;
       bool left = false;
       for (int r = 0; r < s_.nranks; ++r)
-        for (int st = 0; st < kDirectStreams; ++st) {
+        for (int st = 0; st < kSimStreams; ++st) {
           if (streams_[r][st].empty()) continue;
           left = true;
           if (can_run(r, streams_[r][st].front())) runnable.push_back({r, st});
@@ -267,11 +307,11 @@ class Sim {
         for (auto& w : weight_) w = std::exp(e(rng_));
       }
       double total = 0;
-      for (auto [r, st] : runnable) total += weight_[r * kDirectStreams + st];
+      for (auto [r, st] : runnable) total += weight_[r * kSimStreams + st];
       double pick = std::uniform_real_distribution<double>(0, total)(rng_);
       std::pair<int, int> chosen = runnable.back();
       for (auto rs : runnable)
-        if ((pick -= weight_[rs.first * kDirectStreams + rs.second]) <= 0) {
+        if ((pick -= weight_[rs.first * kSimStreams + rs.second]) <= 0) {
           chosen = rs;
           break;
         }
@@ -349,7 +389,7 @@ class Sim {
   std::vector<std::vector<uint64_t>> records_, enqueued_records_;
   std::string errors_;
   uint64_t steps_ = 0;
-  std::vector<double> weight_ = std::vector<double>(kMaxRanks * kDirectStreams, 1.0);
+  std::vector<double> weight_ = std::vector<double>(kMaxRanks * kSimStreams, 1.0);
 };
 
 std::vector<int> random_order(int n, std::mt19937& rng) {
@@ -427,6 +467,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{4, false, "mixed", {false, true, true, false}},
         Case{5, true, "mixed", {true, false, true, true, false}},
         Case{8, false, "mixed", {false, true, false, true, true, false, true, false}}));
+
+// Every shape with the earlier ranks' pushes left to their push issuers.
+TEST_P(DirectPlanSim, DeferredPushesGatherCorrectly) {
+  const Case c = GetParam();
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    Scenario s = scenario(c.nranks, c.in_place, c.modes, c.unreachable);
+    s.deferred = true;
+    ASSERT_EQ(run(s, seed), "") << "seed " << seed;
+  }
+}
 
 // Captured: every shape, a graph of three ops replayed four times.
 TEST_P(DirectPlanSim, CapturedReplaysGatherCorrectly) {
@@ -534,6 +584,24 @@ TEST(DirectPlan, DroppingAnyWaitOrDoneSignalIsCaught) {
       for (int victim = 0; victim < 2; ++victim)
         expect_every_wait_matters(s, victim,
                                   std::string(modes) + (in_place ? " in place" : " out of place"));
+    }
+}
+
+// With the earlier rank's pushes left to its push issuer: every wait and write of the issuer's
+// plan matters, and where the pair settled "each pushes", every one of the ranks' plans too.
+// (Where the later rank does both, the earlier one's wait for its issuer and its done signal
+// guard nothing: its plan was built before the pair settled.)
+TEST(DirectPlan, DroppingAnyWaitOrWriteOfADeferredPushIsCaught) {
+  for (const char* modes : {"each", "later"})
+    for (bool in_place : {false, true}) {
+      Scenario s = scenario(2, in_place, modes);
+      s.ops = 3;
+      s.deferred = true;
+      s.order = [](int, std::mt19937&) { return std::vector<int>{0, 1}; };
+      const std::string label = std::string(modes) + (in_place ? " in place" : " out of place");
+      if (std::string(modes) == "each")
+        for (int victim = 0; victim < 2; ++victim) expect_every_wait_matters(s, victim, label);
+      EXPECT_GT(expect_every_wait_matters(s, -1, label + ", rank 0's issuer"), 0u);
     }
 }
 

@@ -43,6 +43,7 @@ TEST(OpExchange, RegionIsWholePagesAndItsFlagsAreDistinct) {
     for (uint64_t seq = 1; seq <= kOpRing; ++seq)
       for (uint32_t a = 0; a < n; ++a) {
         EXPECT_TRUE(seen.insert(x.ready_flag(a, seq)).second);
+        EXPECT_TRUE(seen.insert(x.pushed_flag(a, seq)).second);
         for (uint32_t b = 0; b < n; ++b) EXPECT_TRUE(seen.insert(x.done_flag(a, b, seq)).second);
       }
     EXPECT_EQ(seen.size(), x.flag_count());

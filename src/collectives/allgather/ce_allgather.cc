@@ -10,11 +10,13 @@
 
 #include "ce_exec.h"
 #include "comm_order.h"
+#include "deferred_pushes.h"
 #include "fd_headroom.h"
 #include "local_aliases.h"
 #include "log.h"
 #include "pair_wait.h"
 #include "parked_routes.h"
+#include "peer_reach.h"
 #include "route_setup.h"
 #include "stats.h"
 
@@ -87,43 +89,6 @@ int64_t now_us() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
-}
-
-// A peer's buffer range as this process addresses it: by address in its process, else imported.
-// `hold`: a captured op's, which pins the views it uses.
-bool reach(CommState& st, int p, const OpPost& post, const OpBuffer& buf, uint64_t addr,
-           uint64_t bytes, GraphHold* hold, Span* out, const char** why) {
-  if (post.reach == 0) {
-    *why = "a rank's buffers cannot be reached by its peers (another allocator on that rank?)";
-    return false;
-  }
-  if (post.pid == static_cast<int32_t>(getpid())) {
-    *out = Span{buf.local_addr ? buf.local_addr + (addr - buf.addr) : addr, bytes};
-    return true;
-  }
-  const MemberFacts& m = st.members[static_cast<size_t>(p)];
-  CeComm& ce = *st.ce;
-  // My copies that touch p's buffers have finished once my push stream tells p so.
-  const DoneMark done{
-      ce.ops->done_flag(static_cast<uint32_t>(p), static_cast<uint32_t>(st.rank), ce.seq),
-      static_cast<uint32_t>(ce.seq)};
-  ViewPin pin;
-  if (!ce.imports->resolve(*cuda_driver(), buf, m.pid, m.fd_address, addr, bytes, ce.seq, done,
-                           out, why, hold ? &pin : nullptr))
-    return false;
-  if (hold) hold->pins.push_back(std::move(pin));
-  return true;
-}
-
-bool same_process(const CommState& st, int p) {
-  return st.members[static_cast<size_t>(p)].pid == static_cast<int32_t>(getpid());
-}
-
-// Whether a wait of this op for a peer must end: the communicator is poisoned here or by a
-// peer, or a rank left it (aborted or revoked): nothing it has not yet done will come.
-bool peer_failed(const CommState& st) {
-  return st.poisoned.load() != ncclSuccess || route_peer_poison(st) != ncclSuccess ||
-         (st.ce && st.ce->ops && st.ce->ops->anyone_left());
 }
 
 // The error a kernel left in this rank's context (a device-side assert, as PyTorch's NaN check
@@ -245,19 +210,21 @@ bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_
     part.pull = m == PairMode::kLaterDoesBoth;
     part.peer_copies = m == PairMode::kEachPushes;
     refer_to_block(st, p, e.block, hold);
-    if (!reach(st, p, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why) ||
-        (part.pull && !reach(st, p, e, e.send, e.send.addr, chunk, hold, &part.from, why)))
+    if (!reach(st, p, a.seq, e, e.recv, e.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why) ||
+        (part.pull && !reach(st, p, a.seq, e, e.send, e.send.addr, chunk, hold, &part.from, why)))
       return false;
   }
   return true;
 }
 
-// This rank's parts as the earlier rank of its pairs for op `a.seq`: it waits for later ranks
-// in other processes to claim "each pushes" (as PairWait says, the time added to
-// *pair_wait_us_spent) and reaches their buffers, and settles the rest as "later does both".
-// `stage`: this rank's, where the later ranks reach it (0: they reach its buffers).
+// This rank's parts as the earlier rank of its pairs for op `a.seq`. With `defer`, its pairs
+// with later ranks in other processes are left to the push issuer (deferred_pushes.h), which
+// settles them as they claim; else it waits for those ranks to claim "each pushes" (as
+// PairWait says, the time added to *pair_wait_us_spent) and reaches their buffers. The rest it
+// settles as "later does both". `stage`: this rank's, where the later ranks reach it (0: they
+// reach its buffers).
 bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
-                       uint64_t stage, CUstream stream, GraphHold* hold,
+                       uint64_t stage, CUstream stream, GraphHold* hold, bool defer,
                        int64_t* pair_wait_us_spent, const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
@@ -276,6 +243,13 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
     if (p == st.rank || a.before >> p & 1) continue;
     PeerPart& part = ce.view.peers[p];
     const uint32_t q = static_cast<uint32_t>(p);
+    // A later rank that claimed already is pushed to at once, as before the issuer (no
+    // hand-over to wait for); one that has not yet is left to the issuer.
+    if (defer && !same_process(st, p) && !ops.pair_settled(me, q, a.seq)) {
+      part.peer_copies = part.deferred = true;
+      part.staged = stage != 0;
+      continue;
+    }
     if (!same_process(st, p)) {  // give a later rank elsewhere a moment
       const int64_t waited_from = now_us();
       for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins) {
@@ -299,7 +273,7 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
     }
     part.push = true;
     refer_to_block(st, p, l.block, hold);
-    if (!reach(st, p, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why))
+    if (!reach(st, p, a.seq, l, l.recv, l.recv.addr + my_slot_in_peer, chunk, hold, &part.to, why))
       return false;
   }
   return true;
@@ -332,6 +306,16 @@ void captured_flags(CommState& st, const OpPost& mine, GraphHold& hold) {
     v.ready_pull_in[p] = ce.dev(b.ready_pull(p, theirs, me));
     v.done_to[p] = ce.dev(b.done_from(p, theirs, me));
   }
+}
+
+// The op's pushes to peers marked deferred, to the push issuer.
+void hand_over_pushes(std::shared_ptr<CommState> st, uint64_t seq, const OpPost& mine) {
+  const DirectOpView& v = st->ce->view;
+  bool any = false;
+  for (int p = 0; p < v.nranks; ++p) any |= p != v.rank && v.peers[p].deferred;
+  if (!any) return;
+  st->ce->posts_read.job_coming(seq);
+  defer_pushes(std::move(st), seq, mine, v);
 }
 
 void build_view(CommState& st, const Arrival& a, const void* send, void* recv, uint64_t chunk,
@@ -432,16 +416,17 @@ class BlockClaim {
   CaptureRef ref_;
 };
 
-// This rank is done with op `seq`'s posts, whatever happens after it arrived.
+// This rank is done with op `seq`'s posts, whatever happens after it arrived (where a job of
+// the push issuer reads them later, PostsRead waits for it too).
 class FinishPosts {
  public:
-  FinishPosts(OpExchange& ops, uint32_t me, uint64_t seq) : ops_(ops), me_(me), seq_(seq) {}
-  ~FinishPosts() { ops_.finish(me_, seq_); }
+  FinishPosts(CeComm& ce, uint32_t me, uint64_t seq) : ce_(ce), me_(me), seq_(seq) {}
+  ~FinishPosts() { ce_.posts_read.op_done(*ce_.ops, me_, seq_); }
   FinishPosts(const FinishPosts&) = delete;
   FinishPosts& operator=(const FinishPosts&) = delete;
 
  private:
-  OpExchange& ops_;
+  CeComm& ce_;
   uint32_t me_;
   uint64_t seq_;
 };
@@ -482,6 +467,7 @@ struct RoutedAllGather::State {
   std::optional<FinishPosts> finish;
   std::unique_ptr<GraphHold> hold;
   uint64_t stage = 0;
+  bool exchange_set = false;
 };
 
 RoutedAllGather::RoutedAllGather(CommState& st, const void* sendbuff, void* recvbuff,
@@ -493,6 +479,8 @@ RoutedAllGather::RoutedAllGather(CommState& st, const void* sendbuff, void* recv
 RoutedAllGather::~RoutedAllGather() = default;
 
 bool RoutedAllGather::to_nccl() const { return s_->to_nccl; }
+
+void RoutedAllGather::in_exchange_set() { s_->exchange_set = true; }
 
 bool RoutedAllGather::begin(ncclResult_t* result) {
   State& x = *s_;
@@ -575,7 +563,7 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
     *result = fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
     return false;
   }
-  x.finish.emplace(*ce->ops, me, x.a.seq);
+  x.finish.emplace(*ce, me, x.a.seq);
   x.lap(&x.host.arrive);
   if (*x.a.mismatch) {
     char detail[kMismatchDetailChars];
@@ -630,12 +618,17 @@ ncclResult_t RoutedAllGather::complete() {
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   RelaxedCapture relaxed(x.capturing);
   x.mark = now_us();  // the time since begin() went to other ranks' ops of this thread
-  ZC_DEBUG("zero-copy all-gather on rank %d: op %llu waits for the claims of later ranks",
+  ZC_DEBUG("zero-copy all-gather on rank %d: op %llu settles its pairs with later ranks",
            st.rank, static_cast<unsigned long long>(x.a.seq));
   const char* why = "";
   int64_t waited = 0, reached = 0;
-  if (!settle_as_earlier(st, x.a, x.mine, x.chunk, x.stage, x.stream, x.hold.get(), &waited,
-                         &why))
+  // An eager op leaves its pushes to later ranks elsewhere to the push issuer: this call then
+  // waits for no peer (push_issuer.h).
+  std::shared_ptr<CommState> self =
+      !x.hold && !x.exchange_set && can_defer_pushes(st) ? comm_lookup(st.comm) : nullptr;
+  const bool defer = self.get() == &st;
+  if (!settle_as_earlier(st, x.a, x.mine, x.chunk, x.stage, x.stream, x.hold.get(), defer,
+                         &waited, &why))
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
   x.lap(&reached);
@@ -645,6 +638,10 @@ ncclResult_t RoutedAllGather::complete() {
   if (x.hold) captured_flags(st, x.mine, *x.hold);
   ce->plan.clear();
   build_direct_plan(ce->view, &ce->plan);
+  // Handed over before the plan is issued: what the job issues waits on the GPU for this plan's
+  // ready, and this plan for the job's pushed (a driver that ran streams in the calling thread,
+  // as the tests' fake does, would otherwise wait for a job not handed over yet).
+  if (defer) hand_over_pushes(std::move(self), x.a.seq, x.mine);
   const CUstream* streams = ce->streams;
   const CUevent* events = ce->events;
   CUgraph graph = nullptr;
@@ -703,6 +700,7 @@ void set_ring_flags(const CeComm& ce, int me, int nranks, uint64_t seq, DirectOp
     v->done_to[r] = ce.dev(ce.ops->done_flag(r, um, seq));
     v->done_from[r] = ce.dev(ce.ops->done_flag(um, r, seq));
   }
+  v->pushed = ce.dev(ce.ops->pushed_flag(um, seq));
 }
 
 void check_captured_replays(CommState& st) {
