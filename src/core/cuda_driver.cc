@@ -84,6 +84,7 @@ CudaDriver* load() {
   capture &= get(gpa, "cuStreamGetCaptureInfo", &d.cuStreamGetCaptureInfo);
   capture &= get(gpa, "cuUserObjectCreate", &d.cuUserObjectCreate);
   capture &= get(gpa, "cuGraphRetainUserObject", &d.cuGraphRetainUserObject);
+  get(gpa, "cuPointerGetAttributes", &d.cuPointerGetAttributes);
   bool own = ce;
   own &= get(gpa, "cuCtxCreate", &d.cuCtxCreate_v2, 3020);
   own &= get(gpa, "cuCtxPopCurrent", &d.cuCtxPopCurrent);

@@ -59,6 +59,8 @@ struct CudaDriver {
   // Reaching the applications' buffers (peer_memory.cc) and the host-mapped flags
   // (op_exchange.h); also part of `ce_ok`.
   CUresult (*cuPointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr);
+  // Several at once (peer_memory.cc, per allocation a buffer lies in); null: one by one.
+  CUresult (*cuPointerGetAttributes)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
   CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle*, void*);
   CUresult (*cuMemGetAccess)(unsigned long long*, const CUmemLocation*, CUdeviceptr);
   CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);

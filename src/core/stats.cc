@@ -46,6 +46,7 @@ std::atomic<uint64_t> g_pairs_each{0}, g_pairs_later_both{0};
 std::atomic<uint64_t> g_peer_mappings{0}, g_peer_mapped_bytes{0}, g_peer_map_micros{0};
 std::atomic<uint64_t> g_peer_unmapped_bytes{0};
 std::atomic<uint64_t> g_staged_ops{0};
+std::atomic<uint64_t> g_pushes_deferred{0}, g_deferred_claim_micros{0};
 std::atomic<uint64_t> g_captured_ops{0};
 std::atomic<uint64_t> g_local_group_ops{0};
 std::atomic<uint64_t> g_host_ops{0}, g_host_post{0}, g_host_arrive{0}, g_host_pair_wait{0},
@@ -69,6 +70,8 @@ const RouteCounter kRouteCounters[] = {
     {"peer_map_micros", &g_peer_map_micros, &RouteStats::peer_map_micros},
     {"peer_unmapped_bytes", &g_peer_unmapped_bytes, &RouteStats::peer_unmapped_bytes},
     {"staged_ops", &g_staged_ops, &RouteStats::staged_ops},
+    {"pushes_deferred", &g_pushes_deferred, &RouteStats::pushes_deferred},
+    {"deferred_claim_micros", &g_deferred_claim_micros, &RouteStats::deferred_claim_micros},
     {"captured_ops", &g_captured_ops, &RouteStats::captured_ops},
     {"local_group_ops", &g_local_group_ops, &RouteStats::local_group_ops},
     {"host_ops", &g_host_ops, &RouteStats::host_ops},
@@ -192,10 +195,14 @@ void print_route(const RouteStats& r) {
   log_report(
       "stats route pairs each_pushes=%" PRIu64 " later_does_both=%" PRIu64 " peer_mappings=%" PRIu64
       " (%s, %.1f ms) unmapped=%s held=%s (bound %s per "
-      "communicator) staged_ops=%" PRIu64 " captured_ops=%" PRIu64 " local_group_ops=%" PRIu64,
+      "communicator) staged_ops=%" PRIu64 " captured_ops=%" PRIu64 " local_group_ops=%" PRIu64
+      " pushes_deferred=%" PRIu64 " (claimed %.1f us after the call on average)",
       r.pairs_each_pushes, r.pairs_later_does_both, r.peer_mappings, mapped,
       static_cast<double>(r.peer_map_micros) / 1000.0, unmapped, held, budget, r.staged_ops,
-      r.captured_ops, r.local_group_ops);
+      r.captured_ops, r.local_group_ops, r.pushes_deferred,
+      r.pushes_deferred ? static_cast<double>(r.deferred_claim_micros) /
+                              static_cast<double>(r.pushes_deferred)
+                        : 0.0);
   if (r.host_ops == 0) return;
   const double n = static_cast<double>(r.host_ops);
   const uint64_t sums[kHostPhases] = {r.host_post_micros,      r.host_arrive_micros,
@@ -281,6 +288,12 @@ void stats_peer_held_add(int64_t delta) { g_peer_held_bytes.fetch_add(delta, kRe
 void stats_peer_held_budget(uint64_t bytes) { g_peer_held_budget.store(bytes, kRelaxed); }
 
 void stats_op_staged() { g_staged_ops.fetch_add(1, kRelaxed); }
+
+void stats_push_deferred(int64_t claim_waited_us) {
+  g_pushes_deferred.fetch_add(1, kRelaxed);
+  g_deferred_claim_micros.fetch_add(static_cast<uint64_t>(claim_waited_us < 0 ? 0 : claim_waited_us),
+                                    kRelaxed);
+}
 void stats_op_captured() { g_captured_ops.fetch_add(1, kRelaxed); }
 void stats_op_local_group() { g_local_group_ops.fetch_add(1, kRelaxed); }
 

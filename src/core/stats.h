@@ -27,6 +27,9 @@ void stats_peer_held_add(int64_t delta);
 void stats_peer_held_budget(uint64_t bytes);
 // An op in which this rank's buffers were reached through its stage (stage_buffer.h).
 void stats_op_staged();
+// A push the push issuer made for a later rank that claimed `claim_waited_us` after the call
+// handed it over.
+void stats_push_deferred(int64_t claim_waited_us);
 void stats_op_captured();  // an all-gather captured into a CUDA graph on the route
 // An all-gather issued with every other rank of its communicator by one thread, in one group
 // (local_group_allgather.h).

@@ -30,6 +30,9 @@ struct RouteStats {
   uint64_t peer_mappings = 0, peer_mapped_bytes = 0, peer_map_micros = 0;
   uint64_t peer_unmapped_bytes = 0;
   uint64_t staged_ops = 0;
+  // Pushes into later ranks the push issuer made (push_issuer.h), and the time from the op's
+  // call to each peer's claim, summed.
+  uint64_t pushes_deferred = 0, deferred_claim_micros = 0;
   uint64_t captured_ops = 0;  // all-gathers captured into CUDA graphs on the route
   uint64_t local_group_ops = 0;  // ... issued with every rank at once by one thread
   // Host time of the routed ops (stats.h HostTimes), summed over host_ops ops.

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -20,12 +21,18 @@ namespace zc {
 namespace {
 
 // How the thread waits while it has jobs none of which could move: it spins first (a peer
-// usually claims within microseconds of its own call, and every microsecond here delays the
-// op's end on both GPUs), then yields, then sleeps. Idle with no job, it sleeps on its
-// condition variable.
-constexpr int kSpinPasses = 256;
-constexpr int kYieldPasses = 4096;
-constexpr int kSleepUs = 50;
+// usually claims within microseconds, and while the GPUs are caught up every microsecond here
+// delays the op's end on both), then yields, then sleeps a little. Idle with no job, it sleeps
+// on its condition variable.
+constexpr int64_t kSpinUs = 200;
+constexpr int64_t kYieldUs = 2000;
+constexpr int kSleepUs = 20;
+
+int64_t now_us() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
+}
 
 struct Issuer {
   std::mutex mu;
@@ -93,10 +100,11 @@ bool one_pass(const CudaDriver& cu, CUcontext* current) {
 void* issuer_main(void*) {
   const CudaDriver* cu = cuda_driver();
   CUcontext current = nullptr;
-  int idle_passes = 0;
+  int64_t last_progress = now_us();
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(g->mu);
+      if (g->jobs.empty()) last_progress = 0;
       g->cv.wait(lock, [] { return !g->jobs.empty() || g->exiting; });
       if (g->exiting) {
         g->running = false;
@@ -104,13 +112,14 @@ void* issuer_main(void*) {
         return nullptr;
       }
     }
-    if (one_pass(*cu, &current)) {
-      idle_passes = 0;
+    const int64_t now = now_us();
+    if (last_progress == 0 || one_pass(*cu, &current)) {
+      last_progress = now;
       continue;
     }
-    ++idle_passes;
-    if (idle_passes < kSpinPasses) continue;
-    if (idle_passes < kYieldPasses)
+    const int64_t idle = now - last_progress;
+    if (idle < kSpinUs) continue;
+    if (idle < kYieldUs)
       sched_yield();
     else
       usleep(kSleepUs);

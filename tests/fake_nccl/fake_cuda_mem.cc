@@ -28,6 +28,7 @@
 //   cuPointerGetAttribute            memory type, legacy-IPC capability (cuMemAlloc memory),
 //                                    and for mapped cuMem memory its mapping base and size,
 //                                    block id (one per cuMemCreate/import) and handle types
+//   cuPointerGetAttributes           the same, several at once (defaults for unknown memory)
 //   cuMemRetainAllocationHandle      a new handle (own dup of the memfd) for a mapped address
 //   cuMemGetAccess                   what cuMemSetAccess granted the device asked about
 //   cuCtxEnablePeerAccess            remembered per (current device, peer context); a second
@@ -1214,16 +1215,19 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
 
 // ---- Pointer queries, peer access, host registration ----
 
-CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  std::string what = fake::strf("cuPointerGetAttribute attribute=%d", static_cast<int>(attribute)) +
-                     " ptr=" + addr(ptr);
-  FAKE_CUDA_ENTRY("cuPointerGetAttribute", what, CUDA_ERROR_UNKNOWN);
-  if (data == nullptr) return done(what, CUDA_ERROR_INVALID_VALUE);
+}  // extern "C"
+
+namespace {
+// One attribute of `ptr` into `data`, no log: "" or why not (appended to the caller's line).
+CUresult query_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr,
+                         const char** why) {
+  *why = "";
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(g_mu);
   auto m = containing(mappings(), ptr);
   auto a = containing(mem_allocs(), ptr);
   if (m == mappings().end() && a == mem_allocs().end())
-    return done(what + " unknown_memory", CUDA_ERROR_INVALID_VALUE);
+    return *why = " unknown_memory", CUDA_ERROR_INVALID_VALUE;
   const bool cumem = m != mappings().end();
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -1236,15 +1240,15 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
       *static_cast<unsigned*>(data) = cumem ? 0 : 1;
       break;
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
-      if (!cumem) return done(what + " not_cumem", CUDA_ERROR_INVALID_VALUE);
+      if (!cumem) return *why = " not_cumem", CUDA_ERROR_INVALID_VALUE;
       *static_cast<CUdeviceptr*>(data) = m->first;
       break;
     case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-      if (!cumem) return done(what + " not_cumem", CUDA_ERROR_INVALID_VALUE);
+      if (!cumem) return *why = " not_cumem", CUDA_ERROR_INVALID_VALUE;
       *static_cast<size_t*>(data) = m->second.size;
       break;
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
-      if (!cumem) return done(what + " not_cumem", CUDA_ERROR_INVALID_VALUE);
+      if (!cumem) return *why = " not_cumem", CUDA_ERROR_INVALID_VALUE;
       *static_cast<unsigned long long*>(data) = m->second.block_id;
       break;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
@@ -1252,7 +1256,45 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
           cumem ? m->second.handle_types : 0;
       break;
     default:
-      return done(what + " unsupported", CUDA_ERROR_NOT_SUPPORTED);
+      return *why = " unsupported", CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+extern "C" {
+
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  std::string what = fake::strf("cuPointerGetAttribute attribute=%d", static_cast<int>(attribute)) +
+                     " ptr=" + addr(ptr);
+  FAKE_CUDA_ENTRY("cuPointerGetAttribute", what, CUDA_ERROR_UNKNOWN);
+  const char* why = "";
+  const CUresult r = query_attribute(data, attribute, ptr, &why);
+  return done(what + why, r);
+}
+
+// As the real one: one call for several attributes; a pointer the driver does not know gives
+// each its default (zero) rather than an error.
+CUresult cuPointerGetAttributes(unsigned count, CUpointer_attribute* attributes, void** data,
+                                CUdeviceptr ptr) {
+  std::string what = fake::strf("cuPointerGetAttributes count=%u", count) + " ptr=" + addr(ptr);
+  FAKE_CUDA_ENTRY("cuPointerGetAttributes", what, CUDA_ERROR_UNKNOWN);
+  if ((count && (attributes == nullptr || data == nullptr)))
+    return done(what, CUDA_ERROR_INVALID_VALUE);
+  for (unsigned i = 0; i < count; ++i) {
+    unsigned long long value = 0;  // wide enough for every attribute asked here
+    const char* why = "";
+    if (query_attribute(&value, attributes[i], ptr, &why) != CUDA_SUCCESS) value = 0;
+    switch (attributes[i]) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *static_cast<unsigned*>(data[i]) = static_cast<unsigned>(value);
+        break;
+      default:
+        memcpy(data[i], &value, sizeof value);
+        break;
+    }
   }
   return done(what, CUDA_SUCCESS);
 }
@@ -1403,6 +1445,7 @@ FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol) {
       {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&cuMemExportToShareableHandle)},
       {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&cuMemImportFromShareableHandle)},
       {"cuPointerGetAttribute", reinterpret_cast<void*>(&cuPointerGetAttribute)},
+      {"cuPointerGetAttributes", reinterpret_cast<void*>(&cuPointerGetAttributes)},
       {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&cuMemRetainAllocationHandle)},
       {"cuMemGetAccess", reinterpret_cast<void*>(&cuMemGetAccess)},
       {"cuCtxEnablePeerAccess", reinterpret_cast<void*>(&cuCtxEnablePeerAccess)},

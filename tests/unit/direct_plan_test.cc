@@ -76,6 +76,9 @@ struct Scenario {
   // (push_issuer.h): its plan (build_deferred_push) runs on a stream of its own, one per rank,
   // its peers in a random claim order. Plans passed to `mutate` as rank -1 - r.
   bool deferred = false;
+  // ... and so do later ranks their pushes into earlier ones that settled "each pushes" (but
+  // into a staged rank).
+  bool deferred_later = false;
 };
 
 // The simulated stream of rank r's push issuer (after the plan's own streams).
@@ -225,8 +228,10 @@ class Sim {
       const PairMode m = a.mode[me][p];
       part.push = later || m == PairMode::kEachPushes;
       part.pull = later && m == PairMode::kLaterDoesBoth;
-      // An eager earlier rank leaves the pair to its issuer, whichever way it settled.
-      part.deferred = s_.deferred && !later;
+      // An eager earlier rank leaves the pair to its issuer, whichever way it settled; a later
+      // one its push, where each pushes.
+      part.deferred = s_.deferred && (!later || (s_.deferred_later &&
+                                                 m == PairMode::kEachPushes && !a.staged[p]));
       const bool push_to = part.push;
       if (part.deferred) part.push = false;
       part.peer_copies = !later || m == PairMode::kEachPushes;
@@ -468,14 +473,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{5, true, "mixed", {true, false, true, true, false}},
         Case{8, false, "mixed", {false, true, false, true, true, false, true, false}}));
 
-// Every shape with the earlier ranks' pushes left to their push issuers.
+// Every shape with the earlier ranks' pushes left to their push issuers, and the later ranks'
+// too.
 TEST_P(DirectPlanSim, DeferredPushesGatherCorrectly) {
   const Case c = GetParam();
-  for (uint64_t seed = 1; seed <= 40; ++seed) {
-    Scenario s = scenario(c.nranks, c.in_place, c.modes, c.unreachable);
-    s.deferred = true;
-    ASSERT_EQ(run(s, seed), "") << "seed " << seed;
-  }
+  for (bool later_too : {false, true})
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+      Scenario s = scenario(c.nranks, c.in_place, c.modes, c.unreachable);
+      s.deferred = true;
+      s.deferred_later = later_too;
+      ASSERT_EQ(run(s, seed), "") << "seed " << seed << (later_too ? ", later ranks too" : "");
+    }
 }
 
 // Captured: every shape, a graph of three ops replayed four times.
@@ -602,6 +610,11 @@ TEST(DirectPlan, DroppingAnyWaitOrWriteOfADeferredPushIsCaught) {
       if (std::string(modes) == "each")
         for (int victim = 0; victim < 2; ++victim) expect_every_wait_matters(s, victim, label);
       EXPECT_GT(expect_every_wait_matters(s, -1, label + ", rank 0's issuer"), 0u);
+      if (std::string(modes) != "each") continue;
+      s.deferred_later = true;  // rank 1's push to rank 0 is its issuer's too
+      for (int victim = 0; victim < 2; ++victim)
+        expect_every_wait_matters(s, victim, label + ", later pushes deferred");
+      EXPECT_GT(expect_every_wait_matters(s, -2, label + ", rank 1's issuer"), 0u);
     }
 }
 

@@ -241,6 +241,8 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   zc::stats_peer_mapped(3, 60 << 20, 1500);
   zc::stats_peer_unmapped(20 << 20);
   zc::stats_op_staged();
+  zc::stats_push_deferred(40);
+  zc::stats_push_deferred(-3);  // a clock step back counts as no wait
   zc::stats_op_host_times({10, 1, 300, 40, 25});
   zc::stats_op_host_times({12, 0, 0, 2, 23});
   // NCCL's own calls of forwarded collectives, beside the route's ops: 98 quick, 2 slow.
@@ -269,7 +271,7 @@ TEST_F(StatsFileTest, JsonHasTotalsAndOnlyNonZeroPairs) {
   EXPECT_NE(json.find("\"route\":{\"pairs_each_pushes\":2,\"pairs_later_does_both\":1,"
                       "\"peer_mappings\":3,\"peer_mapped_bytes\":62914560,"
                       "\"peer_map_micros\":1500,\"peer_unmapped_bytes\":20971520,"
-                      "\"staged_ops\":1,\"captured_ops\":0,\"local_group_ops\":0,\"host_ops\":2,\"host_post_micros\":22,"
+                      "\"staged_ops\":1,\"pushes_deferred\":2,\"deferred_claim_micros\":40,\"captured_ops\":0,\"local_group_ops\":0,\"host_ops\":2,\"host_post_micros\":22,"
                       "\"host_arrive_micros\":1,\"host_pair_wait_micros\":300,"
                       "\"host_reach_micros\":42,\"host_issue_micros\":48,"),
             std::string::npos)

@@ -28,6 +28,13 @@ namespace {
 // the pace of a busy loop; between ops (and in idle phases) the housekeeping thread does the
 // same every period (housekeeping.h).
 constexpr uint64_t kSweepEvery = 64;
+// Whether a later rank leaves its pushes into earlier ranks of other processes to the push
+// issuer as well (claim_as_later). Settable at build time (-DZC_LATER_PUSHES_BY_ISSUER=0) to
+// measure the other way against it; no setting.
+#ifndef ZC_LATER_PUSHES_BY_ISSUER
+#define ZC_LATER_PUSHES_BY_ISSUER 1
+#endif
+constexpr bool kLaterPushesByIssuer = ZC_LATER_PUSHES_BY_ISSUER != 0;
 // Room for the reason of a mismatch with its numbers (the WARN line's; longer is cut).
 constexpr size_t kMismatchDetailChars = 256;
 
@@ -184,8 +191,11 @@ void refer_to_block(CommState& st, int p, CaptureRef block, GraphHold* hold) {
 // buffers reached. Waits for no peer (beyond an earlier unreachable rank's stage, which that rank
 // publishes before it claims or waits itself). `hold`: a captured op's, which takes a reference
 // to the block of every peer whose post it reads (ce.peer_blocks) and pins the views it uses.
+// `defer`: a push into a peer in another process that settled "each pushes" is left to the
+// push issuer too (deferred_pushes.h): issuing a copy into a view of a peer's many
+// allocations, and reaching it, took most of such a call's host time (2xH200, FSDP2).
 bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_t chunk,
-                    GraphHold* hold, const char** why) {
+                    GraphHold* hold, bool defer, const char** why) {
   CeComm& ce = *st.ce;
   OpExchange& ops = *ce.ops;
   const uint32_t me = static_cast<uint32_t>(st.rank);
@@ -198,7 +208,8 @@ bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_
     if (p == st.rank || !(a.before >> p & 1)) continue;
     PeerPart& part = ce.view.peers[p];
     OpPost& e = ce.peer_posts[static_cast<size_t>(p)];
-    if (e.reach == 0 && !use_stage_of(st, p, a.seq, chunk, &e, why)) return false;
+    const bool staged = e.reach == 0;  // its post is replaced by its stage's below
+    if (staged && !use_stage_of(st, p, a.seq, chunk, &e, why)) return false;
     // Each pushes wherever my buffers can be reached: across processes one GPU's copies to and
     // from another process's memory take turns (docs/PERFORMANCE.md); in this process the
     // earlier rank, which never waits for the claim, may have settled "later does both" first.
@@ -206,6 +217,10 @@ bool claim_as_later(CommState& st, const Arrival& a, const OpPost& mine, uint64_
     const PairMode m = ops.settle_pair(static_cast<uint32_t>(p), me, a.seq,
                                        each ? PairMode::kEachPushes : PairMode::kLaterDoesBoth);
     stats_pair_settled(m == PairMode::kEachPushes);
+    if (defer && m == PairMode::kEachPushes && !staged && !same_process(st, p)) {
+      part.deferred = part.peer_copies = true;
+      continue;
+    }
     part.push = true;
     part.pull = m == PairMode::kLaterDoesBoth;
     part.peer_copies = m == PairMode::kEachPushes;
@@ -309,13 +324,13 @@ void captured_flags(CommState& st, const OpPost& mine, GraphHold& hold) {
 }
 
 // The op's pushes to peers marked deferred, to the push issuer.
-void hand_over_pushes(std::shared_ptr<CommState> st, uint64_t seq, const OpPost& mine) {
+void hand_over_pushes(std::shared_ptr<CommState> st, const Arrival& a, const OpPost& mine) {
   const DirectOpView& v = st->ce->view;
   bool any = false;
   for (int p = 0; p < v.nranks; ++p) any |= p != v.rank && v.peers[p].deferred;
   if (!any) return;
-  st->ce->posts_read.job_coming(seq);
-  defer_pushes(std::move(st), seq, mine, v);
+  st->ce->posts_read.job_coming(a.seq);
+  defer_pushes(std::move(st), a.seq, a.before, mine, v);
 }
 
 void build_view(CommState& st, const Arrival& a, const void* send, void* recv, uint64_t chunk,
@@ -468,6 +483,9 @@ struct RoutedAllGather::State {
   std::unique_ptr<GraphHold> hold;
   uint64_t stage = 0;
   bool exchange_set = false;
+  // Pushes into other processes go to the push issuer (decided in begin(), for both steps).
+  bool defer = false;
+  std::shared_ptr<CommState> self;  // the communicator, for the issuer's job
 };
 
 RoutedAllGather::RoutedAllGather(CommState& st, const void* sendbuff, void* recvbuff,
@@ -597,7 +615,14 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
     *result = fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
     return false;
   }
-  if (!claim_as_later(st, x.a, x.mine, x.chunk, x.hold.get(), &why)) {
+  // An eager op leaves its pushes into ranks of other processes to the push issuer: this call
+  // then waits for no peer and issues no copy into a peer (push_issuer.h).
+  if (!x.capturing && !x.exchange_set && can_defer_pushes(st)) {
+    x.self = comm_lookup(st.comm);
+    x.defer = x.self.get() == &st;
+  }
+  if (!claim_as_later(st, x.a, x.mine, x.chunk, x.hold.get(), x.defer && kLaterPushesByIssuer,
+                      &why)) {
     *result = fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                    "reaching a peer's buffers", why);
     return false;
@@ -622,12 +647,7 @@ ncclResult_t RoutedAllGather::complete() {
            st.rank, static_cast<unsigned long long>(x.a.seq));
   const char* why = "";
   int64_t waited = 0, reached = 0;
-  // An eager op leaves its pushes to later ranks elsewhere to the push issuer: this call then
-  // waits for no peer (push_issuer.h).
-  std::shared_ptr<CommState> self =
-      !x.hold && !x.exchange_set && can_defer_pushes(st) ? comm_lookup(st.comm) : nullptr;
-  const bool defer = self.get() == &st;
-  if (!settle_as_earlier(st, x.a, x.mine, x.chunk, x.stage, x.stream, x.hold.get(), defer,
+  if (!settle_as_earlier(st, x.a, x.mine, x.chunk, x.stage, x.stream, x.hold.get(), x.defer,
                          &waited, &why))
     return fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
                 "reaching a peer's buffers", why);
@@ -641,7 +661,7 @@ ncclResult_t RoutedAllGather::complete() {
   // Handed over before the plan is issued: what the job issues waits on the GPU for this plan's
   // ready, and this plan for the job's pushed (a driver that ran streams in the calling thread,
   // as the tests' fake does, would otherwise wait for a job not handed over yet).
-  if (defer) hand_over_pushes(std::move(self), x.a.seq, x.mine);
+  if (x.defer) hand_over_pushes(std::move(x.self), x.a, x.mine);
   const CUstream* streams = ce->streams;
   const CUevent* events = ce->events;
   CUgraph graph = nullptr;

@@ -1,5 +1,7 @@
 #include "deferred_pushes.h"
 
+#include <time.h>
+
 #include <utility>
 #include <vector>
 
@@ -8,16 +10,23 @@
 #include "peer_reach.h"
 #include "push_issuer.h"
 #include "route_setup.h"
+#include "stats.h"
 
 namespace zc {
 namespace {
 
+int64_t now_us() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
+}
+
 class DeferredPushes : public IssuerJob {
  public:
-  DeferredPushes(std::shared_ptr<CommState> st, uint64_t seq, const OpPost& mine,
+  DeferredPushes(std::shared_ptr<CommState> st, uint64_t seq, uint64_t before, const OpPost& mine,
                  const DirectOpView& view)
-      : st_(std::move(st)), seq_(seq), mode_(mine.mode), count_(mine.count),
-        datatype_(mine.datatype), view_(new DirectOpView(view)) {
+      : st_(std::move(st)), seq_(seq), before_(before), mode_(mine.mode), count_(mine.count),
+        datatype_(mine.datatype), view_(new DirectOpView(view)), handed_us_(now_us()) {
     for (int p = 0; p < view.nranks; ++p)
       if (p != view.rank && view.peers[p].deferred) left_ |= uint64_t{1} << p;
   }
@@ -34,10 +43,15 @@ class DeferredPushes : public IssuerJob {
     }
     for (int q = 0; q < view_->nranks && left_; ++q) {
       const uint64_t bit = uint64_t{1} << q;
-      if (!(left_ & bit) || !ops.pair_settled(me, static_cast<uint32_t>(q), seq_)) continue;
-      const bool each = ops.settle_pair(me, static_cast<uint32_t>(q), seq_,
-                                        PairMode::kLaterDoesBoth) == PairMode::kEachPushes;
+      if (!(left_ & bit)) continue;
+      // A rank that arrived before me: I settled "each pushes" with it myself.
+      const bool earlier = before_ & bit;
+      if (!earlier && !ops.pair_settled(me, static_cast<uint32_t>(q), seq_)) continue;
+      const bool each = earlier || ops.settle_pair(me, static_cast<uint32_t>(q), seq_,
+                                                   PairMode::kLaterDoesBoth) ==
+                                       PairMode::kEachPushes;
       if (each && !reach_peer(q)) return Step::kFailed;
+      if (each && !earlier) stats_push_deferred(now_us() - handed_us_);
       left_ &= ~bit;
       plan_.clear();
       build_deferred_push(*view_, each ? q : -1, !copied_, left_ == 0, &plan_);
@@ -87,10 +101,12 @@ class DeferredPushes : public IssuerJob {
 
   std::shared_ptr<CommState> st_;
   uint64_t seq_;
+  uint64_t before_;  // ranks that arrived before me
   OpMode mode_;
   uint64_t count_;
   int32_t datatype_;
   std::unique_ptr<DirectOpView> view_;  // 7 KiB
+  int64_t handed_us_;                   // when the call handed it over
   uint64_t left_ = 0;                   // deferred peers not settled yet
   bool copied_ = false;
   const char* why_ = "";
@@ -103,9 +119,10 @@ bool can_defer_pushes(const CommState& st) {
   return st.ce && st.ce->issuer_stream && push_issuer_available(st.device);
 }
 
-void defer_pushes(std::shared_ptr<CommState> st, uint64_t seq, const OpPost& mine,
-                  const DirectOpView& view) {
-  push_issuer_submit(std::unique_ptr<IssuerJob>(new DeferredPushes(std::move(st), seq, mine, view)));
+void defer_pushes(std::shared_ptr<CommState> st, uint64_t seq, uint64_t before,
+                  const OpPost& mine, const DirectOpView& view) {
+  push_issuer_submit(
+      std::unique_ptr<IssuerJob>(new DeferredPushes(std::move(st), seq, before, mine, view)));
 }
 
 }  // namespace zc
