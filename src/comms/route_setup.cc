@@ -139,7 +139,7 @@ std::atomic<int> g_route_comms{0};
 // ever ran — and all of them with the last communicator. Graphs of captured ops that may outlive
 // the communicator keep the channel, the registration and the imports (captured_ops.h): they are
 // handed over and freed with the last graph.
-void release_route(CommState& st) {
+void free_route_resources(CommState& st) {
   const CudaDriver* cu = cuda_driver();
   if (!st.ce || !cu) return;
   CeComm& ce = *st.ce;
@@ -289,7 +289,7 @@ void route_freeze(CommState& st, bool on_app_thread) {
   st.route_why = a.why;
   st.route.store(RouteState::kPassthrough, std::memory_order_release);
   if (on_app_thread) {
-    release_route(st);  // unregisters the region before the channel unmaps it
+    free_route_resources(st);  // unregisters the region before the channel unmaps it
     st.channel.reset();
   }
 }
@@ -297,7 +297,7 @@ void route_freeze(CommState& st, bool on_app_thread) {
 void route_settle(CommState& st) {
   if (st.route.load(std::memory_order_acquire) != RouteState::kPassthrough) return;
   std::lock_guard<std::mutex> lock(st.route_mu);
-  release_route(st);
+  free_route_resources(st);
   st.channel.reset();
 }
 
@@ -517,7 +517,7 @@ void route_teardown(CommState& st) {
     // none outlives the communicators that wrote through it.
     release_idle_local_aliases(*cu);
   }
-  release_route(st);
+  free_route_resources(st);
   st.channel.reset();
   collect_gone_graphs();
   collect_drained_routes();

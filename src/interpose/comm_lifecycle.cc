@@ -64,7 +64,7 @@ ncclResult_t init_comm(const char* fn, ncclComm_t* out, int nranks, int rank,
 // Finalize and Destroy, once NCCL accepted the call (NCCL refuses it on a non-blocking comm
 // still in progress, which then lives on): our work drains, then what is ours is freed. None
 // of it depends on NCCL's communicator.
-void release_route(ncclComm_t comm, bool remove, ncclResult_t r) {
+void end_route_of(ncclComm_t comm, bool remove, ncclResult_t r) {
   stats_write_now();  // torchrun's SIGTERM and os._exit skip the exit report
   if (r != ncclSuccess && r != ncclInProgress) return;
   auto st = remove ? comm_remove(comm) : comm_lookup(comm);
@@ -117,14 +117,14 @@ ZC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
 ZC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   ZC_PROLOGUE(e, ncclCommFinalize, (comm));
   const ncclResult_t r = e.real->ncclCommFinalize(comm);
-  release_route(comm, /*remove=*/false, r);
+  end_route_of(comm, /*remove=*/false, r);
   return r;
 }
 
 ZC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   ZC_PROLOGUE(e, ncclCommDestroy, (comm));
   const ncclResult_t r = e.real->ncclCommDestroy(comm);
-  release_route(comm, /*remove=*/true, r);
+  end_route_of(comm, /*remove=*/true, r);
   return r;
 }
 

@@ -18,6 +18,7 @@
 #include "parked_routes.h"
 #include "peer_reach.h"
 #include "route_setup.h"
+#include "spin_backoff.h"
 #include "stats.h"
 
 namespace zc {
@@ -156,10 +157,7 @@ bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* po
       *why = "an earlier rank whose buffers cannot be reached did not publish its stage";
       return false;
     }
-    if (spins > 1000)
-      usleep(20);
-    else if (spins > 64)
-      sched_yield();
+    backoff_pause(spins);
   }
   const bool local = post->pid == static_cast<int32_t>(getpid());
   post->reach = local ? kReachPointer : kReachExtents;
@@ -268,7 +266,7 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
     if (!same_process(st, p)) {  // give a later rank elsewhere a moment
       const int64_t waited_from = now_us();
       for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins) {
-        if (spins > 64) sched_yield();
+        if (spins > kSpinsBeforeYield) sched_yield();  // the wait is bounded: no sleep
         if ((spins & 255) == 255 && peer_failed(st)) break;
       }
       *pair_wait_us_spent += now_us() - waited_from;
@@ -461,6 +459,11 @@ struct RoutedAllGather::State {
     *into += t - mark;
     mark = t;
   }
+  // The steps of begin(), in order.
+  bool refused(ncclResult_t* result);
+  bool post_and_arrive(ncclResult_t* result);
+  bool hold_for_graph(ncclResult_t* result);
+  bool stage_and_claim(ncclResult_t* result);
 
   CommState& st;
   const void* sendbuff;
@@ -500,13 +503,12 @@ bool RoutedAllGather::to_nccl() const { return s_->to_nccl; }
 
 void RoutedAllGather::in_exchange_set() { s_->exchange_set = true; }
 
-bool RoutedAllGather::begin(ncclResult_t* result) {
-  State& x = *s_;
-  CommState& st = x.st;
+// Whether the op cannot start on the route: the communicator failed (here, at a peer, or a peer
+// left), or this rank's context did (*result holds the error), or every rank is in this process
+// (to_nccl). Before the op reaches any peer.
+bool RoutedAllGather::State::refused(ncclResult_t* result) {
   const CudaDriver* cu = cuda_driver();
-  *result = ncclSuccess;
-  x.lock = std::unique_lock<std::mutex>(st.issue_mu);
-  if (!x.capturing) {
+  if (!capturing) {
     collect_gone_graphs();
     collect_drained_routes();
   }
@@ -522,24 +524,19 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   }
   if (int p = st.poisoned.load(); p != ncclSuccess) {
     *result = static_cast<ncclResult_t>(p);
-    return false;
+    return true;
   }
   CeComm* ce = st.ce.get();
   if (!ce || !ce->prepared || !ce->ops || !cu) {
     *result = fail(st, ncclInternalError, "set-up", "not prepared");
-    return false;
+    return true;
   }
-  ScopedDevice dev(st.device);
-  if (!dev.ok()) {
-    *result = fail(st, ncclUnhandledCudaError, "set-up", "no device context");
-    return false;
-  }
-  // Before the op reaches any peer (its post, its exports): a rank over a failed context would
-  // otherwise hold its peers in the exchange while its own calls fail one by one.
-  if (!x.capturing)
+  // A rank over a failed context would otherwise hold its peers in the exchange while its own
+  // calls fail one by one.
+  if (!capturing)
     if (CUresult r = context_error(*ce); r != CUDA_SUCCESS) {
       *result = fail(st, ncclUnhandledCudaError, "starting", cuda_error_string(r));
-      return false;
+      return true;
     }
   // Every rank in this process, ops coming one by one (not as one thread's group over all of
   // them, local_group_allgather.h): NCCL's. Measured with this exchange: nccl-tests -t 2 (a
@@ -555,82 +552,115 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
               "they go to NCCL (docs/PERFORMANCE.md)",
               st.rank, st.nranks);
     }
-    x.to_nccl = true;
+    to_nccl = true;
+    return true;
+  }
+  return false;
+}
+
+// Numbers the op, posts it and arrives; false when it is over (an error in *result, or the
+// verdict sent it to NCCL: to_nccl).
+bool RoutedAllGather::State::post_and_arrive(ncclResult_t* result) {
+  const CudaDriver* cu = cuda_driver();
+  CeComm* ce = st.ce.get();
+  ++ce->seq;
+  // Exports of allocations the application freed are withdrawn now and then, whatever route
+  // the ops take (an export keeps its allocation alive); never during a capture.
+  if (!capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
+  // Peers' memory their owners freed goes while none of this rank's copies run (peer_memory.h).
+  if (!capturing) ce->imports->release_while_idle(*cu, kPeerHeldBudget);
+  post_for(st, sendbuff, recvbuff, sendcount, datatype, chunk, capturing, chain, &mine);
+  lap(&host.post);
+  const uint32_t me = static_cast<uint32_t>(st.rank);
+  auto give_up = [&](uint32_t spins) {
+    backoff_pause(spins);
+    return peer_failed(st);
+  };
+  claim.emplace(ce->ops->blocks(), me, mine.block);
+  if (!ce->ops->arrive(me, mine, &a, ce->peer_posts.data(), give_up)) {
+    *result = fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
+    return false;
+  }
+  finish.emplace(*ce, me, a.seq);
+  lap(&host.arrive);
+  if (*a.mismatch) {
+    char detail[kMismatchDetailChars];
+    *result = fail(st, ncclInvalidUsage, "ranks disagree on the op",
+                   mismatch_detail(a, mine, ce->peer_posts.data(), detail, sizeof detail));
+    return false;
+  }
+  if (a.verdict == OpVerdict::kNccl) {
+    to_nccl = true;
+    return false;
+  }
+  return true;
+}
+
+// A captured op's hold on what its graph replays (captured_ops.h); false with *result when no
+// flag block could be had.
+bool RoutedAllGather::State::hold_for_graph(ncclResult_t* result) {
+  if (!mine.block.valid()) {
+    *result = fail(st, ncclSystemError, "capturing an all-gather",
+                   cuda_driver()->capture_ok
+                       ? "every flag block is held by a live graph"
+                       : "this CUDA driver cannot capture the route's operations");
+    return false;
+  }
+  hold.reset(new GraphHold);
+  hold->life = st.ce->life;
+  hold->rank = static_cast<uint32_t>(st.rank);
+  hold->seq = a.seq;
+  hold->mine = mine.block;
+  claim->handed_over();
+  return true;
+}
+
+// Stages this rank's buffers where later peers cannot reach them, and settles its pairs with
+// the earlier ranks; false with *result on a failure.
+bool RoutedAllGather::State::stage_and_claim(ncclResult_t* result) {
+  const uint32_t me = static_cast<uint32_t>(st.rank);
+  const uint64_t all = st.nranks >= 64 ? ~uint64_t{0} : (uint64_t{1} << st.nranks) - 1;
+  const bool peers_need_mine = (a.before | uint64_t{1} << me) != all;
+  const char* why = "";
+  if (peers_need_mine && mine.reach == 0 && !stage_mine(st, a.seq, chunk, hold.get(), &stage, &why)) {
+    *result = fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
+    return false;
+  }
+  // An eager op leaves its pushes into ranks of other processes to the push issuer: this call
+  // then waits for no peer and issues no copy into a peer (push_issuer.h).
+  if (!capturing && !exchange_set && can_defer_pushes(st)) {
+    self = comm_lookup(st.comm);
+    defer = self.get() == &st;
+  }
+  if (!claim_as_later(st, a, mine, chunk, hold.get(), defer && kLaterPushesByIssuer, &why)) {
+    *result = fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
+                   "reaching a peer's buffers", why);
+    return false;
+  }
+  return true;
+}
+
+bool RoutedAllGather::begin(ncclResult_t* result) {
+  State& x = *s_;
+  *result = ncclSuccess;
+  x.lock = std::unique_lock<std::mutex>(x.st.issue_mu);
+  if (x.refused(result)) return false;
+  ScopedDevice dev(x.st.device);
+  if (!dev.ok()) {
+    *result = fail(x.st, ncclUnhandledCudaError, "set-up", "no device context");
     return false;
   }
   // Imports, mappings and streams made during an application's capture: PyTorch captures in
   // global mode, where they would invalidate it.
   RelaxedCapture relaxed(x.capturing);
   x.mark = now_us();
-  ++ce->seq;
-  // Exports of allocations the application freed are withdrawn now and then, whatever route
-  // the ops take (an export keeps its allocation alive); never during a capture.
-  if (!x.capturing && ce->seq % kSweepEvery == 0) sweep_exports(*cu);
-  // Peers' memory their owners freed goes while none of this rank's copies run (peer_memory.h).
-  if (!x.capturing) ce->imports->release_while_idle(*cu, kPeerHeldBudget);
-  post_for(st, x.sendbuff, x.recvbuff, x.sendcount, x.datatype, x.chunk, x.capturing, x.chain,
-           &x.mine);
-  x.lap(&x.host.post);
-  const uint32_t me = static_cast<uint32_t>(st.rank);
-  auto give_up = [&](uint32_t spins) {
-    if (spins > 1000) usleep(spins > 100000 ? 1000 : 20);
-    return peer_failed(st);
-  };
-  x.claim.emplace(ce->ops->blocks(), me, x.mine.block);
-  if (!ce->ops->arrive(me, x.mine, &x.a, ce->peer_posts.data(), give_up)) {
-    *result = fail(st, ncclRemoteError, "waiting for room in the op ring", "a peer failed");
+  if (!x.post_and_arrive(result) || (x.capturing && !x.hold_for_graph(result)) ||
+      !x.stage_and_claim(result))
     return false;
-  }
-  x.finish.emplace(*ce, me, x.a.seq);
-  x.lap(&x.host.arrive);
-  if (*x.a.mismatch) {
-    char detail[kMismatchDetailChars];
-    *result = fail(st, ncclInvalidUsage, "ranks disagree on the op",
-                   mismatch_detail(x.a, x.mine, ce->peer_posts.data(), detail, sizeof detail));
-    return false;
-  }
-  if (x.a.verdict == OpVerdict::kNccl) {
-    x.to_nccl = true;
-    return false;
-  }
-  if (x.capturing) {
-    if (!x.mine.block.valid()) {
-      *result = fail(st, ncclSystemError, "capturing an all-gather",
-                     cu->capture_ok ? "every flag block is held by a live graph"
-                                    : "this CUDA driver cannot capture the route's operations");
-      return false;
-    }
-    x.hold.reset(new GraphHold);
-    x.hold->life = ce->life;
-    x.hold->rank = me;
-    x.hold->seq = x.a.seq;
-    x.hold->mine = x.mine.block;
-    x.claim->handed_over();
-  }
-  const uint64_t all = st.nranks >= 64 ? ~uint64_t{0} : (uint64_t{1} << st.nranks) - 1;
-  const bool peers_need_mine = (x.a.before | uint64_t{1} << me) != all;
-  const char* why = "";
-  if (peers_need_mine && x.mine.reach == 0 &&
-      !stage_mine(st, x.a.seq, x.chunk, x.hold.get(), &x.stage, &why)) {
-    *result = fail(st, ncclSystemError, "staging buffers its later peers cannot reach", why);
-    return false;
-  }
-  // An eager op leaves its pushes into ranks of other processes to the push issuer: this call
-  // then waits for no peer and issues no copy into a peer (push_issuer.h).
-  if (!x.capturing && !x.exchange_set && can_defer_pushes(st)) {
-    x.self = comm_lookup(st.comm);
-    x.defer = x.self.get() == &st;
-  }
-  if (!claim_as_later(st, x.a, x.mine, x.chunk, x.hold.get(), x.defer && kLaterPushesByIssuer,
-                      &why)) {
-    *result = fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
-                   "reaching a peer's buffers", why);
-    return false;
-  }
   x.lap(&x.host.reach);
   ZC_DEBUG("zero-copy all-gather on rank %d: op %llu posted and its pairs with earlier ranks "
            "claimed",
-           st.rank, static_cast<unsigned long long>(x.a.seq));
+           x.st.rank, static_cast<unsigned long long>(x.a.seq));
   return true;
 }
 
