@@ -464,6 +464,8 @@ struct RoutedAllGather::State {
   bool post_and_arrive(ncclResult_t* result);
   bool hold_for_graph(ncclResult_t* result);
   bool stage_and_claim(ncclResult_t* result);
+  // complete()'s last step.
+  ncclResult_t issue();
 
   CommState& st;
   const void* sendbuff;
@@ -664,11 +666,54 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   return true;
 }
 
+// Issues the op's plan (built in st.ce->plan): on the route's streams in NCCL's order among
+// the communicator's ops, or into the application's capture; then what keeps the buffers'
+// second mappings and a captured op's graph hold.
+ncclResult_t RoutedAllGather::State::issue() {
+  CeComm* ce = st.ce.get();
+  const CudaDriver* cu = cuda_driver();
+  const char* why = "";
+  const CUstream* streams = ce->streams;
+  const CUevent* events = ce->events;
+  CUgraph graph = nullptr;
+  if (hold) {
+    // An application's capture its own earlier operation invalidated: the op fails here as
+    // NCCL's would, and goes as a graph never replayed (its blocks orphaned for a peer that
+    // captured it) — no poison: a framework falls back to eager after a failed capture.
+    if (!(graph = capturing_graph(stream))) return ncclUnhandledCudaError;
+    if (!capture_streams(*cu, ce))
+      return fail(st, ncclUnhandledCudaError, "capturing", "cannot create the capture streams");
+    streams = ce->capture_streams;
+    events = ce->capture_events;
+  }
+  // NCCL's order among the communicator's ops (comm_order.h); a captured op's graph orders it.
+  if (!hold)
+    if (CUresult r = order_routed_op(st, streams); r != CUDA_SUCCESS)
+      return fail(st, ncclUnhandledCudaError, "ordering it after NCCL's ops", cuda_error_string(r));
+  if (CUresult r = issue_plan(*cu, streams, events, stream, ce->plan, !hold); r != CUDA_SUCCESS)
+    return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
+  // Again once issued: the context may have failed during the op's host work.
+  if (!hold)
+    if (CUresult r = context_error(*ce); r != CUDA_SUCCESS)
+      return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
+  if (!hold) routed_op_issued(st);
+  // My peers in this process write into (and may read from) my buffers through their second
+  // mappings; my push stream passes this point only after every such peer said done, so an
+  // event there keeps the mappings until their copies have finished.
+  for (const OpBuffer* b : {&mine.recv, &mine.send})
+    if (b->local_addr &&
+        !local_alias_used(*cu, b->local_addr, st.device,
+                          ce->streams[static_cast<int>(DirectStream::kPush)]))
+      return fail(st, ncclUnhandledCudaError, "keeping a second mapping", "cuEventRecord failed");
+  if (hold && !attach_to_graph(std::move(hold), graph, &why))
+    return fail(st, ncclUnhandledCudaError, "capturing", why);
+  return ncclSuccess;
+}
+
 ncclResult_t RoutedAllGather::complete() {
   State& x = *s_;
   CommState& st = x.st;
   CeComm* ce = st.ce.get();
-  const CudaDriver* cu = cuda_driver();
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   RelaxedCapture relaxed(x.capturing);
@@ -692,40 +737,7 @@ ncclResult_t RoutedAllGather::complete() {
   // ready, and this plan for the job's pushed (a driver that ran streams in the calling thread,
   // as the tests' fake does, would otherwise wait for a job not handed over yet).
   if (x.defer) hand_over_pushes(std::move(x.self), x.a, x.mine);
-  const CUstream* streams = ce->streams;
-  const CUevent* events = ce->events;
-  CUgraph graph = nullptr;
-  if (x.hold) {
-    // An application's capture its own earlier operation invalidated: the op fails here as
-    // NCCL's would, and goes as a graph never replayed (its blocks orphaned for a peer that
-    // captured it) — no poison: a framework falls back to eager after a failed capture.
-    if (!(graph = capturing_graph(x.stream))) return ncclUnhandledCudaError;
-    if (!capture_streams(*cu, ce))
-      return fail(st, ncclUnhandledCudaError, "capturing", "cannot create the capture streams");
-    streams = ce->capture_streams;
-    events = ce->capture_events;
-  }
-  // NCCL's order among the communicator's ops (comm_order.h); a captured op's graph orders it.
-  if (!x.hold)
-    if (CUresult r = order_routed_op(st, streams); r != CUDA_SUCCESS)
-      return fail(st, ncclUnhandledCudaError, "ordering it after NCCL's ops", cuda_error_string(r));
-  if (CUresult r = issue_plan(*cu, streams, events, x.stream, ce->plan, !x.hold); r != CUDA_SUCCESS)
-    return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
-  // Again once issued: the context may have failed during the op's host work.
-  if (!x.hold)
-    if (CUresult r = context_error(*ce); r != CUDA_SUCCESS)
-      return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
-  if (!x.hold) routed_op_issued(st);
-  // My peers in this process write into (and may read from) my buffers through their second
-  // mappings; my push stream passes this point only after every such peer said done, so an
-  // event there keeps the mappings until their copies have finished.
-  for (const OpBuffer* b : {&x.mine.recv, &x.mine.send})
-    if (b->local_addr &&
-        !local_alias_used(*cu, b->local_addr, st.device,
-                          ce->streams[static_cast<int>(DirectStream::kPush)]))
-      return fail(st, ncclUnhandledCudaError, "keeping a second mapping", "cuEventRecord failed");
-  if (x.hold && !attach_to_graph(std::move(x.hold), graph, &why))
-    return fail(st, ncclUnhandledCudaError, "capturing", why);
+  if (ncclResult_t r = x.issue(); r != ncclSuccess) return r;
   if (!x.capturing) tidy(st);
   x.lap(&x.host.issue);
   stats_op_host_times(x.host);
