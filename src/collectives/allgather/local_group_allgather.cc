@@ -149,6 +149,29 @@ bool qualifies(const std::vector<PendingOp>& ops, LocalSet* set) {
 // Issues a qualifying set: each rank's direct plan in turn, on its device, every rank under
 // its communicator's lock. A failure poisons every rank's communicator: a peer's stream may
 // already wait on a flag of this op, which the poison releases.
+// After a local set was issued (`res`): each rank's op counted, or its communicator poisoned.
+void settle_rank(const GroupedAllGather& a, int n, CUresult res) {
+  CommState& st = *a.st;
+  if (res != CUDA_SUCCESS) {
+    ZC_WARN(
+        "zero-copy all-gather on rank %d, issued with every rank of its communicator: %s; "
+        "the communicator is poisoned",
+        st.rank, cuda_error_string(res));
+    route_poison(st, ncclUnhandledCudaError);
+    return;
+  }
+  if (!st.ce->told_local_group) {
+    st.ce->told_local_group = true;
+    ZC_INFO(
+        "zero-copy all-gather on rank %d/%d: this thread issues every rank of the "
+        "communicator in one group, so their all-gathers go together, no op exchange (each "
+        "GPU pushes its chunk; flags in host memory hand over between the GPUs)",
+        st.rank, n);
+  }
+  stats_count(zerocta_op_allgather, zerocta_route_ce, a.total);
+  stats_op_local_group();
+}
+
 ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
   const int n = static_cast<int>(set.by_rank.size());
   const CudaDriver& cu = *cuda_driver();
@@ -198,28 +221,7 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
           !local_alias_used(cu, set.recv_for_peers[static_cast<size_t>(q)], op_of(r).st->device,
                             op_of(r).st->ce->streams[static_cast<int>(DirectStream::kPush)]))
         res = CUDA_ERROR_UNKNOWN;
-  for (int r = 0; r < n; ++r) {
-    const GroupedAllGather& a = op_of(r);
-    CommState& st = *a.st;
-    if (res != CUDA_SUCCESS) {
-      ZC_WARN(
-          "zero-copy all-gather on rank %d, issued with every rank of its communicator: %s; "
-          "the communicator is poisoned",
-          st.rank, cuda_error_string(res));
-      route_poison(st, ncclUnhandledCudaError);
-      continue;
-    }
-    if (!st.ce->told_local_group) {
-      st.ce->told_local_group = true;
-      ZC_INFO(
-          "zero-copy all-gather on rank %d/%d: this thread issues every rank of the "
-          "communicator in one group, so their all-gathers go together, no op exchange (each "
-          "GPU pushes its chunk; flags in host memory hand over between the GPUs)",
-          st.rank, n);
-    }
-    stats_count(zerocta_op_allgather, zerocta_route_ce, a.total);
-    stats_op_local_group();
-  }
+  for (int r = 0; r < n; ++r) settle_rank(op_of(r), n, res);
   return res == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
 }
 
