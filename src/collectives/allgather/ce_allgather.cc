@@ -487,7 +487,6 @@ struct RoutedAllGather::State {
   std::optional<FinishPosts> finish;
   std::unique_ptr<GraphHold> hold;
   uint64_t stage = 0;
-  bool exchange_set = false;
   // Pushes into other processes go to the push issuer (decided in begin(), for both steps).
   bool defer = false;
   std::shared_ptr<CommState> self;  // the communicator, for the issuer's job
@@ -503,7 +502,6 @@ RoutedAllGather::~RoutedAllGather() = default;
 
 bool RoutedAllGather::to_nccl() const { return s_->to_nccl; }
 
-void RoutedAllGather::in_exchange_set() { s_->exchange_set = true; }
 
 // Whether the op cannot start on the route: the communicator failed (here, at a peer, or a peer
 // left), or this rank's context did (*result holds the error), or every rank is in this process
@@ -630,7 +628,7 @@ bool RoutedAllGather::State::stage_and_claim(ncclResult_t* result) {
   }
   // An eager op leaves its pushes into ranks of other processes to the push issuer: this call
   // then waits for no peer and issues no copy into a peer (push_issuer.h).
-  if (!capturing && !exchange_set && can_defer_pushes(st)) {
+  if (!capturing && can_defer_pushes(st)) {
     self = comm_lookup(st.comm);
     defer = self.get() == &st;
   }

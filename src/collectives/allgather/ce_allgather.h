@@ -37,13 +37,9 @@ class RoutedAllGather {
   // to_nccl() (every rank forwards it to NCCL).
   bool begin(ncclResult_t* result);
   // After a true begin(): settles the pairs with later ranks and issues the copies. An eager op
-  // leaves its pushes to later ranks in other processes to the push issuer (push_issuer.h) and
-  // waits for no peer; one of an exchange set (local_group_allgather.h, `in_exchange_set`)
-  // waits for their claims as PairWait says: its thread posted every rank of the set first, and
-  // the tests' fake driver, which runs streams in the issuing thread, could not tell a push
-  // issued later from a missing one there.
+  // leaves its pushes into ranks of other processes to the push issuer (push_issuer.h) and
+  // waits for no peer; a captured one waits for the later ranks' claims as PairWait says.
   ncclResult_t complete();
-  void in_exchange_set();
   bool to_nccl() const;
   RoutedAllGather(const RoutedAllGather&) = delete;
   RoutedAllGather& operator=(const RoutedAllGather&) = delete;

@@ -287,7 +287,6 @@ ncclResult_t issue_exchange_set(const std::vector<PendingOp>& ops, const Exchang
     routed[i].reset(new RoutedAllGather(*a.st, a.send, a.recv, a.count, a.datatype,
                                         a.count * nccl_type_size(a.datatype),
                                         reinterpret_cast<CUstream>(a.stream), false, a.chain));
-    routed[i]->in_exchange_set();
     ncclResult_t r;
     if (routed[i]->begin(&r)) continue;
     const bool to_nccl = routed[i]->to_nccl();

@@ -1315,6 +1315,9 @@ int grouped_ranks(int first, int local, int n) {
       out("ag" + r + ".data_ok", g[static_cast<size_t>(i)]->data_ok());
       if (twice) out("ag" + r + "b.data_ok", h[static_cast<size_t>(i)]->data_ok());
     }
+    // Every process saw its data before any frees its buffers: a push the shim's issuer makes
+    // later still reads them (on a GPU the buffers' streams would wait for it).
+    if (g_barrier) barrier_of_ranks();
     stats("ag");
   }
   out("rounds.live_reserve", fake_cuda_live("reserve"));
