@@ -87,6 +87,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -411,11 +412,94 @@ CUresult run_wait(const std::string& what, CUdeviceptr flag, T value, unsigned f
               CUDA_SUCCESS);
 }
 
+// Flag waits a stream passed unsatisfied when they were issued, as a GPU's stream would not:
+// they travel with events recorded after them to the streams that wait for those events, and a
+// synchronization of such a stream polls them first (cuStreamSynchronize, below). So an
+// application that synchronizes its stream before it reads or frees its buffers sees what a
+// GPU would show it, also when a flag is written later by another thread (the shim's push
+// issuer) or process.
+std::mutex g_pending_mu;
+std::map<const void*, std::vector<FakeOp>>& pending_of() {  // stream or event -> its waits
+  static auto* m = new std::map<const void*, std::vector<FakeOp>>;
+  return *m;
+}
+
+bool op_satisfied(const FakeOp& op) {
+  if (op.kind == FakeOp::Kind::kWait64)
+    return wait_satisfied(__atomic_load_n(reinterpret_cast<const uint64_t*>(op.dst), __ATOMIC_ACQUIRE),
+                          op.value, op.flags);
+  return wait_satisfied(__atomic_load_n(reinterpret_cast<const uint32_t*>(op.dst), __ATOMIC_ACQUIRE),
+                        static_cast<uint32_t>(op.value), op.flags);
+}
+
+// Adds `w` to `waits` unless an equal wait is there (streams hand their waits back and forth
+// through events: without this the lists would double at every round trip).
+void add_wait(std::vector<FakeOp>* waits, const FakeOp& w) {
+  for (const FakeOp& o : *waits)
+    if (o.kind == w.kind && o.dst == w.dst && o.value == w.value && o.flags == w.flags) return;
+  waits->push_back(w);
+}
+
+// After `op` ran on `stream`: what the stream, or the event it recorded, now waits for.
+void carry_pending(CUstream stream, const FakeOp& op) {
+  std::lock_guard<std::mutex> lock(g_pending_mu);
+  std::vector<FakeOp>& mine = pending_of()[stream];
+  mine.erase(std::remove_if(mine.begin(), mine.end(), op_satisfied), mine.end());
+  switch (op.kind) {
+    case FakeOp::Kind::kWait32:
+    case FakeOp::Kind::kWait64:
+      if (!op_satisfied(op)) add_wait(&mine, op);
+      break;
+    case FakeOp::Kind::kEventRecord:
+      pending_of()[op.event] = mine;
+      break;
+    case FakeOp::Kind::kWaitEvent:
+      for (const FakeOp& w : pending_of()[op.event]) add_wait(&mine, w);
+      break;
+    default:
+      break;
+  }
+}
+
+// A destroyed stream's or event's waits (its handle may be reused).
+void forget_pending(const void* handle) {
+  std::lock_guard<std::mutex> lock(g_pending_mu);
+  pending_of().erase(handle);
+}
+
+std::atomic<bool> g_sync_budget_spent{false};
+
+// Polls the waits `stream` carries until they are satisfied, up to FAKE_CUDA_SYNC_WAIT_MS
+// (default 3000; the first that runs out stops every later one of the process); "" or what it
+// appends to the synchronization's log line.
+std::string drain_pending(CUstream stream) {
+  std::vector<FakeOp> waits;
+  {
+    std::lock_guard<std::mutex> lock(g_pending_mu);
+    auto it = pending_of().find(stream);
+    if (it == pending_of().end() || it->second.empty()) return "";
+    waits.swap(it->second);
+  }
+  const long budget = env_long("FAKE_CUDA_SYNC_WAIT_MS", 3000);
+  const long long start = now_ms();
+  for (const FakeOp& w : waits)
+    while (!op_satisfied(w)) {
+      if (g_sync_budget_spent.load() || now_ms() - start >= budget) {
+        g_sync_budget_spent.store(true);
+        return " pending_not_satisfied";
+      }
+      usleep(50);
+    }
+  return fake::strf(" pending_satisfied_after_ms=%lld", now_ms() - start);
+}
+
 // An operation issued on `stream`: recorded if the stream is in a capture, else run now.
 CUresult issue(CUstream stream, const FakeOp& op) {
   const FakeCudaRecorded rec = fake_cuda_record(stream, op);
-  if (rec.run) return fake_cuda_run(op, "");
-  return done(op.what + rec.note, rec.result);
+  if (!rec.run) return done(op.what + rec.note, rec.result);
+  const CUresult r = fake_cuda_run(op, "");
+  if (r == CUDA_SUCCESS) carry_pending(stream, op);
+  return r;
 }
 
 FakeOp op_of(FakeOp::Kind kind, std::string what) {
@@ -553,16 +637,18 @@ CUresult cuStreamDestroy(CUstream stream) {
   }
   if (!known) return done(what + " unknown_stream", CUDA_ERROR_INVALID_HANDLE);
   fake_cuda_forget(stream);
+  forget_pending(stream);
   delete reinterpret_cast<FakeStream*>(stream);
   return done(what, CUDA_SUCCESS);
 }
 
-// The fake's streams have nothing outstanding; synchronizing a stream in an explicit capture
-// is refused (and invalidates the capture), as in CUDA.
+// The fake's streams have nothing outstanding but the waits they passed unsatisfied
+// (drain_pending); synchronizing a stream in an explicit capture is refused (and invalidates
+// the capture), as in CUDA.
 CUresult cuStreamSynchronize(CUstream stream) {
   std::string what = "cuStreamSynchronize stream=" + stream_name(stream);
   FAKE_CUDA_ENTRY("cuStreamSynchronize", what, CUDA_ERROR_UNKNOWN);
-  return issue(stream, op_of(FakeOp::Kind::kSync, what));
+  return issue(stream, op_of(FakeOp::Kind::kSync, what + drain_pending(stream)));
 }
 
 CUresult cuStreamQuery(CUstream stream) {
@@ -597,6 +683,7 @@ CUresult cuEventDestroy(CUevent event) {
   }
   if (!known) return done(what + " unknown_event", CUDA_ERROR_INVALID_HANDLE);
   fake_cuda_forget(event);
+  forget_pending(event);
   delete reinterpret_cast<FakeEvent*>(event);
   return done(what, CUDA_SUCCESS);
 }

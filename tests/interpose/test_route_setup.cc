@@ -852,7 +852,7 @@ TEST(RouteSetup, ARankWaitingForRoomInTheRingReturnsWhenItsPeerAborts) {
   EXPECT_EQ(rnum(r, 1, "exit"), 0) << r.describe();
   EXPECT_EQ(rnum(r, 1, "peer.abort"), 0);
   EXPECT_EQ(rnum(r, 0, "ahead.rc"), 6) << r.describe();  // ncclRemoteError
-  EXPECT_GE(rnum(r, 0, "ahead.failed_at"), 16) << "the ring holds 16 ops";
+  EXPECT_GE(rnum(r, 0, "ahead.failed_at"), 16) << "the ring holds 16 ops" << r.describe();
   EXPECT_LT(rnum(r, 0, "ahead.ms"), 5000) << r.describe();
   EXPECT_EQ(rnum(r, 0, "ahead.abort"), 0) << r.describe();
 }
