@@ -8,9 +8,10 @@
 // (58-800 us median a call under FSDP2, 2.9 ms p90). Now it hands the pushes over as a job and
 // returns; its push stream waits on the device for the flag the job writes after them
 // (direct_plan.h, "issuer"). The thread polls its jobs (host memory only) and issues each
-// job's copies on a stream of the job's communicator as the peers claim. A later rank hands
-// over its pushes into other processes too, settled already: issuing a copy into a view of a
-// peer's many allocations, and reaching it, were most of its call's host time.
+// job's copies on a stream of the job's communicator as the peers claim. (A build with
+// -DZC_LATER_PUSHES_BY_ISSUER=1 hands over a later rank's pushes too, settled already: issuing a
+// copy into a view of a peer's many allocations, and reaching it, are most of such a call's
+// host time; not measured on GPUs yet.)
 //
 // It issues from a context of its own per GPU (cuCtxCreate), never the primary one: a stream
 // of the primary context that waits on the device for the job (the application's stream, behind

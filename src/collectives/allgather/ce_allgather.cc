@@ -30,10 +30,13 @@ namespace {
 // same every period (housekeeping.h).
 constexpr uint64_t kSweepEvery = 64;
 // Whether a later rank leaves its pushes into earlier ranks of other processes to the push
-// issuer as well (claim_as_later). Settable at build time (-DZC_LATER_PUSHES_BY_ISSUER=0) to
-// measure the other way against it; no setting.
+// issuer as well (claim_as_later): it would take the copy's issue and the peer's reach off the
+// caller's thread (most of a later rank's call under FSDP2, 2xH200), but what it costs the
+// copies has not been measured on GPUs yet, so it is off; -DZC_LATER_PUSHES_BY_ISSUER=1 at build
+// time turns it on to measure it (zerocta-bench and run_fsdp2.sh with
+// both builds). No setting.
 #ifndef ZC_LATER_PUSHES_BY_ISSUER
-#define ZC_LATER_PUSHES_BY_ISSUER 1
+#define ZC_LATER_PUSHES_BY_ISSUER 0
 #endif
 constexpr bool kLaterPushesByIssuer = ZC_LATER_PUSHES_BY_ISSUER != 0;
 // Room for the reason of a mismatch with its numbers (the WARN line's; longer is cut).
