@@ -25,6 +25,7 @@
 
 #include "detached_thread.h"
 #include "log.h"
+#include "monotonic_clock.h"
 
 namespace zc {
 
@@ -45,12 +46,6 @@ constexpr int kBindAttempts = 4;
 
 // "zerocta-" + uid (10 digits) + "-" + pid (up to 11 characters) + "-" + 16 hex + NUL.
 static_assert(8 + 10 + 1 + 11 + 1 + 16 + 1 <= kFdAddressMax, "an address fits kFdAddressMax");
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
 
 void sleep_ms(int64_t ms) {
   if (ms <= 0) return;
@@ -151,7 +146,7 @@ bool send_all(int fd, const uint8_t* buf, size_t len, const int* fds, size_t nfd
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && deadline >= 0) {
-      const int64_t left = deadline - now_ms();
+      const int64_t left = deadline - monotonic_ms();
       if (left <= 0) {
         *why = "timed out";
         return false;
@@ -323,7 +318,7 @@ bool serve_readable(FdServiceState* s, Conn* c) {
     if (!ok) return false;
     memmove(c->buf, c->buf + need, c->have - need);
     c->have -= need;
-    c->deadline_ms = now_ms() + kFdServiceIdleMs;
+    c->deadline_ms = monotonic_ms() + kFdServiceIdleMs;
   }
   return true;
 }
@@ -353,7 +348,7 @@ void accept_connections(FdServiceState* s) {
     s->conns.emplace_back();
     Conn& c = s->conns.back();
     c.fd = fd;
-    c.deadline_ms = now_ms() + kFdServiceIdleMs;
+    c.deadline_ms = monotonic_ms() + kFdServiceIdleMs;
     c.have = 0;
   }
 }
@@ -366,7 +361,7 @@ void* service_main(void* arg) {
   std::vector<pollfd> pfds;
   pfds.reserve(kMaxConnections + 1);
   for (;;) {
-    const int64_t now = now_ms();
+    const int64_t now = monotonic_ms();
     int timeout = -1;
     for (size_t i = s->conns.size(); i-- > 0;) {
       const int64_t left = s->conns[i].deadline_ms - now;
@@ -439,7 +434,7 @@ FdServiceState* start_service() {
 // Waits until `fd` is ready for `events` or the deadline passes.
 bool wait_ready(int fd, short events, int64_t deadline, const char** why) {
   for (;;) {
-    const int64_t left = deadline - now_ms();
+    const int64_t left = deadline - monotonic_ms();
     if (left <= 0) {
       *why = "timed out";
       return false;
@@ -511,7 +506,7 @@ int connect_service(const char* address, int expected_pid, int64_t deadline, con
   while (connect(fd, reinterpret_cast<const sockaddr*>(&sa), sl) != 0) {
     if (errno == EINTR) continue;
     if (errno == EAGAIN) {
-      const int64_t left = deadline - now_ms();
+      const int64_t left = deadline - monotonic_ms();
       if (left > 0) {
         sleep_ms(std::min(backoff, left));
         backoff = std::min<int64_t>(backoff * 2, 10);
@@ -595,7 +590,7 @@ using AfterMessage = std::function<bool(size_t start, uint32_t count)>;
 bool ask_service(const char* address, int expected_pid, const uint64_t* tokens, size_t n,
                  uint32_t* statuses, int* fds, FdBlob* blobs, int timeout_ms, const char** why,
                  size_t per_message = kFdMaxPerMessage, const AfterMessage& after = nullptr) {
-  const int64_t deadline = now_ms() + timeout_ms;
+  const int64_t deadline = monotonic_ms() + timeout_ms;
   const int fd = connect_service(address, expected_pid, deadline, why);
   bool ok = fd >= 0;
   for (size_t start = 0; ok && start < n; start += per_message) {
@@ -735,7 +730,7 @@ bool fd_fetch_blobs(const char* address, int expected_pid, const uint64_t* token
 
 bool fd_probe(const char* address, int expected_pid, int timeout_ms) {
   if (timeout_ms <= 0) return false;
-  const int64_t deadline = now_ms() + timeout_ms;
+  const int64_t deadline = monotonic_ms() + timeout_ms;
   const char* why = nullptr;
   const int fd = connect_service(address, expected_pid, deadline, &why);
   if (fd < 0) return false;

@@ -3,12 +3,12 @@
 
 #include <dirent.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <atomic>
 #include <mutex>
 
 #include "log.h"
+#include "monotonic_clock.h"
 
 namespace zc {
 namespace {
@@ -22,12 +22,6 @@ constexpr int64_t kCountNearLimit = 4 * kFdOpReserve;
 constexpr int64_t kCountMaxAgeUs = 100 * 1000;
 // Free descriptors that end a shortage (fd_room_for_op).
 constexpr int64_t kFdRecovered = 2 * kFdOpReserve;
-
-int64_t now_us() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
-}
 
 int64_t soft_limit() {
   rlimit r;
@@ -76,7 +70,7 @@ int64_t fd_headroom() {
   const int64_t limit = soft_limit();
   if (limit == INT64_MAX) return INT64_MAX;
   std::lock_guard<std::mutex> lock(g_count_mu);
-  const int64_t now = now_us();
+  const int64_t now = monotonic_us();
   if (g_counted_open < 0 || now - g_counted_at_us > kCountMaxAgeUs ||
       limit - g_counted_open < kCountNearLimit) {
     g_counted_open = open_descriptors();

@@ -89,7 +89,9 @@ struct AppWindow {
   ncclWindow_t win;
 };
 
-struct CommState {
+// Always owned by a shared_ptr (comm_create, comm_registry): work that outlives a call (the push
+// issuer's jobs) keeps the communicator alive through shared_from_this.
+struct CommState : std::enable_shared_from_this<CommState> {
   ncclComm_t comm = nullptr;
   // From the init call's arguments; for children of Split/Shrink/InitAll, from NCCL once the
   // child exists (until then nranks is 0).

@@ -157,30 +157,16 @@ CUcontext primary_context_of(int device) {
 
 ScopedContext::ScopedContext(CUcontext ctx) {
   const CudaDriver* d = cuda_driver();
-  if (!d || !ctx || d->cuCtxGetCurrent(&saved_) != CUDA_SUCCESS) return;
-  ok_ = saved_ == ctx || d->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+  if (!d || d->cuCtxGetCurrent(&saved_) != CUDA_SUCCESS) return;
+  if (ctx == saved_) {
+    ok_ = ctx != nullptr;
+    return;
+  }
+  restore_ = true;
+  ok_ = ctx && d->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
 }
 
 ScopedContext::~ScopedContext() {
-  const CudaDriver* d = cuda_driver();
-  if (d && ok_) d->cuCtxSetCurrent(saved_);
-}
-
-ScopedDevice::ScopedDevice(int device) : log_device_(device) {
-  const CudaDriver* d = cuda_driver();
-  if (!d) return;
-  if (d->cuCtxGetCurrent(&saved_) != CUDA_SUCCESS) saved_ = nullptr;
-  CUcontext ctx = primary_context(*d, device);
-  if (!ctx) return;
-  if (ctx == saved_) {
-    ok_ = true;
-    restore_ = false;
-    return;
-  }
-  ok_ = d->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
-}
-
-ScopedDevice::~ScopedDevice() {
   const CudaDriver* d = cuda_driver();
   if (d && restore_) d->cuCtxSetCurrent(saved_);
 }

@@ -106,14 +106,11 @@ const char* cuda_error_string(CUresult r);
 // mode tag then makes a mistaken answer an error on every rank, never a divergence).
 bool stream_is_capturing(CUstream stream);
 
-// Makes `device`'s primary context current on this thread and restores the previous
-// context when destroyed: the caller's current device is never changed by zerocta. Log lines
-// written meanwhile carry `device` in their [dev] field.
 // The primary context of `device` (retained once and kept), nullptr if it cannot be had.
 CUcontext primary_context_of(int device);
 
-// Makes `ctx` current on this thread for a scope and restores the previous one (the push
-// issuer's contexts, push_issuer.h).
+// Makes `ctx` current on this thread for a scope and restores the caller's context when
+// destroyed (nullptr: only saves and restores it); ok() says whether `ctx` is current.
 class ScopedContext {
  public:
   explicit ScopedContext(CUcontext ctx);
@@ -125,21 +122,19 @@ class ScopedContext {
  private:
   CUcontext saved_ = nullptr;
   bool ok_ = false;
+  bool restore_ = false;
 };
 
+// Makes `device`'s primary context current for a scope: the caller's current device is never
+// changed by zerocta. Log lines written meanwhile carry `device` in their [dev] field.
 class ScopedDevice {
  public:
-  explicit ScopedDevice(int device);
-  ~ScopedDevice();
-  bool ok() const { return ok_; }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  explicit ScopedDevice(int device) : log_device_(device), context_(primary_context_of(device)) {}
+  bool ok() const { return context_.ok(); }
 
  private:
-  CUcontext saved_ = nullptr;
-  bool ok_ = false;
-  bool restore_ = true;
   LogDeviceScope log_device_;
+  ScopedContext context_;
 };
 
 }  // namespace zc

@@ -9,11 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <vector>
+
+#include "monotonic_clock.h"
 
 namespace zc {
 namespace {
@@ -28,12 +29,6 @@ std::vector<CallTimes*>& all_times() {
   return *v;
 }
 
-uint64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
-}
-
 template <auto Member>
 struct Timed;
 
@@ -42,9 +37,9 @@ struct Timed<Member> {
   static inline R (*real)(A...) = nullptr;
   static inline CallTimes times;
   static R call(A... a) {
-    const uint64_t t0 = now_ns();
+    const uint64_t t0 = monotonic_ns();
     R r = real(a...);
-    times.nanos.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    times.nanos.fetch_add(monotonic_ns() - t0, std::memory_order_relaxed);
     times.calls.fetch_add(1, std::memory_order_relaxed);
     return r;
   }

@@ -124,7 +124,7 @@ class PlanBuilder {
     for (int p = 0; p < v_.nranks; ++p)
       if (copies(p)) signal(S::kPush, v_.done_to[p]);
     // The done waits in rank order: descending, or r+1, r+2, ... (the order peers push into me),
-    // were no faster on 4 H200s (docs/PERFORMANCE.md, "The order of those waits").
+    // were no faster on 4 H200s (docs/PERFORMANCE.md, "Tried and rejected").
     for (int p = 0; p < v_.nranks; ++p)
       if (p != v_.rank && v_.peers[p].peer_copies) await(S::kPush, v_.done_from[p]);
     for (int p = 0; p < v_.nranks; ++p)

@@ -4,7 +4,6 @@
 #ifdef ZC_FLAG_WATCH
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,16 +13,11 @@
 #include <vector>
 
 #include "diagnostic_quantiles.h"
+#include "monotonic_clock.h"
 #include "op_exchange.h"
 
 namespace zc {
 namespace {
-
-uint64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
-}
 
 struct Seen {
   uint32_t seq;
@@ -45,7 +39,7 @@ void spin(Watch* w) {
   const uint32_t n = w->n;
   std::vector<uint32_t> last_ready(n * kOpRing, 0), last_done(n * n * kOpRing, 0);
   while (!w->stop.load(std::memory_order_relaxed)) {
-    const uint64_t t = now_ns();
+    const uint64_t t = monotonic_ns();
     for (uint32_t r = 0; r < n; ++r)
       for (uint32_t s = 0; s < kOpRing; ++s) {
         const uint32_t v = __atomic_load_n(w->ops->ready_flag(r, s), __ATOMIC_RELAXED);

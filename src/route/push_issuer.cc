@@ -2,7 +2,6 @@
 
 #include <pthread.h>
 #include <sched.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -16,6 +15,7 @@
 #include "detached_thread.h"
 #include "direct_plan.h"
 #include "log.h"
+#include "monotonic_clock.h"
 
 namespace zc {
 namespace {
@@ -27,12 +27,6 @@ namespace {
 constexpr int64_t kSpinUs = 200;
 constexpr int64_t kYieldUs = 2000;
 constexpr int kSleepUs = 20;
-
-int64_t now_us() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
-}
 
 struct Issuer {
   std::mutex mu;
@@ -100,7 +94,7 @@ bool one_pass(const CudaDriver& cu, CUcontext* current) {
 void* issuer_main(void*) {
   const CudaDriver* cu = cuda_driver();
   CUcontext current = nullptr;
-  int64_t last_progress = now_us();
+  int64_t last_progress = monotonic_us();
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(g->mu);
@@ -112,7 +106,7 @@ void* issuer_main(void*) {
         return nullptr;
       }
     }
-    const int64_t now = now_us();
+    const int64_t now = monotonic_us();
     if (last_progress == 0 || one_pass(*cu, &current)) {
       last_progress = now;
       continue;

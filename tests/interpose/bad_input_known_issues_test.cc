@@ -1,6 +1,6 @@
 // KNOWN ISSUES: bad input that the shim mishandles today. Each test states the correct
 // behaviour and FAILS until src/ is fixed; the fix proposed for each is in its comment and in
-// docs/RELIABILITY.md ("Known issues"). They live in their own binary, labelled known_issue,
+// docs/RELIABILITY.md ("Bad input"). They live in their own binary, labelled known_issue,
 // so `ctest -LE known_issue` gives the rest of the suite while a fix is pending; once fixed,
 // a test stays as the regression test for it.
 //

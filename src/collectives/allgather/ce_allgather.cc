@@ -1,7 +1,6 @@
 #include "ce_allgather.h"
 
 #include <sched.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include "fd_headroom.h"
 #include "local_aliases.h"
 #include "log.h"
+#include "monotonic_clock.h"
 #include "pair_wait.h"
 #include "parked_routes.h"
 #include "peer_reach.h"
@@ -96,12 +96,6 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
     p->reach = 0;
 }
 
-int64_t now_us() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
-}
-
 // The error a kernel left in this rank's context (a device-side assert, as PyTorch's NaN check
 // raises), or CUDA_SUCCESS. NCCL's kernel launch returns it at once; copies and stream memory
 // operations do not, so the route asks its own push stream (never in a capture; a query costs
@@ -154,9 +148,9 @@ bool stage_mine(CommState& st, uint64_t seq, uint64_t chunk, GraphHold* hold, ui
 bool use_stage_of(CommState& st, int p, uint64_t seq, uint64_t chunk, OpPost* post,
                   const char** why) {
   OpStage s;
-  const int64_t deadline = now_us() + kStageWaitUs;
+  const int64_t deadline = monotonic_us() + kStageWaitUs;
   for (uint32_t spins = 0; !st.ce->ops->read_stage(static_cast<uint32_t>(p), seq, &s); ++spins) {
-    if (peer_failed(st) || now_us() > deadline) {
+    if (peer_failed(st) || monotonic_us() > deadline) {
       *why = "an earlier rank whose buffers cannot be reached did not publish its stage";
       return false;
     }
@@ -253,7 +247,7 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
   const CUstream asked = stream == nullptr || stream == CU_STREAM_LEGACY
                              ? ce.streams[static_cast<int>(DirectStream::kPush)]
                              : stream;
-  PairWait wait(now_us(), chunk, st.nranks - 1, hold != nullptr,
+  PairWait wait(monotonic_us(), chunk, st.nranks - 1, hold != nullptr,
                 [asked] { return cuda_driver()->cuStreamQuery(asked) != CUDA_ERROR_NOT_READY; });
   for (int p = 0; p < st.nranks; ++p) {
     if (p == st.rank || a.before >> p & 1) continue;
@@ -267,12 +261,12 @@ bool settle_as_earlier(CommState& st, const Arrival& a, const OpPost& mine, uint
       continue;
     }
     if (!same_process(st, p)) {  // give a later rank elsewhere a moment
-      const int64_t waited_from = now_us();
-      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(now_us()); ++spins) {
+      const int64_t waited_from = monotonic_us();
+      for (uint32_t spins = 0; !ops.pair_settled(me, q, a.seq) && wait.more(monotonic_us()); ++spins) {
         if (spins > kSpinsBeforeYield) sched_yield();  // the wait is bounded: no sleep
         if ((spins & 255) == 255 && peer_failed(st)) break;
       }
-      *pair_wait_us_spent += now_us() - waited_from;
+      *pair_wait_us_spent += monotonic_us() - waited_from;
     }
     part.peer_copies = true;
     part.staged = stage != 0;
@@ -458,7 +452,7 @@ struct RoutedAllGather::State {
     if (hold) graph_gone(hold.release());  // an op that fails before its graph holds it never runs
   }
   void lap(int64_t* into) {
-    const int64_t t = now_us();
+    const int64_t t = monotonic_us();
     *into += t - mark;
     mark = t;
   }
@@ -504,7 +498,6 @@ RoutedAllGather::RoutedAllGather(CommState& st, const void* sendbuff, void* recv
 RoutedAllGather::~RoutedAllGather() = default;
 
 bool RoutedAllGather::to_nccl() const { return s_->to_nccl; }
-
 
 // Whether the op cannot start on the route: the communicator failed (here, at a peer, or a peer
 // left), or this rank's context did (*result holds the error), or every rank is in this process
@@ -632,8 +625,8 @@ bool RoutedAllGather::State::stage_and_claim(ncclResult_t* result) {
   // An eager op leaves its pushes into ranks of other processes to the push issuer: this call
   // then waits for no peer and issues no copy into a peer (push_issuer.h).
   if (!capturing && can_defer_pushes(st)) {
-    self = comm_lookup(st.comm);
-    defer = self.get() == &st;
+    self = st.weak_from_this().lock();
+    defer = self != nullptr;
   }
   if (!claim_as_later(st, a, mine, chunk, hold.get(), defer && kLaterPushesByIssuer, &why)) {
     *result = fail(st, peer_failed(st) ? ncclRemoteError : ncclSystemError,
@@ -656,7 +649,7 @@ bool RoutedAllGather::begin(ncclResult_t* result) {
   // Imports, mappings and streams made during an application's capture: PyTorch captures in
   // global mode, where they would invalidate it.
   RelaxedCapture relaxed(x.capturing);
-  x.mark = now_us();
+  x.mark = monotonic_us();
   if (!x.post_and_arrive(result) || (x.capturing && !x.hold_for_graph(result)) ||
       !x.stage_and_claim(result))
     return false;
@@ -718,7 +711,7 @@ ncclResult_t RoutedAllGather::complete() {
   ScopedDevice dev(st.device);
   if (!dev.ok()) return fail(st, ncclUnhandledCudaError, "set-up", "no device context");
   RelaxedCapture relaxed(x.capturing);
-  x.mark = now_us();  // the time since begin() went to other ranks' ops of this thread
+  x.mark = monotonic_us();  // the time since begin() went to other ranks' ops of this thread
   ZC_DEBUG("zero-copy all-gather on rank %d: op %llu settles its pairs with later ranks",
            st.rank, static_cast<unsigned long long>(x.a.seq));
   const char* why = "";

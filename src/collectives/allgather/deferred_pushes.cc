@@ -1,12 +1,11 @@
 #include "deferred_pushes.h"
 
-#include <time.h>
-
 #include <utility>
 #include <vector>
 
 #include "ce_exec.h"
 #include "log.h"
+#include "monotonic_clock.h"
 #include "peer_reach.h"
 #include "push_issuer.h"
 #include "route_setup.h"
@@ -15,18 +14,12 @@
 namespace zc {
 namespace {
 
-int64_t now_us() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
-}
-
 class DeferredPushes : public IssuerJob {
  public:
   DeferredPushes(std::shared_ptr<CommState> st, uint64_t seq, uint64_t before, const OpPost& mine,
                  const DirectOpView& view)
       : st_(std::move(st)), seq_(seq), before_(before), mode_(mine.mode), count_(mine.count),
-        datatype_(mine.datatype), view_(new DirectOpView(view)), handed_us_(now_us()) {
+        datatype_(mine.datatype), view_(new DirectOpView(view)), handed_us_(monotonic_us()) {
     for (int p = 0; p < view.nranks; ++p)
       if (p != view.rank && view.peers[p].deferred) left_ |= uint64_t{1} << p;
   }
@@ -51,7 +44,7 @@ class DeferredPushes : public IssuerJob {
                                                    PairMode::kLaterDoesBoth) ==
                                        PairMode::kEachPushes;
       if (each && !reach_peer(q)) return Step::kFailed;
-      if (each && !earlier) stats_push_deferred(now_us() - handed_us_);
+      if (each && !earlier) stats_push_deferred(monotonic_us() - handed_us_);
       left_ &= ~bit;
       plan_.clear();
       build_deferred_push(*view_, each ? q : -1, !copied_, left_ == 0, &plan_);

@@ -21,7 +21,7 @@
 // Measured (2xH100): 386 GB/s per direction for 3 against 198 for 4; beside the spin at full
 // speed, the spin +0.6 %; 262 MiB for a context of B's own (FOREIGN_CTX=trimmed), 526 for a
 // primary one. The route built on it lost to the route without it (docs/PERFORMANCE.md, "Tried
-// and rejected: the earlier GPU's engine driven by the later process").
+// and rejected": the later process driving the earlier GPU's engine).
 //   nvcc -O2 -o foreign_engine_probe tests/gpu/probes/foreign_engine_probe.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
