@@ -126,7 +126,12 @@ void say_join_failure(const char* why) {
             why);
 }
 
+// Releases every wait on this communicator's flags for good (it failed, or a rank left it).
+// The released done flags no longer say when copies into peers' memory finished, so the
+// imports stop unmapping first: a copy queued on a route stream, or one the push issuer had
+// resolved but not yet issued, still runs into its view (peer_memory.h, freeze).
 void release_flags(CeComm& ce) {
+  if (ce.imports) ce.imports->freeze();
   if (ce.ops) ce.ops->release_all(ce.seq);
 }
 

@@ -501,7 +501,7 @@ void PeerImports::retire_freed() {
     return false;
   };
   for (size_t i = views_.size(); i-- > 0;)
-    if (views_[i].idle() && over_freed(views_[i])) retire_view(i);
+    if (may_go(views_[i]) && over_freed(views_[i])) retire_view(i);
 }
 
 // For each owner, the tokens of the imports not known to be freed yet.
@@ -552,7 +552,7 @@ void PeerImports::mark_freed() {
 bool PeerImports::copies_idle() const {
   for (const View& v : views_)
     if (!v.done.passed()) return false;
-  return true;
+  return !frozen_.load(std::memory_order_seq_cst);
 }
 
 void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
@@ -564,7 +564,7 @@ void PeerImports::tidy(const CudaDriver& cu, bool ask_owners, uint64_t budget) {
   while (views_.size() > kMaxViews) {
     size_t oldest = views_.size();
     for (size_t i = 0; i < views_.size(); ++i)
-      if (views_[i].idle() &&
+      if (may_go(views_[i]) &&
           (oldest == views_.size() || views_[i].last_seq < views_[oldest].last_seq))
         oldest = i;
     if (oldest == views_.size()) break;
@@ -606,7 +606,7 @@ void PeerImports::release_some(const CudaDriver& cu, uint64_t budget) {
       if (v.pid != lru->first.first ||
           std::find(v.blocks.begin(), v.blocks.end(), lru->first.second) == v.blocks.end())
         continue;
-      if (v.idle())
+      if (may_go(v))
         retire_view(i);
       else
         busy = true;
@@ -620,7 +620,7 @@ void PeerImports::release_some(const CudaDriver& cu, uint64_t budget) {
 void PeerImports::release_idle(const CudaDriver& cu) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = views_.size(); i-- > 0;)
-    if (views_[i].idle()) retire_view(i);
+    if (may_go(views_[i])) retire_view(i);
   drain_unmaps(cu, SIZE_MAX);
   for (auto it = imports_.begin(); it != imports_.end();)
     if (it->second.views == 0)

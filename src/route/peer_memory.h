@@ -165,6 +165,12 @@ class PeerImports {
   void release_idle(const CudaDriver& cu);
   uint64_t held_bytes();
   int device() const { return device_; }
+  // From now on no view is unmapped before this object is destroyed: the communicator failed
+  // and its flags were released (op_exchange.h, release_all), so a view's done flag no longer
+  // says its copies finished — copies queued on the route's streams and the push issuer's may
+  // still run into it. Destruction waits for those streams (parked_routes.h). Call before
+  // releasing the flags; lock-free (any thread, any lock held).
+  void freeze() { frozen_.store(true, std::memory_order_seq_cst); }
 
   // Housekeeping, from its thread (housekeeping.h); both only try the lock and return false
   // when the application's thread holds it. The questions to ask each owner (imports it has
@@ -215,6 +221,11 @@ class PeerImports {
   void mark_freed();
   void retire_freed();
   bool copies_idle() const;
+  // Whether view `v` may go: its ops finished (read first: a released flag is seen only with
+  // the freeze before it) and the communicator has not failed.
+  bool may_go(const View& v) const {
+    return v.idle() && !frozen_.load(std::memory_order_seq_cst);
+  }
   // Takes view i out of use and queues its unmapping; its imports count it until it is done.
   void retire_view(size_t i);
   size_t drain_unmaps(const CudaDriver& cu, size_t max_calls);
@@ -224,6 +235,7 @@ class PeerImports {
   CUmemGenericAllocationHandle forget_import(std::map<Key, Import>::iterator it);
   const int device_;
   uint64_t housekeeping_id_ = 0;  // its entry in the housekeeping thread's list
+  std::atomic<bool> frozen_{false};
   std::mutex mu_;                 // guards everything below
   uint64_t held_ = 0;
   size_t freed_ = 0;         // imports whose owner freed them, still held

@@ -1,13 +1,17 @@
 // describe_buffer / describe_inside over a stub driver whose "allocations" are 2 MiB cuMem
 // mappings back to back, as PyTorch's expandable segments lay out a tensor: an in-place
 // all-gather's send chunk is described from its receive buffer's extents with no driver query
-// of its own, and gives what describing it afresh gives.
+// of its own, and gives what describing it afresh gives. And PeerImports over the same stub,
+// importing this process's own exports through its fd service as a peer's would be: when a view
+// is unmapped.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 
+#include "fd_exchange.h"
 #include "peer_memory.h"
 
 namespace zc {
@@ -58,12 +62,47 @@ CUresult stub_export(void* out, CUmemGenericAllocationHandle, CUmemAllocationHan
 
 CUresult stub_release(CUmemGenericAllocationHandle) { return CUDA_SUCCESS; }
 
+// The importing side's mappings: reserved and mapped ranges, and unmaps.
+std::atomic<int> g_unmaps{0};
+std::atomic<uint64_t> g_next_va{0x7e0000000000ull};
+
+CUresult stub_import(CUmemGenericAllocationHandle* h, void*, CUmemAllocationHandleType) {
+  *h = 2;
+  return CUDA_SUCCESS;
+}
+
+CUresult stub_reserve(CUdeviceptr* va, size_t bytes, size_t, CUdeviceptr, unsigned long long) {
+  *va = g_next_va.fetch_add(bytes + kAlloc);
+  return CUDA_SUCCESS;
+}
+
+CUresult stub_map(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) {
+  return CUDA_SUCCESS;
+}
+
+CUresult stub_set_access(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) {
+  return CUDA_SUCCESS;
+}
+
+CUresult stub_unmap(CUdeviceptr, size_t) {
+  ++g_unmaps;
+  return CUDA_SUCCESS;
+}
+
+CUresult stub_address_free(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+
 CudaDriver stub_driver() {
   CudaDriver cu{};
   cu.cuPointerGetAttribute = stub_attribute;
   cu.cuMemRetainAllocationHandle = stub_retain;
   cu.cuMemExportToShareableHandle = stub_export;
   cu.cuMemRelease = stub_release;
+  cu.cuMemImportFromShareableHandle = stub_import;
+  cu.cuMemAddressReserve = stub_reserve;
+  cu.cuMemMap = stub_map;
+  cu.cuMemSetAccess = stub_set_access;
+  cu.cuMemUnmap = stub_unmap;
+  cu.cuMemAddressFree = stub_address_free;
   return cu;
 }
 
@@ -144,6 +183,62 @@ TEST(PeerMemory, ABufferAcrossAsManyAllocationsAsAPostHoldsIsDescribedAndOneMore
   EXPECT_EQ(full->extents[kMaxExtents - 1].block_id, 1000u + kMaxExtents - 1);
   EXPECT_FALSE(describe_buffer(cu, kBase, (kMaxExtents + 1) * kAlloc, needs, over.get()));
   g_allocs = kAllocs;
+}
+
+// The done flag of the op that used a view, as op_exchange.h keeps it: host memory the push
+// stream writes, which a failure's release_all sets far ahead.
+struct ViewInUse {
+  const CudaDriver cu = stub_driver();
+  std::unique_ptr<OpBuffer> buf{new OpBuffer};
+  uint32_t done_flag = 0;
+  uint64_t seq = 7;
+  std::unique_ptr<PeerImports> imports{new PeerImports(0)};
+
+  // Maps this process's two allocations at kBase as a peer's buffer, for op `seq`.
+  void map() {
+    ASSERT_NE(fd_service(), nullptr);
+    ASSERT_TRUE(describe_buffer(cu, kBase, 2 * kAlloc, across_processes(), buf.get()));
+    Span span{};
+    const char* why = "";
+    ASSERT_TRUE(imports->resolve(cu, *buf, getpid(), fd_service()->address(), kBase, 2 * kAlloc,
+                                 seq, DoneMark{&done_flag, static_cast<uint32_t>(seq)}, &span,
+                                 &why))
+        << why;
+    ASSERT_NE(span.addr, 0u);
+  }
+  // What every path that may unmap does with it: the application's thread around an op, a
+  // suspended communicator, the budget.
+  void try_every_release() {
+    imports->release_while_idle(cu, 0);
+    imports->tidy(cu, false, 0);
+    imports->release_idle(cu);
+  }
+};
+
+TEST(PeerMemory, AViewWhoseOpsFinishedIsUnmapped) {
+  ViewInUse v;
+  v.map();
+  const int before = g_unmaps.load();
+  v.try_every_release();
+  EXPECT_EQ(g_unmaps.load(), before) << "unmapped while its op's copies may run";
+  v.done_flag = static_cast<uint32_t>(v.seq);  // the push stream says the copies finished
+  v.try_every_release();
+  EXPECT_EQ(g_unmaps.load(), before + 2) << "one unmap per allocation of the view";
+}
+
+// A failure releases every flag (route_setup.cc, release_flags): the done flag then passes
+// whether or not the copies into the view ran — a copy queued behind a released wait, or one the
+// push issuer resolved and issues next, still writes through it. No path may unmap it before the
+// communicator's resources are freed (after its streams drained, parked_routes.h; the
+// destructor unmaps through the process's driver, which this stub is not).
+TEST(PeerMemory, AfterAFailureReleasedTheFlagsNoViewIsUnmappedUntilTheImportsAreFreed) {
+  ViewInUse v;
+  v.map();
+  const int before = g_unmaps.load();
+  v.imports->freeze();
+  __atomic_store_n(&v.done_flag, static_cast<uint32_t>(v.seq) + (1u << 30), __ATOMIC_RELEASE);
+  v.try_every_release();
+  EXPECT_EQ(g_unmaps.load(), before);
 }
 
 }  // namespace
