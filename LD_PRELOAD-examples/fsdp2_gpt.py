@@ -1,6 +1,6 @@
 """FSDP2 training of a small GPT with explicit all-gather prefetching, timed and bitwise logged.
 
-    torchrun --standalone --nproc-per-node=2 fsdp2_gpt.py --config compute|comm|tiny
+    torchrun --standalone --nproc-per-node=2 fsdp2_gpt.py --config compute|comm|comm-narrow|host-bound|tiny
         [--steps 60] [--warmup 10] [--prefetch 2] [--seed 1234]
         [--deterministic strict|warn|off] [--out run.json] [--profile-steps N [--keep-trace]]
 
@@ -48,12 +48,20 @@ import gpt_model  # noqa: E402
 #   little compute hides the all-gathers and reduce-scatters (a communication-bound step).
 #   Memory is dominated by the sharded fp32 weights, gradients and AdamW state; the record
 #   has each rank's peak (peak_gib).
+# - comm-narrow: 8 blocks of width 4096, one sequence of 256 tokens per rank: the all-gathers
+#   (about 400 MB per block) and the host's launches both weigh on a short step.
+# - host-bound: width 2048, 128 tokens: so little compute that the host's launches and calls
+#   pace the GPU, and any host time a call adds comes straight out of the step.
 # - tiny: a seconds-long smoke run of the same code.
 CONFIGS = {
     "compute": dict(width=4096, depth=8, heads=32, seq=4096, batch=4, vocab=32768,
                     mlp_ratio=4, lr=2e-4),
     "comm": dict(width=8192, depth=8, heads=64, seq=512, batch=1, vocab=32768,
                  mlp_ratio=4, lr=1e-4),
+    "comm-narrow": dict(width=4096, depth=8, heads=32, seq=256, batch=1, vocab=32768,
+                        mlp_ratio=4, lr=2e-4),
+    "host-bound": dict(width=2048, depth=8, heads=16, seq=128, batch=1, vocab=32768,
+                       mlp_ratio=4, lr=2e-4),
     "tiny": dict(width=256, depth=2, heads=4, seq=128, batch=2, vocab=1024,
                  mlp_ratio=4, lr=1e-3),
 }

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # FSDP2 GPT training with and without zerocta, per configuration of fsdp2_gpt.py.
 #
-#   run_fsdp2.sh NGPU OUTDIR [CONFIG...]        CONFIG: compute comm tiny (default: compute comm)
+#   run_fsdp2.sh NGPU OUTDIR [CONFIG...]
+#     CONFIG: compute comm comm-narrow host-bound tiny (default: compute comm)
 #
 # Each configuration is one run_pair.sh (plain, then zerocta-run --allgather
 # ${ZEROCTA_FSDP_ALLGATHER:-auto}), in OUTDIR/fsdp2-CONFIG/. Prints each pair's comparison and
 # verdict, then writes OUTDIR/fsdp2-summary.json (every pair's summary) and a last line.
+# FSDP_PAIRS=N runs N pairs of each configuration, interleaved (pair 1 of every configuration,
+# then pair 2, ...: a machine's drift spreads over all of them), in OUTDIR/fsdp2-CONFIG-pI/; the
+# summary then also gives per configuration the step-time ratios, their median and the largest.
 # Environment: ZEROCTA_FSDP_ALLGATHER, FSDP_ARGS (more fsdp2_gpt.py options, e.g.
 # "--steps 30 --prefetch 1", or "--profile-steps 5" for both runs' exposed all-gather share,
 # which the comparison then prints), and everything run_pair.sh reads (ZEROCTA_BUILD, TORCHRUN,
@@ -14,15 +18,18 @@
 set -euo pipefail
 
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
-(($# >= 2)) || { echo "usage: $0 NGPU OUTDIR [compute|comm|tiny ...]" >&2 && exit 2; }
+known="compute comm comm-narrow host-bound tiny"
+(($# >= 2)) || { echo "usage: $0 NGPU OUTDIR [${known// /|} ...]" >&2 && exit 2; }
 ngpu=$1 outdir=$2
 shift 2
 configs=("$@")
 ((${#configs[@]} > 0)) || configs=(compute comm)
 for c in "${configs[@]}"; do
-  [[ $c == compute || $c == comm || $c == tiny ]] || { echo "$0: unknown config '$c'" >&2 && exit 2; }
+  [[ " $known " == *" $c "* ]] || { echo "$0: unknown config '$c'" >&2 && exit 2; }
 done
 [[ $ngpu =~ ^[1-9][0-9]*$ ]] || { echo "$0: NGPU must be a number" >&2 && exit 2; }
+pairs=${FSDP_PAIRS:-1}
+[[ $pairs =~ ^[1-9][0-9]*$ ]] || { echo "$0: FSDP_PAIRS must be a positive number" >&2 && exit 2; }
 # shellcheck disable=SC1091  # preflight.sh sits beside this script
 . "$here/preflight.sh"
 preflight "$ngpu"  # once here, not once per configuration
@@ -33,24 +40,44 @@ mkdir -p "$outdir"
 
 failed=()
 summaries=()
-for c in "${configs[@]}"; do
-  if ! ZEROCTA_PAIR_ALLGATHER=${ZEROCTA_FSDP_ALLGATHER:-auto} "$here/run_pair.sh" "$ngpu" \
-    "$outdir" "fsdp2-$c" "$here/fsdp2_gpt.py" --config "$c" ${fsdp_args[@]+"${fsdp_args[@]}"}; then
-    failed+=("$c")
-  fi
-  summaries+=("$outdir/fsdp2-$c/summary.json")
+for ((i = 1; i <= pairs; i++)); do
+  for c in "${configs[@]}"; do
+    name=fsdp2-$c
+    ((pairs == 1)) || name=fsdp2-$c-p$i
+    if ! ZEROCTA_PAIR_ALLGATHER=${ZEROCTA_FSDP_ALLGATHER:-auto} "$here/run_pair.sh" "$ngpu" \
+      "$outdir" "$name" "$here/fsdp2_gpt.py" --config "$c" ${fsdp_args[@]+"${fsdp_args[@]}"}; then
+      failed+=("$name")
+    fi
+    summaries+=("$outdir/$name/summary.json")
+  done
 done
 
-# One JSON for the whole sweep; a pair that failed before comparing has no summary.
+# One JSON for the whole sweep; a pair that failed before comparing has no summary. With
+# several pairs of a configuration: its ratios (plain first), median and largest.
 "${PYTHON:-python3}" - "$outdir/fsdp2-summary.json" "${summaries[@]}" <<'EOF'
-import json, os, sys
+import json, os, re, statistics, sys
 out, paths = sys.argv[1], sys.argv[2:]
-pairs = {}
+pairs, by_config = {}, {}
 for p in paths:
     name = os.path.basename(os.path.dirname(p))
     pairs[name] = json.load(open(p)) if os.path.exists(p) else {"match": False,
                                                                "problems": ["run failed"]}
-json.dump({"pairs": pairs, "all_match": all(v["match"] for v in pairs.values())},
+    config = re.sub(r"-p[0-9]+$", "", name)
+    by_config.setdefault(config, []).append(pairs[name])
+configs = {}
+for config, runs in by_config.items():
+    ratios = [r.get("ratio") for r in runs]
+    timed = [x for x in ratios if x is not None]
+    configs[config] = {"ratios": ratios, "all_match": all(r["match"] for r in runs),
+                       "median_ratio": statistics.median(timed) if timed else None,
+                       "max_ratio": max(timed) if timed else None}
+    if len(runs) > 1:
+        print("run_fsdp2: %s: %d pairs, step-time ratio median %s, largest %s, %s" % (
+            config, len(runs), "%.3f" % configs[config]["median_ratio"] if timed else "-",
+            "%.3f" % configs[config]["max_ratio"] if timed else "-",
+            "bitwise in every pair" if configs[config]["all_match"] else "NOT bitwise in all"))
+json.dump({"pairs": pairs, "configs": configs,
+           "all_match": all(v["match"] for v in pairs.values())},
           open(out, "w"), indent=1, sort_keys=True)
 EOF
 
