@@ -5,7 +5,8 @@
 // reservation; each way of asking timed over every allocation, 2000 rounds, median and p90 of a
 // round divided by 80. Then what each call an op issues costs the host (stream waits and writes
 // on host flags, events, copies): 2000 calls each, the stream drained every 64 outside the
-// timing. Prints one RESULT line per way and per call.
+// timing, and several of the flag operations in one cuStreamBatchMemOp. Prints one RESULT line
+// per way and per call.
 //
 //   build/tests/gpu/zerocta_gpu_probe_block_query
 #include <cuda.h>
@@ -138,6 +139,21 @@ int main() {
             [&] { return cuStreamWaitValue32(s, dflag, 1, CU_STREAM_WAIT_VALUE_GEQ); });
   time_call("cuStreamWriteValue32", s,
             [&] { return cuStreamWriteValue32(s, dflag + 64, 1, 0); });
+  // Several waits and writes in one call: what an op's runs of flag operations between copies
+  // would cost batched.
+  CUstreamBatchMemOpParams ops[3] = {};
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[0].writeValue.address = dflag + 64;
+  ops[0].writeValue.value = 1;
+  ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  ops[1].waitValue.address = dflag;
+  ops[1].waitValue.value = 1;
+  ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  ops[2] = ops[1];
+  ops[2].waitValue.address = dflag + 64;
+  time_call("cuStreamBatchMemOp 1 (write)", s, [&] { return cuStreamBatchMemOp(s, 1, ops, 0); });
+  time_call("cuStreamBatchMemOp 3 (write, 2 waits)", s,
+            [&] { return cuStreamBatchMemOp(s, 3, ops, 0); });
   time_call("cuEventRecord", s, [&] { return cuEventRecord(ev, s); });
   time_call("cuStreamWaitEvent", s, [&] { return cuStreamWaitEvent(s, ev, 0); });
   time_call("cuStreamQuery", s, [&] { return cuStreamQuery(s); });
