@@ -89,6 +89,11 @@ CudaDriver* load() {
   own &= get(gpa, "cuCtxCreate", &d.cuCtxCreate_v2, 3020);
   own &= get(gpa, "cuCtxPopCurrent", &d.cuCtxPopCurrent);
   own &= get(gpa, "cuMemGetInfo", &d.cuMemGetInfo);
+  bool kernel = ce;
+  kernel &= get(gpa, "cuModuleLoadData", &d.cuModuleLoadData);
+  kernel &= get(gpa, "cuModuleUnload", &d.cuModuleUnload);
+  kernel &= get(gpa, "cuModuleGetFunction", &d.cuModuleGetFunction);
+  kernel &= get(gpa, "cuLaunchKernel", &d.cuLaunchKernel);
   get(gpa, "cuGetErrorString", &d.cuGetErrorString);
   d.context_ok = ctx && d.cuInit(0) == CUDA_SUCCESS;
   // Asked for with the 13.0 ABI only where the driver has it: a 12.8 driver would answer that
@@ -100,6 +105,7 @@ CudaDriver* load() {
   d.ce_ok = ce && d.context_ok;
   d.capture_ok = capture && d.ce_ok;
   d.own_context_ok = own && d.ce_ok;
+  d.kernel_ok = kernel && d.ce_ok;
   if (!d.context_ok) return nullptr;
   time_driver_calls(&d);
   return &d;

@@ -87,10 +87,19 @@ struct CudaDriver {
   CUresult (*cuCtxPopCurrent)(CUcontext*);
   CUresult (*cuMemGetInfo)(size_t*, size_t*);
 
+  // Kernels the library carries (the reduce-scatter's reduction, chunk_sum.h); `kernel_ok`
+  // when all resolved.
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+
   bool context_ok = false;  // the device/context group resolved
   bool ce_ok = false;       // the copy-engine group resolved too
   bool capture_ok = false;  // ... and the capture group
   bool own_context_ok = false;  // ... and the push issuer's group
+  bool kernel_ok = false;       // ... and the kernel group (with ce_ok)
 };
 
 // nullptr when no CUDA driver can be loaded. Loads libcuda.so.1 on first use only.
