@@ -52,34 +52,9 @@ for ((i = 1; i <= pairs; i++)); do
   done
 done
 
-# One JSON for the whole sweep; a pair that failed before comparing has no summary. With
-# several pairs of a configuration: its ratios (plain first), median and largest.
-"${PYTHON:-python3}" - "$outdir/fsdp2-summary.json" "${summaries[@]}" <<'EOF'
-import json, os, re, statistics, sys
-out, paths = sys.argv[1], sys.argv[2:]
-pairs, by_config = {}, {}
-for p in paths:
-    name = os.path.basename(os.path.dirname(p))
-    pairs[name] = json.load(open(p)) if os.path.exists(p) else {"match": False,
-                                                               "problems": ["run failed"]}
-    config = re.sub(r"-p[0-9]+$", "", name)
-    by_config.setdefault(config, []).append(pairs[name])
-configs = {}
-for config, runs in by_config.items():
-    ratios = [r.get("ratio") for r in runs]
-    timed = [x for x in ratios if x is not None]
-    configs[config] = {"ratios": ratios, "all_match": all(r["match"] for r in runs),
-                       "median_ratio": statistics.median(timed) if timed else None,
-                       "max_ratio": max(timed) if timed else None}
-    if len(runs) > 1:
-        print("run_fsdp2: %s: %d pairs, step-time ratio median %s, largest %s, %s" % (
-            config, len(runs), "%.3f" % configs[config]["median_ratio"] if timed else "-",
-            "%.3f" % configs[config]["max_ratio"] if timed else "-",
-            "bitwise in every pair" if configs[config]["all_match"] else "NOT bitwise in all"))
-json.dump({"pairs": pairs, "configs": configs,
-           "all_match": all(v["match"] for v in pairs.values())},
-          open(out, "w"), indent=1, sort_keys=True)
-EOF
+# One JSON for the whole sweep (fsdp2_summary.py): every pair, and per configuration the
+# ratios, their median and the largest.
+"${PYTHON:-python3}" "$here/fsdp2_summary.py" "$outdir/fsdp2-summary.json" "${summaries[@]}"
 
 if ((${#failed[@]} == 0)); then
   echo "run_fsdp2: MATCH for ${configs[*]} (summary: $outdir/fsdp2-summary.json)"
