@@ -1,0 +1,271 @@
+// The reduce-scatter's plans (src/route/reduce_scatter_plan.h) run against each other on host
+// memory, 2-8 ranks.
+//
+// Every rank has its three in-order streams and CUDA-like events (a wait applies to the latest
+// record of that event enqueued before it); a seeded scheduler runs one stream operation at a
+// time, streams picked at random, so that many interleavings are tried. Around each op the
+// application's own work sits on the user's stream: before it, writing this op's input; after
+// it, checking the output and then scribbling over the input and the output, as an application
+// that reuses its buffers would. The sum is an order-sensitive combination (acc * 3 + x per
+// byte), so a plan that sums before a slice arrived, pulls a peer's input before it is there or
+// after it was reused, overwrites a scratch slot still being summed, sums in another order, or
+// ends before its output is complete shows as wrong bytes; one that waits for a flag nobody
+// writes shows as a deadlock.
+#include "reduce_scatter_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace zc {
+namespace {
+
+uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+uint8_t input(int rank, int op, uint64_t i) {
+  return static_cast<uint8_t>(rank * 71 + op * 29 + i * 13 + 5);
+}
+
+// The sum as the plan orders it (own chunk first, then me+1, me+2, ...), byte by byte.
+uint8_t combine(uint8_t acc, uint8_t x) { return static_cast<uint8_t>(acc * 3 + x); }
+
+struct SimOp {
+  enum Kind { kPlan, kProduce, kConsume } kind = kPlan;
+  RsOp op{};
+  int opnum = 0;
+  uint64_t event_target = 0;  // kWaitEvent: records of op.event that must have run
+};
+
+struct Scenario {
+  int nranks = 2;
+  uint64_t chunk = 96;
+  uint64_t slice = 32;
+  bool in_place = false;
+  int ops = 3;
+};
+
+class Sim {
+ public:
+  Sim(const Scenario& s, uint64_t seed) : s_(s), rng_(seed) {
+    const size_t n = static_cast<size_t>(s.nranks);
+    send_.assign(n, std::vector<uint8_t>(s.chunk * n, 0xEE));
+    recv_.assign(n, std::vector<uint8_t>(s.chunk, 0xEE));
+    scratch_.assign(n, std::vector<uint8_t>(rs_scratch_bytes(s.nranks, s.slice), 0xEE));
+    ready_.assign(n, 0);
+    done_.assign(n * n, 0);
+    streams_.assign(n, std::vector<std::deque<SimOp>>(kRsStreams));
+    records_.assign(n, std::vector<uint64_t>(kRsEvents, 0));
+    enqueued_.assign(n, std::vector<uint64_t>(kRsEvents, 0));
+  }
+
+  uint64_t send_of(int r) { return addr(send_[r].data()); }
+  uint64_t recv_of(int r) {
+    return s_.in_place ? send_of(r) + static_cast<uint64_t>(r) * s_.chunk : addr(recv_[r].data());
+  }
+
+  // Rank r's plan for op k, with `mutate` applied (the tests drop one operation).
+  std::vector<RsOp> plan(int r, int k) {
+    RsOpView v;
+    v.rank = r;
+    v.nranks = s_.nranks;
+    v.seq = static_cast<uint32_t>(k + 1);
+    v.chunk = s_.chunk;
+    v.slice = s_.slice;
+    v.send = send_of(r);
+    v.recv = recv_of(r);
+    v.scratch = addr(scratch_[r].data());
+    for (int p = 0; p < s_.nranks; ++p) {
+      v.peer_send[p] = send_of(p);
+      v.ready[p] = addr(&ready_[p]);
+      v.done_to[p] = addr(&done_[p * s_.nranks + r]);
+      v.done_from[p] = addr(&done_[r * s_.nranks + p]);
+    }
+    std::vector<RsOp> out;
+    build_reduce_scatter_plan(v, &out);
+    return out;
+  }
+
+  // Enqueues every op of every rank (each rank's ops in its own order), then runs; false with
+  // *why on wrong bytes or a deadlock. Plan op `drop` of rank `victim` is left out of every op.
+  bool run(int victim, size_t drop, std::string* why) {
+    for (int k = 0; k < s_.ops; ++k)
+      for (int r = 0; r < s_.nranks; ++r) {
+        enqueue(r, SimOp{SimOp::kProduce, RsOp{}, k, 0}, RsStream::kUser);
+        std::vector<RsOp> p = plan(r, k);
+        if (r == victim && drop < p.size()) p.erase(p.begin() + static_cast<long>(drop));
+        for (const RsOp& o : p) enqueue(r, SimOp{SimOp::kPlan, o, k, 0}, o.stream);
+        enqueue(r, SimOp{SimOp::kConsume, RsOp{}, k, 0}, RsStream::kUser);
+      }
+    for (;;) {
+      std::vector<std::pair<int, int>> runnable, pending;
+      for (int r = 0; r < s_.nranks; ++r)
+        for (int st = 0; st < kRsStreams; ++st) {
+          if (streams_[r][st].empty()) continue;
+          pending.emplace_back(r, st);
+          if (can_run(r, streams_[r][st].front())) runnable.emplace_back(r, st);
+        }
+      if (pending.empty()) return wrong_ == 0 || (*why = "wrong bytes", false);
+      if (runnable.empty()) {
+        *why = "deadlock";
+        return false;
+      }
+      const auto [r, st] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng_)];
+      SimOp o = streams_[r][st].front();
+      streams_[r][st].pop_front();
+      execute(r, o);
+    }
+  }
+
+ private:
+  void enqueue(int r, SimOp o, RsStream s) {
+    if (o.kind == SimOp::kPlan && o.op.kind == RsOpKind::kRecord) ++enqueued_[r][o.op.event];
+    if (o.kind == SimOp::kPlan && o.op.kind == RsOpKind::kWaitEvent)
+      o.event_target = enqueued_[r][o.op.event];
+    streams_[r][static_cast<int>(s)].push_back(o);
+  }
+
+  static uint32_t& flag(uint64_t a) { return *reinterpret_cast<uint32_t*>(a); }
+
+  bool can_run(int r, const SimOp& o) const {
+    if (o.kind != SimOp::kPlan) return true;
+    if (o.op.kind == RsOpKind::kWaitGeq)
+      return static_cast<int32_t>(flag(o.op.dst) - o.op.value) >= 0;
+    if (o.op.kind == RsOpKind::kWaitEvent) return records_[r][o.op.event] >= o.event_target;
+    return true;
+  }
+
+  void execute(int r, const SimOp& o) {
+    const uint64_t n = static_cast<uint64_t>(s_.nranks), c = s_.chunk;
+    uint8_t* send = send_[r].data();
+    uint8_t* recv = reinterpret_cast<uint8_t*>(recv_of(r));
+    switch (o.kind) {
+      case SimOp::kProduce:
+        for (uint64_t i = 0; i < n * c; ++i) send[i] = input(r, o.opnum, i);
+        return;
+      case SimOp::kConsume:
+        for (uint64_t i = 0; i < c; ++i) {
+          uint8_t want = input(r, o.opnum, r * c + i);
+          for (uint64_t j = 1; j < n; ++j)
+            want = combine(want, input(static_cast<int>((r + j) % n), o.opnum, r * c + i));
+          wrong_ += recv[i] != want;
+        }
+        // The application reuses both buffers at once.
+        std::fill(send_[r].begin(), send_[r].end(), 0xA5);
+        std::fill(recv, recv + c, 0x5A);
+        return;
+      case SimOp::kPlan:
+        break;
+    }
+    const RsOp& p = o.op;
+    switch (p.kind) {
+      case RsOpKind::kWrite:
+        flag(p.dst) = p.value;
+        break;
+      case RsOpKind::kCopy:
+        std::copy_n(reinterpret_cast<const uint8_t*>(p.src), p.bytes,
+                    reinterpret_cast<uint8_t*>(p.dst));
+        break;
+      case RsOpKind::kSum:
+        for (uint64_t i = 0; i < p.bytes; ++i) {
+          uint8_t acc = reinterpret_cast<const uint8_t*>(p.src)[i];
+          for (int k = 1; k < p.nsrc; ++k)
+            acc = combine(acc, reinterpret_cast<const uint8_t*>(p.aux + (k - 1) * p.stride)[i]);
+          reinterpret_cast<uint8_t*>(p.dst)[i] = acc;
+        }
+        break;
+      case RsOpKind::kRecord:
+        ++records_[r][p.event];
+        break;
+      case RsOpKind::kWaitGeq:
+      case RsOpKind::kWaitEvent:
+        break;
+    }
+  }
+
+  Scenario s_;
+  std::mt19937 rng_;
+  std::vector<std::vector<uint8_t>> send_, recv_, scratch_;
+  std::vector<uint32_t> ready_, done_;
+  std::vector<std::vector<std::deque<SimOp>>> streams_;
+  std::vector<std::vector<uint64_t>> records_, enqueued_;
+  uint64_t wrong_ = 0;
+};
+
+std::string label(const Scenario& s) {
+  return std::to_string(s.nranks) + " ranks, chunk " + std::to_string(s.chunk) + ", slice " +
+         std::to_string(s.slice) + (s.in_place ? ", in place" : ", out of place");
+}
+
+class ReduceScatterSim : public ::testing::TestWithParam<int> {};
+
+TEST_P(ReduceScatterSim, EveryInterleavingSumsCorrectly) {
+  for (bool in_place : {false, true})
+    for (uint64_t chunk : {uint64_t{32}, uint64_t{96}, uint64_t{100}})
+      for (uint64_t slice : {uint64_t{32}, uint64_t{64}, uint64_t{128}}) {
+        Scenario s;
+        s.nranks = GetParam();
+        s.chunk = chunk;
+        s.slice = slice;
+        s.in_place = in_place;
+        for (uint64_t seed = 0; seed < 20; ++seed) {
+          Sim sim(s, seed);
+          std::string why;
+          ASSERT_TRUE(sim.run(-1, 0, &why)) << label(s) << ", seed " << seed << ": " << why;
+        }
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ReduceScatterSim, ::testing::Values(2, 3, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "ranks";
+                         });
+
+// Dropping any one wait, flag write or event record of one rank's plan shows as wrong bytes or
+// a deadlock in some interleaving: none of them is there for nothing.
+TEST(ReduceScatterPlan, DroppingAnyWaitWriteOrRecordIsCaught) {
+  for (int nranks : {2, 3})
+    for (bool in_place : {false, true}) {
+      Scenario s;
+      s.nranks = nranks;
+      s.chunk = 100;
+      s.slice = 32;  // four slices: both buffers reused
+      s.in_place = in_place;
+      Sim probe(s, 0);
+      const std::vector<RsOp> plan = probe.plan(0, 0);
+      for (size_t drop = 0; drop < plan.size(); ++drop) {
+        const RsOpKind k = plan[drop].kind;
+        if (k == RsOpKind::kCopy || k == RsOpKind::kSum) continue;
+        bool caught = false;
+        for (uint64_t seed = 0; seed < 300 && !caught; ++seed) {
+          Sim sim(s, seed);
+          std::string why;
+          caught = !sim.run(0, drop, &why);
+        }
+        EXPECT_TRUE(caught) << label(s) << ": dropping op " << drop << " (kind "
+                            << static_cast<int>(k) << ", stream "
+                            << static_cast<int>(plan[drop].stream) << ") went unnoticed";
+      }
+    }
+}
+
+TEST(ReduceScatterPlan, SlicesAreWholeAlignedElementsAndCoverTheChunk) {
+  for (uint64_t elem : {uint64_t{2}, uint64_t{4}})
+    for (uint64_t chunk : {uint64_t{2}, uint64_t{1000}, uint64_t{64} << 20, uint64_t{1} << 30,
+                           (uint64_t{5} << 30) + 6}) {
+      const uint64_t slice = rs_slice_bytes(chunk, elem);
+      EXPECT_EQ(slice % 256, 0u) << chunk;
+      EXPECT_EQ(slice % elem, 0u) << chunk;
+      EXPECT_LE((chunk + slice - 1) / slice, 16u) << chunk;
+      EXPECT_GE(slice * 16, chunk) << chunk;
+    }
+  EXPECT_EQ(rs_slice_bytes(uint64_t{16} << 20, 4), uint64_t{16} << 20);  // one slice
+  EXPECT_EQ(rs_slice_bytes(uint64_t{64} << 20, 2), uint64_t{16} << 20);  // four
+  EXPECT_EQ(rs_scratch_bytes(4, 1024), uint64_t{2} * 3 * 1024);
+}
+
+}  // namespace
+}  // namespace zc
