@@ -6,37 +6,19 @@
 namespace zc {
 namespace {
 
-// A batch holds fewer than 256 operations (cuda.h).
-constexpr unsigned kMaxMemOps = 255;
-
 bool is_mem_op(DirectOpKind k) {
   return k == DirectOpKind::kWaitGeq || k == DirectOpKind::kWaitSignal || k == DirectOpKind::kWrite;
 }
 
-// The flags are host memory every member registered (op_exchange.h): stream memory operations
-// on them are local ones, which CUDA 13.1 drivers still allow.
 CUstreamBatchMemOpParams mem_op(const DirectOp& op) {
+  if (op.kind == DirectOpKind::kWaitGeq) return flag_wait_op(op.dst, op.value);
+  if (op.kind == DirectOpKind::kWrite) return flag_write_op(op.dst, op.value);
+  // kWaitSignal: a captured op's word (capture_blocks.h), signalled or released.
   CUstreamBatchMemOpParams p{};
-  switch (op.kind) {
-    case DirectOpKind::kWaitGeq:
-      p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-      p.waitValue.address = op.dst;
-      p.waitValue.value = op.value;
-      p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-      break;
-    case DirectOpKind::kWaitSignal:  // a captured op's word (capture_blocks.h): signal or release
-      p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-      p.waitValue.address = op.dst;
-      p.waitValue.value64 = kCaptureWaitMask;
-      p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
-      break;
-    default:  // kWrite
-      p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      p.writeValue.address = op.dst;
-      p.writeValue.value = op.value;
-      p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-      break;
-  }
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  p.waitValue.address = op.dst;
+  p.waitValue.value64 = kCaptureWaitMask;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
   return p;
 }
 
@@ -85,6 +67,24 @@ CUresult push_batch(const CudaDriver& cu, const std::vector<DirectOp>& plan, siz
 }
 
 }  // namespace
+
+CUstreamBatchMemOpParams flag_wait_op(uint64_t flag, uint32_t value) {
+  CUstreamBatchMemOpParams p{};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  p.waitValue.address = flag;
+  p.waitValue.value = value;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return p;
+}
+
+CUstreamBatchMemOpParams flag_write_op(uint64_t flag, uint32_t value) {
+  CUstreamBatchMemOpParams p{};
+  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  p.writeValue.address = flag;
+  p.writeValue.value = value;
+  p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return p;
+}
 
 CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams],
                     const CUevent events[kDirectEvents], CUstream user_stream,

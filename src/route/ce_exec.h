@@ -11,6 +11,14 @@
 
 namespace zc {
 
+// A batch of stream memory operations holds fewer than 256 (cuda.h).
+constexpr unsigned kMaxMemOps = 255;
+// A wait until the 32-bit flag at `flag`, as a wrapping counter, is >= `value`, and a write of
+// `value` to it, as stream memory operations (the flags are host memory every member registered,
+// op_exchange.h: local operations, which CUDA 13.1 drivers still allow).
+CUstreamBatchMemOpParams flag_wait_op(uint64_t flag, uint32_t value);
+CUstreamBatchMemOpParams flag_write_op(uint64_t flag, uint32_t value);
+
 // Issues `plan` with kUser mapped to `user_stream`; `batch_pushes` (not for a capture: the batch
 // API cannot be captured) issues the push stream's consecutive copies in one call where the
 // driver has it. Returns CUDA_SUCCESS or the first error (the caller then poisons the
