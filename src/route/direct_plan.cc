@@ -121,11 +121,8 @@ class PlanBuilder {
     if (pulls_) w_.wait_event(S::kPush, kEvPulled);
     // My deferred pushes are the issuer's: done for those peers only once it says so.
     if (deferred_ && !v_.captured) w_.wait_geq(S::kPush, v_.pushed, v_.seq);
-    // A deferred peer hears done from the issuer's stream right after my copy into it (one
-    // flag hop fewer on its way to its end); a second write here could land after the
-    // issuer's write for a later op in the same ring slot and take it back.
     for (int p = 0; p < v_.nranks; ++p)
-      if (copies(p) && !v_.peers[p].deferred) signal(S::kPush, v_.done_to[p]);
+      if (copies(p)) signal(S::kPush, v_.done_to[p]);
     // The done waits in rank order: descending, or r+1, r+2, ... (the order peers push into me),
     // were no faster on 4 H200s (docs/PERFORMANCE.md, "Tried and rejected").
     for (int p = 0; p < v_.nranks; ++p)
@@ -183,7 +180,6 @@ void build_deferred_push(const DirectOpView& v, int peer, bool first, bool last,
     if (first) w.wait_geq(S::kPush, v.ready[v.rank], v.seq);
     w.wait_geq(S::kPush, v.ready[peer], v.seq);
     w.copy(S::kPush, v.peers[peer].to.addr, v.send, v.chunk);
-    w.write(S::kPush, v.done_to[peer], v.seq);
   }
   if (last) w.write(S::kPush, v.pushed, v.seq);
 }

@@ -22,8 +22,7 @@
 //          me: write ready[me]=seq, wait ready[me]>=seq]; wait ready[p]>=seq for every peer
 //          p I push to, in the order I push to them; my pushes; [wait kEvPulled]; write
 //          [deferred: wait pushed[me]>=seq]; write
-//          done[p][me]=seq for every p I copied to or from but the deferred ones; wait
-//          done[me][p]>=seq for every p
+//          done[p][me]=seq for every p I copied to or from; wait done[me][p]>=seq for every p
 //          that copies to or from me; [staged: copy the chunks of the peers that reached me
 //          through the stage out of it]; [wait kEvLocal]; record kEvEnd
 //   pull   (where I pull) wait kEvStart; wait ready[p]>=seq for every peer p I pull from; my
@@ -31,8 +30,8 @@
 //          are ready, with no event hop from the push stream on the way)
 //   local  (out of place) wait kEvStart; copy my chunk; record kEvLocal
 //   issuer (the push issuer's stream, pushes to later peers deferred) wait ready[me]>=seq; for
-//          each such peer p as it claims: wait ready[p]>=seq, copy my chunk into it, write
-//          done[p][me]=seq; then write pushed[me]=seq
+//          each such peer p as it claims: wait ready[p]>=seq, copy my chunk into it; then
+//          write pushed[me]=seq
 //
 // The user's stream holds nothing but the two events: no copy, no flag wait, no flag write
 // (direct_plan.cc says what the ready write there cost).
@@ -88,8 +87,8 @@ struct PeerPart {
   bool peer_copies = false;  // the peer writes into or reads from my buffers: wait its done
   bool staged = false;       // ... through my stage: its chunk is copied out of it after
   // My push to this peer (a later rank that had not claimed when I returned) is issued by the
-  // push issuer (push_issuer.h) once it claims, whose stream then tells the peer done; my push
-  // stream waits for `pushed` (the issuer's last copy of the op) before my op ends.
+  // push issuer (push_issuer.h) once it claims: my push stream waits for `pushed` instead, and
+  // then tells the peer done like any peer I copied to.
   bool deferred = false;
   // Where the peer's chunk is (pull) and where my chunk goes in its receive buffer (push), in
   // my address space: `chunk` bytes each.
@@ -123,8 +122,8 @@ void build_direct_plan(const DirectOpView& v, std::vector<DirectOp>* plan);
 
 // The push issuer's part of an eager op (push_issuer.h), on its own stream (kPush in the plan):
 // for each deferred peer in the order they claimed, after my own ready (`ready_me`, the first
-// time: my send buffer holds the op's input), wait the peer's ready, push my chunk into it and
-// tell it done; after the last, write `pushed`. Appended step by step as peers claim: `first` until a step
+// time: my send buffer holds the op's input), wait the peer's ready and push my chunk into it;
+// after the last, write `pushed`. Appended step by step as peers claim: `first` until a step
 // with a copy was appended, `last` with the last peer; `peer` -1 for one that I push nothing to
 // (it settled "later does both": it does my part too).
 void build_deferred_push(const DirectOpView& v, int peer, bool first, bool last,
