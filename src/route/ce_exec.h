@@ -18,6 +18,11 @@ constexpr unsigned kMaxMemOps = 255;
 // op_exchange.h: local operations, which CUDA 13.1 drivers still allow).
 CUstreamBatchMemOpParams flag_wait_op(uint64_t flag, uint32_t value);
 CUstreamBatchMemOpParams flag_write_op(uint64_t flag, uint32_t value);
+// `n` copies on `s` in one cuMemcpyBatchAsync (the driver must have it) with the attributes NCCL's
+// copy-engine collectives use (stream order, prefer overlap with compute); one cuMemcpyAsync for
+// one copy.
+CUresult issue_copies(const CudaDriver& cu, CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                      size_t n, CUstream s);
 
 // Issues `plan` with kUser mapped to `user_stream`; `batch_pushes` (not for a capture: the batch
 // API cannot be captured) issues the push stream's consecutive copies in one call where the

@@ -449,15 +449,23 @@ bool PeerImports::resolve(const CudaDriver& cu, const OpBuffer& buf, int pid,
   if (!import_missing(cu, buf, first, last, pid, fd_address, why)) return false;
   View* v = find_view(buf, first, last, pid);
   if (!v && !(v = map_view(cu, buf, first, last, pid, why))) return false;
-  v->last_seq = seq;
+  // The push issuer resolves an op's deferred pushes after the application's thread may have
+  // resolved a later op's (deferred_pushes.h): the view keeps the newest op's done mark, whose
+  // copies end last (a later op's copies into a peer follow the peer's ready for it, which
+  // follows its end, which waits for this op's), and an older op never takes it back.
+  const bool newest = !v->done.flag || seq >= v->last_seq;
+  v->last_seq = std::max(v->last_seq, seq);
   if (pin) {
     if (!v->pins) v->pins = std::make_shared<std::atomic<int>>(0);
     v->pins->fetch_add(1);
     *pin = v->pins;
-  } else {
+  } else if (newest) {
     v->done = done;
   }
-  for (uint32_t i = first; i <= last; ++i) imports_[{pid, buf.extents[i].block_id}].last_seq = seq;
+  for (uint32_t i = first; i <= last; ++i) {
+    uint64_t& used = imports_[{pid, buf.extents[i].block_id}].last_seq;
+    used = std::max(used, seq);
+  }
   *out = Span{v->va + (addr - v->peer_base), bytes};
   return true;
 }

@@ -1,5 +1,5 @@
 // Issues a reduce-scatter plan (reduce_scatter_plan.h) with CUDA driver calls: the pulls as
-// copies, flag waits and writes as stream memory operations (a stream's consecutive ones in one
+// copies (a slice's in one batch), flag waits and writes as stream memory operations (a stream's consecutive ones in one
 // batch), events, and each slice's sum as one launch of the reduction kernel (chunk_sum.h).
 #pragma once
 
@@ -24,10 +24,12 @@ struct RsSum {
   unsigned ctas = 0;
 };
 
-// Issues `plan` with RsStream::kUser mapped to `user_stream`. Returns CUDA_SUCCESS or the first
-// error (the caller then poisons the communicator: peers may already depend on what was issued).
+// Issues `plan` with RsStream::kUser mapped to `user_stream`; `batch_copies` (not for a capture:
+// the batch API cannot be captured) issues a stream's consecutive copies in one call where the
+// driver has it. Returns CUDA_SUCCESS or the first error (the caller then poisons the
+// communicator: peers may already depend on what was issued).
 CUresult issue_rs_plan(const CudaDriver& cu, const CUstream streams[kRsStreams],
                        const CUevent events[kRsEvents], CUstream user_stream,
-                       const std::vector<RsOp>& plan, const RsSum& sum);
+                       const std::vector<RsOp>& plan, const RsSum& sum, bool batch_copies);
 
 }  // namespace zc

@@ -4,7 +4,8 @@
 // r % (visible GPUs) — on one GPU every rank shares it; on several the pulls cross NVLink
 // through peer access. Flags in mapped host memory, as the op exchange's. Two ops back to back
 // over the same buffers (the second with fresh inputs), fp32/bf16, sum and an average's
-// pre-multiplied sum, an odd count (chunks off 16-byte boundaries, a short last slice): each
+// pre-multiplied sum, an odd count (chunks off 16-byte boundaries, a short last slice), a slice's
+// pulls in one batch call and one call each: each
 // rank's output bitwise against the exact host reference in the plan's order. Skips without a
 // GPU.
 #include <cuda_runtime.h>
@@ -47,7 +48,8 @@ class ReduceScatterPlanGpu : public ::testing::Test {
   // One case: `nranks` ranks, `ops` ops; false on a CUDA failure (asserted by the caller).
   // Slices of `slice` bytes (whole elements, 256-byte aligned, as rs_slice_bytes makes them):
   // small ones give many slices on little data, whose host reference is slow.
-  void run(int nranks, const TypeCase& t, bool premul, uint64_t count, uint64_t slice) {
+  void run(int nranks, const TypeCase& t, bool premul, uint64_t count, uint64_t slice,
+           bool batch_copies = true) {
     const std::string label = std::to_string(nranks) + " ranks " + t.name +
                               (premul ? " average" : " sum") + " count " + std::to_string(count);
     const uint64_t chunk = count * t.bytes;
@@ -130,7 +132,7 @@ class ReduceScatterPlanGpu : public ::testing::Test {
         sum.scale_bits = scale_bits;
         sum.ctas = 8;
         ASSERT_EQ(issue_rs_plan(*cu_, k.streams, k.events, reinterpret_cast<CUstream>(k.user),
-                                plan, sum),
+                                plan, sum, batch_copies),
                   CUDA_SUCCESS)
             << label;
       }
@@ -177,6 +179,8 @@ TEST_F(ReduceScatterPlanGpu, RanksSumTheirChunksBitwiseInThePlansOrder) {
       for (bool premul : {false, true}) run(nranks, t, premul, odd, uint64_t{256} << 10);
   // The library's own slicing: one slice of the whole chunk.
   run(2, kTypes[0], true, odd, rs_slice_bytes(odd * 4, 4));
+  // One copy a call, as in a capture.
+  run(3, kTypes[2], true, odd, uint64_t{256} << 10, false);
 }
 
 }  // namespace

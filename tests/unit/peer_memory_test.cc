@@ -226,6 +226,31 @@ TEST(PeerMemory, AViewWhoseOpsFinishedIsUnmapped) {
   EXPECT_EQ(g_unmaps.load(), before + 2) << "one unmap per allocation of the view";
 }
 
+// The push issuer resolves op 7's deferred push into a view after the application's thread
+// resolved op 8's push into the same view: the view stays mapped until op 8's copies are done,
+// whose flag comes last; op 7's finishing says nothing about them.
+TEST(PeerMemory, AnOlderOpResolvedLateDoesNotTakeBackTheNewerOpsDoneMark) {
+  ViewInUse v;
+  v.map();  // op 7, as the fixture's seq
+  const int before = g_unmaps.load();
+  uint32_t newer_done = 0;
+  Span span{};
+  const char* why = "";
+  ASSERT_TRUE(v.imports->resolve(v.cu, *v.buf, getpid(), fd_service()->address(), kBase,
+                                 2 * kAlloc, 8, DoneMark{&newer_done, 8}, &span, &why))
+      << why;
+  // Op 7 again, late (the issuer's step for it).
+  ASSERT_TRUE(v.imports->resolve(v.cu, *v.buf, getpid(), fd_service()->address(), kBase,
+                                 2 * kAlloc, 7, DoneMark{&v.done_flag, 7}, &span, &why))
+      << why;
+  v.done_flag = 7;  // op 7's copies finished; op 8's may still run
+  v.try_every_release();
+  EXPECT_EQ(g_unmaps.load(), before) << "unmapped while the newer op's copies may run";
+  newer_done = 8;
+  v.try_every_release();
+  EXPECT_EQ(g_unmaps.load(), before + 2);
+}
+
 // A failure releases every flag (route_setup.cc, release_flags): the done flag then passes
 // whether or not the copies into the view ran — a copy queued behind a released wait, or one the
 // push issuer resolved and issues next, still writes through it. No path may unmap it before the
