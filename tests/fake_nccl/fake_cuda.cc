@@ -14,8 +14,9 @@
 // here. With FAKE_CUDA_CE=1 it also hands out the copy-engine API of fake_cuda_mem.cc (memory
 // shared across processes through memfds, streams, events, copies run at once; its header
 // lists every knob: FAKE_CUDA_GRANULARITY, FAKE_CUDA_WAIT_MS, FAKE_CUDA_UUID_SEED,
-// FAKE_CUDA_NO_P2P, FAKE_CUDA_DELAY) and the stream capture, graphs and user objects of
-// fake_cuda_graph.cc (FAKE_CUDA_CAPTURING, FAKE_CUDA_INVALIDATE_CAPTURE). FAKE_CUDA_FAIL=<name>
+// FAKE_CUDA_NO_P2P, FAKE_CUDA_DELAY), the stream capture, graphs and user objects of
+// fake_cuda_graph.cc (FAKE_CUDA_CAPTURING, FAKE_CUDA_INVALIDATE_CAPTURE), and the modules and
+// kernel launches of fake_cuda_kernel.cc (the library's reduction kernels). FAKE_CUDA_FAIL=<name>
 // [,<name>] makes those entry points fail (the ones of this file answer CUDA_ERROR_UNKNOWN);
 // every entry point refuses a call from a user object's destructor (fake_cuda_graph.cc).
 #include <cuda.h>
@@ -246,6 +247,7 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
   if (ce_enabled()) {
     void* fn = fake_cuda_ce_lookup(symbol);
     if (fn == nullptr) fn = fake_cuda_graph_lookup(symbol);
+    if (fn == nullptr) fn = fake_cuda_kernel_lookup(symbol);
     if (fn != nullptr) {
       *pfn = fn;
       if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;

@@ -3,12 +3,15 @@
 //   fake_cuda_mem.cc    memory, streams, events, and the stream operations with the one
 //                       executor per kind of operation (run now, or replayed by a graph)
 //   fake_cuda_graph.cc  stream capture, graphs and their launches, user objects
+//   fake_cuda_kernel.cc modules and kernel launches (the library's reduction kernels, which
+//                       fake_chunk_sum.cc computes)
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fake_log.h"
 
@@ -27,6 +30,13 @@ FAKE_HIDDEN bool fake_cuda_need_context(const std::string& what, CUresult* r);
 FAKE_HIDDEN std::string fake_cuda_stream_name(CUstream s);  // "stream#3", "legacy", ...
 FAKE_HIDDEN bool fake_cuda_env_is_1(const char* name);
 FAKE_HIDDEN void* fake_cuda_ce_lookup(const char* symbol);  // this file's entry points
+// The device whose context `s` belongs to: a stream's own, else (NULL, legacy, per-thread) the
+// calling thread's current one (-1: none).
+FAKE_HIDDEN int fake_cuda_stream_device(CUstream s);
+// CUDA_SUCCESS if [p, p + n) may be accessed with `prot` (PROT_READ/PROT_WRITE); else logs `what`
+// with the address and answers CUDA_ERROR_ILLEGAL_ADDRESS.
+FAKE_HIDDEN CUresult fake_cuda_access_error(const std::string& what, uintptr_t p, size_t n,
+                                            int prot);
 
 // Why an entry point must not go on (code CUDA_SUCCESS: it may). Every entry point asks first:
 // a call from a user object's destructor is refused (the real driver forbids CUDA calls
@@ -56,6 +66,7 @@ struct FakeOp {
     kWaitEvent,     // cuStreamWaitEvent on event (nothing to run: the fake's work is done)
     kUncapturable,  // no capture may hold it (cuMemcpyBatchAsync, cuGraphLaunch): never recorded
     kSync,          // cuStreamSynchronize/cuStreamQuery: refused on an explicit capture
+    kLaunch,        // cuLaunchKernel of function with the argument bytes params
   };
   Kind kind = Kind::kCopy;
   std::string what;  // the issuing call as logged, e.g. "cuMemcpyAsync dst=... stream=stream#3"
@@ -64,9 +75,14 @@ struct FakeOp {
   uint64_t value = 0;
   unsigned flags = 0;
   const void* event = nullptr;
+  CUfunction function = nullptr;
+  std::vector<unsigned char> params;  // copied at the call, as CUDA copies a kernel's arguments
 };
 // Runs `op` now, in the calling thread, and logs op.what + tail + its outcome.
 FAKE_HIDDEN CUresult fake_cuda_run(const FakeOp& op, const std::string& tail);
+// Issues `op` on `stream` as every stream operation is: recorded if the stream is in a capture,
+// else run now (and its outcome logged).
+FAKE_HIDDEN CUresult fake_cuda_issue(CUstream stream, const FakeOp& op);
 
 // ---- fake_cuda_graph.cc ----
 // What the capture machinery made of an issued operation: run it now (run), or it was
@@ -84,3 +100,9 @@ FAKE_HIDDEN void fake_cuda_forget(const void* stream_or_event);
 FAKE_HIDDEN int fake_cuda_graph_live(const std::string& kind);
 FAKE_HIDDEN bool fake_cuda_in_user_object_destructor();
 FAKE_HIDDEN void* fake_cuda_graph_lookup(const char* symbol);  // this file's entry points
+
+// ---- fake_cuda_kernel.cc ----
+// Runs a kLaunch operation (the launch's own executor; op.what + its outcome logged as `what`).
+FAKE_HIDDEN CUresult fake_cuda_run_launch(const FakeOp& op, const std::string& what);
+FAKE_HIDDEN int fake_cuda_module_live();                       // modules not yet unloaded
+FAKE_HIDDEN void* fake_cuda_kernel_lookup(const char* symbol);  // this file's entry points

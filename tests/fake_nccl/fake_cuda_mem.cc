@@ -41,8 +41,9 @@
 // Work on streams runs at once, in the calling thread, on those host addresses:
 // cuMemsetD32Async, cuMemcpyAsync, cuMemcpyHtoD/DtoH, cuMemcpyBatchAsync (refused on the legacy
 // NULL stream, as the real driver does), cuStreamWriteValue32/64 (which store exactly 4 or 8
-// bytes: a 32-bit write to the low half of a 64-bit word leaves the high half), and
-// cuStreamBatchMemOp (its waits and writes, each logged as the single call it stands for). An
+// bytes: a 32-bit write to the low half of a 64-bit word leaves the high half),
+// cuStreamBatchMemOp (its waits and writes, each logged as the single call it stands for), and
+// cuLaunchKernel of the library's reduction kernels (fake_cuda_kernel.cc's executor). An
 // address inside a reservation of this fake must be mapped with the needed access, by one mapping
 // or several back to back (else CUDA_ERROR_ILLEGAL_ADDRESS instead of a crash); any other address
 // is taken for host memory of the caller. Flags of 32/64-bit operations must be 4/8-byte aligned.
@@ -78,7 +79,8 @@
 // " thread=zerocta-push" before " pid=" when the shim's housekeeping thread or push issuer made
 // it). fake_cuda_live(kind) (exported,
 // for drivers) counts what this process still holds: "alloc", "reserve", "map", "stream",
-// "event", "memalloc", "hostreg", and fake_cuda_graph.cc's "graph", "exec", "userobj".
+// "event", "memalloc", "hostreg", fake_cuda_graph.cc's "graph", "exec", "userobj", and
+// fake_cuda_kernel.cc's "module".
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -534,6 +536,8 @@ FAKE_HIDDEN CUresult fake_cuda_run(const FakeOp& op, const std::string& tail) {
       return run_wait<uint32_t>(what, op.dst, static_cast<uint32_t>(op.value), op.flags);
     case FakeOp::Kind::kWait64:
       return run_wait<uint64_t>(what, op.dst, op.value, op.flags);
+    case FakeOp::Kind::kLaunch:
+      return fake_cuda_run_launch(op, what);
     default:  // event records and waits, synchronizations: the work is already done
       return done(what, CUDA_SUCCESS);
   }
@@ -544,6 +548,19 @@ FAKE_HIDDEN bool fake_cuda_need_context(const std::string& what, CUresult* r) {
   return need_context(what, r);
 }
 FAKE_HIDDEN std::string fake_cuda_stream_name(CUstream s) { return stream_name(s); }
+FAKE_HIDDEN int fake_cuda_stream_device(CUstream s) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (streams().count(s))
+      return static_cast<const FakeStream*>(static_cast<const void*>(s))->device;
+  }
+  return fake_cuda_current_device();
+}
+FAKE_HIDDEN CUresult fake_cuda_access_error(const std::string& what, uintptr_t p, size_t n,
+                                            int prot) {
+  return access_error(what, p, n, prot);
+}
+FAKE_HIDDEN CUresult fake_cuda_issue(CUstream stream, const FakeOp& op) { return issue(stream, op); }
 FAKE_HIDDEN bool fake_cuda_env_is_1(const char* name) { return env_is_1(name); }
 
 extern "C" {
@@ -588,6 +605,8 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
       {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE (fake)"},
       {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND (fake)"},
       {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS (fake)"},
+      {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS (fake)"},
+      {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU (fake)"},
       {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED (fake)"},
       {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED (fake)"},
       {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE (fake)"},
@@ -1484,6 +1503,7 @@ __attribute__((visibility("default"))) int fake_cuda_live(const char* kind) {
   if (k == "event") return static_cast<int>(events().size());
   if (k == "memalloc") return static_cast<int>(mem_allocs().size());
   if (k == "hostreg") return static_cast<int>(host_registrations().size());
+  if (k == "module") return fake_cuda_module_live();
   return fake_cuda_graph_live(k);
 }
 
