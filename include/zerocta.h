@@ -37,7 +37,7 @@ typedef enum {
 /* How an intercepted collective was executed. */
 typedef enum {
   zerocta_route_passthrough = 0, /* forwarded to NCCL unchanged */
-  zerocta_route_ce,              /* zerocta's own copy-engine all-gather */
+  zerocta_route_ce,              /* zerocta's own copy-engine route */
   zerocta_route_nccl_ce,         /* forwarded to NCCL on symmetric windows (NCCL's CE path) */
   zerocta_route_count
 } zerocta_route_t;
@@ -53,7 +53,8 @@ typedef struct {
   uint64_t comms_zero_policy; /* of those, created with NCCL_CTA_POLICY_ZERO */
   uint64_t comms_ce_ready;    /* of those, with an agreed copy-engine pool */
   uint64_t pool_bytes;        /* memory zerocta's route holds in this process now: its pinned
-                                 host flags and its mappings of peers' buffers */
+                                 host flags, its reduce-scatter scratch and its mappings of
+                                 peers' buffers and scratch */
   uint64_t inner_calls;       /* NCCL's calls into its own API, passed straight through */
 } zerocta_stats_t;
 

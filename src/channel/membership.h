@@ -37,6 +37,14 @@ enum MemberProblem : uint32_t {
   kProblemPeerInvisible = 1u << 5,
 };
 
+// A rank's reduce-scatter scratch (rs_scratch.h) as its peers reach it: its address (for peers
+// in its process) and size, and the token of its descriptor in its fd service (for the others).
+// Zeros: it has none (its settings do not route reduce-scatters, or it could not make one).
+struct ScratchFacts {
+  uint64_t addr = 0, bytes = 0;
+  uint64_t token = 0;
+};
+
 // One rank's published facts: fixed layout, copied in and out of shared memory as bytes.
 struct MemberFacts {
   uint32_t join_index = 0;
@@ -50,6 +58,7 @@ struct MemberFacts {
   int32_t device = -1;  // ordinal in its own process, for logs only
   unsigned char uuid[16] = {};
   char fd_address[kFdAddressMax] = {};
+  ScratchFacts rs_scratch;
 };
 
 struct Agreement {

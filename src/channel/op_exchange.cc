@@ -13,8 +13,8 @@ namespace zc {
 //   stages   [nranks][kOpRing] of {seq word, OpStage}
 //   pairs    [nranks][nranks][kOpRing] of (seq << 2) | PairMode
 //   --- page boundary: the GPUs' part (device_offset), the only part registered with CUDA ---
-//   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing], pushed[nranks][kOpRing]
-//            (uint32_t each)
+//   flags    ready[nranks][kOpRing], done[nranks][nranks][kOpRing], pushed[nranks][kOpRing],
+//            landed[nranks][nranks], freed[nranks] (uint32_t each)
 //   blocks   the captured ops' flag blocks (capture_blocks.h)
 struct OpExchange::Shared {
   std::atomic<uint64_t> arrival[kOpRing];  // bit r: rank r arrived at the slot's current op
@@ -56,16 +56,24 @@ size_t flags_offset(uint32_t nranks) {
       pairs_offset(nranks) + sizeof(std::atomic<uint64_t>) * nranks * nranks * kOpRing;
   return (end + kPage - 1) / kPage * kPage;
 }
-size_t flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (2 + nranks); }
+size_t ring_flag_words(uint32_t nranks) { return size_t{nranks} * kOpRing * (2 + nranks); }
+size_t flag_words(uint32_t nranks) {
+  return ring_flag_words(nranks) + size_t{nranks} * nranks + nranks;
+}
 
 uint32_t slot_of(uint64_t seq) { return static_cast<uint32_t>(seq % kOpRing); }
 
 const char* compare_posts(const OpPost& mine, const OpPost& peer) {
   if (peer.seq != mine.seq) return "a peer's post is for another op";
+  if (peer.collective != mine.collective)
+    return "ranks issued different collectives (an all-gather and a reduce-scatter) at the same "
+           "position";
   if (peer.mode != mine.mode)
-    return "one rank captured an all-gather into a CUDA graph where another ran it eagerly";
+    return "one rank captured a collective into a CUDA graph where another ran it eagerly";
   if (peer.count != mine.count || peer.datatype != mine.datatype)
-    return "ranks issued all-gathers of different counts or datatypes at the same position";
+    return "ranks issued collectives of different counts or datatypes at the same position";
+  if (peer.redop != mine.redop)
+    return "ranks issued reduce-scatters with different reduction ops at the same position";
   // Checked last: a drift that also changed the op's mode, count or datatype is named by those.
   if (peer.calls != mine.calls || peer.chain != mine.chain)
     return "the ranks' collective calls on this communicator differ (a rank skipped or added an "
@@ -117,6 +125,8 @@ void OpPost::clear() {
   count = 0;
   datatype = 0;
   pid = 0;
+  collective = OpCollective::kAllGather;
+  redop = 0;
   calls = chain = 0;
   block = CaptureRef{};
   send.clear();
@@ -281,8 +291,11 @@ size_t OpExchange::flag_count() const { return flag_words(nranks_); }
 
 void OpExchange::release_all(uint64_t seq) {
   const uint32_t ahead = static_cast<uint32_t>(seq) + (1u << 30);
+  const uint32_t slices_ahead = static_cast<uint32_t>(rs_slices_) + (1u << 30);
   uint32_t* flags = flags_begin();
-  for (size_t i = 0; i < flag_count(); ++i) __atomic_store_n(flags + i, ahead, __ATOMIC_RELEASE);
+  const size_t ring = ring_flag_words(nranks_);
+  for (size_t i = 0; i < flag_count(); ++i)
+    __atomic_store_n(flags + i, i < ring ? ahead : slices_ahead, __ATOMIC_RELEASE);
   blocks_.release_all();
 }
 
@@ -298,6 +311,14 @@ uint32_t* OpExchange::done_flag(uint32_t rank, uint32_t peer, uint64_t seq) {
 uint32_t* OpExchange::pushed_flag(uint32_t rank, uint64_t seq) {
   return flags_begin() + size_t{nranks_} * kOpRing * (1 + nranks_) + size_t{rank} * kOpRing +
          slot_of(seq);
+}
+
+uint32_t* OpExchange::landed_flag(uint32_t owner, uint32_t pusher) {
+  return flags_begin() + ring_flag_words(nranks_) + size_t{owner} * nranks_ + pusher;
+}
+
+uint32_t* OpExchange::freed_flag(uint32_t owner) {
+  return flags_begin() + ring_flag_words(nranks_) + size_t{nranks_} * nranks_ + owner;
 }
 
 }  // namespace zc

@@ -44,6 +44,10 @@
 //            the process's push issuer (push_issuer.h) issues the pushes once they come, on a
 //            stream of its own, and writes this flag after them; r's push stream waits for it.
 //            Flags only grow (seq), so a stream waits "greater or equal" and nobody resets them.
+//   landed   flag landed[r][q] = g + 1: rank q's pushes of the reduce-scatters' slice g into
+//            r's scratch have landed (reduce_scatter_plan.h). Slices are numbered across the
+//            communicator's routed reduce-scatters, alike on every rank (rs_slices()).
+//   freed    flag freed[r] = g + 1: rank r has summed slice g; its scratch buffer is free.
 //   stage    where a rank whose own buffers its peers cannot reach (cudaMalloc memory across
 //            processes, host or managed memory) is reached instead when ranks arrive after it:
 //            the first rank's verdict already sent the op to the copy engines, and a later rank
@@ -71,6 +75,8 @@ constexpr uint32_t kMaxExtents = 512;
 constexpr uint32_t kOpRanks = 64;  // ranks the exchange can serve
 
 enum class OpMode : uint32_t { kEager = 1, kCaptured = 2 };
+// Which collective a post is for: ranks at one seq with different ones drifted apart.
+enum class OpCollective : uint32_t { kAllGather = 0, kReduceScatter = 1 };
 enum class OpVerdict : uint32_t { kRoute = 1, kNccl = 2 };
 enum class PairMode : uint32_t { kEachPushes = 1, kLaterDoesBoth = 2 };
 
@@ -118,6 +124,8 @@ struct OpPost {
   uint64_t count = 0;
   int32_t datatype = 0;
   int32_t pid = 0;
+  OpCollective collective = OpCollective::kAllGather;
+  int32_t redop = 0;  // a reduce-scatter's ncclRedOp_t
   // The communicator's call chain before this op (call_chain.h): posts of one seq whose chains
   // differ come from ranks that drifted apart, whatever their counts.
   uint64_t calls = 0, chain = 0;
@@ -198,12 +206,26 @@ class OpExchange {
   uint32_t* ready_flag(uint32_t rank, uint64_t seq);
   uint32_t* done_flag(uint32_t rank, uint32_t peer, uint64_t seq);
   uint32_t* pushed_flag(uint32_t rank, uint64_t seq);
+  uint32_t* landed_flag(uint32_t owner, uint32_t pusher);
+  uint32_t* freed_flag(uint32_t owner);
+  // The reduce-scatters' slices this rank has routed so far (the next one's number), and their
+  // advance by an op's `n` slices, which returns the op's first. Counted by each rank alike:
+  // every rank routes the same ops (their verdict is shared) with the same slices (a pure
+  // function of the op, reduce_scatter_plan.h).
+  uint64_t rs_slices() const { return rs_slices_; }
+  uint64_t take_rs_slices(uint64_t n) {
+    const uint64_t first = rs_slices_;
+    rs_slices_ += n;
+    return first;
+  }
   // Every flag, for release: [flags_begin, flags_begin + flag_count).
   uint32_t* flags_begin();
   size_t flag_count() const;
   // Releases every wait of every rank on this exchange with plain host stores, no CUDA call:
   // each flag moved far ahead of `seq` (flags compare as wrapping counters, and no rank runs
-  // more than kOpRing ops ahead of another), and the captured ops' blocks released for good.
+  // more than kOpRing ops ahead of another), the reduce-scatters' far ahead of rs_slices()
+  // (no rank is more than one op's slices ahead of another), and the captured ops' blocks
+  // released for good.
   void release_all(uint64_t seq);
 
   // The flag blocks of captured ops, after the rest of the region.
@@ -219,6 +241,7 @@ class OpExchange {
   Shared* shared_;
   uint32_t nranks_;
   CaptureBlocks blocks_;
+  uint64_t rs_slices_ = 0;
 };
 
 // One rank's OpExchange::finish in op order, where a job of the push issuer (push_issuer.h)

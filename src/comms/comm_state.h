@@ -16,7 +16,10 @@
 #include "cuda_driver.h"
 #include "membership.h"
 #include "op_exchange.h"
+#include "chunk_sum.h"
 #include "peer_memory.h"
+#include "reduce_scatter_plan.h"
+#include "rs_scratch.h"
 #include "stage_buffer.h"
 
 namespace zc {
@@ -50,6 +53,15 @@ struct CeComm {
   bool all_local() const { return !needs.by_extents; }
   std::unique_ptr<PeerImports> imports;
   std::unique_ptr<StageBuffer> stage;     // only once an op needed one
+  // The reduce-scatter route (reduce_scatter_plan.h): this rank's scratch, made at the join
+  // where the setting asks for it (null otherwise), the peers' mapped at its first routed op,
+  // with the summing kernels of its device (rs_prepared).
+  std::unique_ptr<RsScratch> rs_scratch;
+  bool rs_prepared = false;
+  const ChunkSumKernels* rs_kernels = nullptr;
+  OpPost rs_post;  // reused per op (32 KiB: not for the stack)
+  RsOpView rs_view;
+  std::vector<RsOp> rs_plan;
   CUstream streams[kDirectStreams] = {};  // index 0 unused (the user's stream)
   // The push issuer's stream for this communicator, in its own context (push_issuer.h), and
   // the event that tells its end at the teardown; null where no pushes are deferred.

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "chunk_sum.h"
 #include "config.h"
 #include "fd_exchange.h"
 #include "flag_watch.h"
@@ -15,6 +16,7 @@
 #include "local_aliases.h"
 #include "log.h"
 #include "nvml_links.h"
+#include "rs_scratch.h"
 #include "parked_routes.h"
 #include "push_issuer.h"
 #include "process_info.h"
@@ -68,6 +70,26 @@ uint32_t register_flags(const CudaDriver& cu, const JoinPlan& plan, const Channe
   return service ? 0u : uint32_t{kProblemFdService};
 }
 
+// The reduce-scatter's scratch, where its setting asks for that route (rs_scratch.h); a rank
+// without one is no problem for the all-gathers, and its reduce-scatters go to NCCL on every
+// rank (the agreed facts say it has none).
+void make_rs_scratch(const CudaDriver& cu, int device, CeComm* ce, MemberFacts* f) {
+  if (!route_asked(config().reducescatter)) return;
+  const char* why = "this build carries no reduction kernel (nvcc was not found)";
+  if (config().rs_scratch_bytes == 0) {
+    why = "ZEROCTA_RS_SCRATCH=0";
+  } else if (chunk_sum_built()) {
+    ScopedDevice on(device);
+    std::unique_ptr<RsScratch> scratch(new RsScratch);
+    if (on.ok() && scratch->create(cu, device, config().rs_scratch_bytes, &why)) {
+      f->rs_scratch = scratch->facts();
+      ce->rs_scratch = std::move(scratch);
+      return;
+    }
+  }
+  ZC_INFO("route: dev %d: copy-engine reduce-scatter off on this communicator: %s", device, why);
+}
+
 // What this rank can check of every other member it sees after publishing its own facts: a
 // direct P2P path to its GPU and its fd service. Of two ranks, the one that published second
 // sees the other, so every pair is checked by at least one of them. A GPU this process cannot
@@ -98,11 +120,20 @@ uint32_t check_members(const CudaDriver& cu, const JoinPlan& plan, const MemberF
 // One WARN per process and reason; every decision is also one INFO line per communicator.
 void say_decision(const CommState& st, const Agreement& a) {
   const unsigned long long bytes = st.ce ? st.ce->registered_bytes : 0;
+  const unsigned long long scratch =
+      st.ce && st.ce->rs_scratch ? st.ce->rs_scratch->facts().bytes : 0;
   if (a.commit) {
-    ZC_INFO(
-        "route: rank %d/%d dev %d: zero-copy all-gather engaged (%llu B of host memory for its "
-        "flags; no GPU memory of its own)",
-        st.rank, st.nranks, st.device, bytes);
+    if (scratch == 0)
+      ZC_INFO(
+          "route: rank %d/%d dev %d: zero-copy all-gather engaged (%llu B of host memory for its "
+          "flags; no GPU memory of its own)",
+          st.rank, st.nranks, st.device, bytes);
+    else
+      ZC_INFO(
+          "route: rank %d/%d dev %d: zero-copy all-gather engaged (%llu B of host memory for its "
+          "flags), and the copy-engine reduce-scatter where every rank has a scratch (%llu MiB "
+          "of GPU memory here)",
+          st.rank, st.nranks, st.device, bytes, scratch >> 20);
     return;
   }
   ZC_INFO("route: rank %d/%d dev %d: copy-engine all-gather not engaged: %s", st.rank, st.nranks,
@@ -169,7 +200,8 @@ void free_route_resources(CommState& st) {
   std::shared_ptr<CaptureLife> life =
       ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
   life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
-                  std::move(ce.imports), std::move(ce.ops), std::move(ce.stage));
+                  std::move(ce.imports), std::move(ce.ops), std::move(ce.stage),
+                  std::move(ce.rs_scratch));
   static_assert(kDirectEvents >= kDirectStreams, "an event of the route's own per stream");
   free_when_drained(std::move(life), ce.streams, ce.events, kDirectStreams, issuer_recorded,
                     st.device, ops, ce.seq);
@@ -190,35 +222,49 @@ void free_route_resources(CommState& st) {
   }
 }
 
+// Whether `mode` asks for the route on `nranks` ranks (0: a child, not known yet), auto only up
+// to `auto_max` (0 = any).
+bool mode_wants(RouteMode mode, uint64_t auto_max, int nranks) {
+  if (!route_asked(mode)) return false;
+  return nranks == 0 || mode != RouteMode::kAuto || auto_max == 0 ||
+         static_cast<uint64_t>(nranks) <= auto_max;
+}
+
+// Whether either collective's setting asks for the route on `nranks` ranks.
+bool any_collective_wants(int nranks) {
+  const Config& cfg = config();
+  return mode_wants(cfg.allgather, cfg.auto_max_ranks, nranks) ||
+         mode_wants(cfg.reducescatter, kRsAutoMaxRanks, nranks);
+}
+
 }  // namespace
 
 bool route_wanted(int nranks) {
   const Config& cfg = config();
-  if (cfg.allgather != AllGatherMode::kAuto && cfg.allgather != AllGatherMode::kZerocta)
-    return false;
+  if (!route_asked(cfg.allgather) && !route_asked(cfg.reducescatter)) return false;
   if (runtime_tier() != RuntimeTier::kFull) return false;
   const CudaDriver* cu = cuda_driver();
   if (!cu || !cu->ce_ok) return false;
   if (nranks == 0) return true;  // a child: its size is known only at the freeze
   if (nranks < 2 || nranks > kMaxRanks) return false;
-  return cfg.allgather != AllGatherMode::kAuto || cfg.auto_max_ranks == 0 ||
-         static_cast<uint64_t>(nranks) <= cfg.auto_max_ranks;
+  return any_collective_wants(nranks);
 }
 
 ChannelShape channel_shape(uint32_t capacity) {
-  const Config& cfg = config();
   uint64_t room = std::min<uint64_t>(capacity, kOpRanks);
-  if (cfg.allgather == AllGatherMode::kAuto && cfg.auto_max_ranks != 0)
-    room = std::min<uint64_t>(room, cfg.auto_max_ranks);
+  // Room only for as many ranks as a setting could route (the larger of the two).
+  uint64_t most = 0;
+  for (uint64_t n = 2; n <= room; ++n)
+    if (any_collective_wants(static_cast<int>(n))) most = n;
+  room = std::max<uint64_t>(std::min<uint64_t>(room, most), std::min<uint64_t>(room, 2));
   return ChannelShape{capacity, static_cast<uint32_t>(room)};
 }
 
 void route_not_joining(CommState& st, int nranks) {
-  const Config& cfg = config();
-  st.route_why = nranks < 2                              ? "a communicator of one rank"
-                 : nranks > kMaxRanks                    ? "more ranks than the route supports (64)"
-                 : cfg.allgather == AllGatherMode::kAuto ? "more ranks than ZEROCTA_AUTO_MAX_RANKS"
-                                                         : "this rank has no current CUDA device";
+  st.route_why = nranks < 2                ? "a communicator of one rank"
+                 : nranks > kMaxRanks      ? "more ranks than the route supports (64)"
+                 : !any_collective_wants(nranks) ? "more ranks than ZEROCTA_AUTO_MAX_RANKS"
+                                           : "this rank has no current CUDA device";
   LogDeviceScope tag(st.device);
   ZC_INFO("route: rank %d/%d dev %d: copy-engine all-gather not engaged: %s", st.rank, nranks,
           st.device, st.route_why);
@@ -255,6 +301,7 @@ void route_join(CommState& st, const JoinPlan& plan) {
   g_route_comms.fetch_add(1);
   st.ce->join_index = plan.join_index;
   f.problems = register_flags(*cu, plan, *st.channel, st.ce.get(), &f);
+  if (f.problems == 0) make_rs_scratch(*cu, plan.device, st.ce.get(), &f);
   st.channel->publish(f);
   if (f.problems == 0)
     st.channel->add_problems(plan.join_index, check_members(*cu, plan, f, st.channel->members()));
@@ -268,10 +315,8 @@ void route_freeze(CommState& st, bool on_app_thread) {
   if (st.route.load() != RouteState::kJoined) return;
   Agreement a = agree(st.channel->members(), st.nranks, st.channel->broken(), st.local_gpus);
   st.channel->unlink_name();  // frozen: nobody may join any more
-  const Config& cfg = config();
-  if (a.commit && cfg.allgather == AllGatherMode::kAuto && cfg.auto_max_ranks != 0 &&
-      static_cast<uint64_t>(st.nranks) > cfg.auto_max_ranks) {
-    a.commit = false;  // a child larger than ZEROCTA_AUTO_MAX_RANKS: the same on every rank
+  if (a.commit && !any_collective_wants(st.nranks)) {
+    a.commit = false;  // a child larger than auto routes: the same on every rank
     a.why = "more ranks than ZEROCTA_AUTO_MAX_RANKS";
     a.warn = false;
   }
@@ -408,6 +453,55 @@ ncclResult_t route_prepare(CommState& st) {
   // After commit a failure is the communicator's: poisoned here and, through the channel, for
   // the peers, whose waits on this rank are released.
   ZC_WARN("copy-engine route on rank %d failed to prepare: %s; the communicator is poisoned",
+          st.rank, why);
+  route_poison(st, ncclSystemError);
+  return ncclSystemError;
+}
+
+namespace {
+// The reduce-scatter's part of the prepare: the peers' scratch mapped, the summing kernels.
+const char* set_up_reduce_scatter(CommState& st, CeComm& ce, const CudaDriver& cu) {
+  if (!ce.rs_scratch) return "this rank has no reduce-scatter scratch";
+  ScopedDevice on(st.device);
+  if (!on.ok()) return "cannot make the communicator's device current";
+  const char* why = nullptr;
+  ce.rs_kernels = chunk_sum_on_device(cu, st.device, &why);
+  if (!ce.rs_kernels) return why;
+  const int me_pid = static_cast<int>(getpid());
+  uint64_t mapped = 0;
+  for (int p = 0; p < st.nranks; ++p) {
+    if (p == st.rank) continue;
+    const MemberFacts& m = st.members[static_cast<size_t>(p)];
+    if (!ce.rs_scratch->map_peer(cu, p, m.rs_scratch, m.pid == me_pid, m.fd_address, m.pid,
+                                 st.device, &why))
+      return why;
+    mapped += m.rs_scratch.bytes;
+  }
+  ZC_INFO("route: rank %d/%d dev %d: copy-engine reduce-scatter ready: scratch %llu MiB here, "
+          "%llu MiB of its peers' mapped",
+          st.rank, st.nranks, st.device,
+          static_cast<unsigned long long>(ce.rs_scratch->facts().bytes >> 20),
+          static_cast<unsigned long long>(mapped >> 20));
+  ce.rs_prepared = true;
+  return nullptr;
+}
+}  // namespace
+
+ncclResult_t route_prepare_reduce_scatter(CommState& st) {
+  if (ncclResult_t r = route_prepare(st); r != ncclSuccess) return r;
+  const char* why = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(st.route_mu);
+    CeComm* ce = st.ce.get();
+    if (ce->rs_prepared) return ncclSuccess;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode);
+    why = set_up_reduce_scatter(st, *ce, *cuda_driver());
+    cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode);
+    if (!why) return ncclSuccess;
+  }
+  ZC_WARN("copy-engine reduce-scatter on rank %d failed to prepare: %s; the communicator is "
+          "poisoned",
           st.rank, why);
   route_poison(st, ncclSystemError);
   return ncclSystemError;

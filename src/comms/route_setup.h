@@ -63,6 +63,10 @@ void route_settle(CommState& st);
 
 // The prepare phase (idempotent). ncclSuccess, or the error the comm is now poisoned with.
 ncclResult_t route_prepare(CommState& st);
+// The same, and the reduce-scatter's part (idempotent): the peers' scratch mapped (one import
+// per peer in another process, from its fd service), the summing kernels loaded. Called at the
+// first routed reduce-scatter, which every rank routes alike: a failure poisons.
+ncclResult_t route_prepare_reduce_scatter(CommState& st);
 
 // Poisons a committed comm with `code` here and, through the channel, for its peers.
 void route_poison(CommState& st, int code);

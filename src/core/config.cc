@@ -60,8 +60,8 @@ constexpr LogLevel kLogLevels[] = {LogLevel::kNone, LogLevel::kWarn, LogLevel::k
                                    LogLevel::kDebug};
 constexpr CtaPolicyMode kCtaPolicies[] = {CtaPolicyMode::kZero, CtaPolicyMode::kEfficiency,
                                           CtaPolicyMode::kDefault, CtaPolicyMode::kKeep};
-constexpr AllGatherMode kAllGatherModes[] = {AllGatherMode::kAuto, AllGatherMode::kZerocta,
-                                             AllGatherMode::kNccl, AllGatherMode::kOff};
+constexpr RouteMode kRouteModes[] = {RouteMode::kAuto, RouteMode::kZerocta,
+                                             RouteMode::kNccl, RouteMode::kOff};
 
 constexpr const char* kLogVar = "ZEROCTA_LOG";
 constexpr const char* kNcclDebugVar = "NCCL_DEBUG";
@@ -124,7 +124,7 @@ const std::vector<VarSpec>& specs() {
         "default; auto = zerocta's zero-copy copy-engine route from ZEROCTA_MIN_BYTES up on up to "
         "ZEROCTA_AUTO_MAX_RANKS ranks, when every rank of the communicator agreed; zerocta = that "
         "route for every all-gather; off = the same as nccl."},
-       [](const char* t, Config* c) { return parse_enum(t, kAllGatherModes, &c->allgather); }},
+       [](const char* t, Config* c) { return parse_enum(t, kRouteModes, &c->allgather); }},
       {{"ZEROCTA_MIN_BYTES", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
         "Smallest all-gather (total output bytes) that auto routes to the copy engines."},
        [](const char* t, Config* c) { return parse_size(t, &c->min_bytes); }},
@@ -132,6 +132,22 @@ const std::vector<VarSpec>& specs() {
         "Largest communicator whose all-gathers auto routes to the copy engines (the largest "
         "measured where the route beats NCCL's kernel path)."},
        [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},
+      {{"ZEROCTA_REDUCESCATTER", "enum", "auto|zerocta|nccl|off", "nccl",
+        "Route of reduce-scatters (sum and average of float, half and bfloat16): nccl = NCCL's "
+        "kernels, the default; auto = zerocta's copy-engine route (peers' chunks pushed by copy "
+        "engines, summed by a small kernel) from ZEROCTA_MIN_BYTES of input up on 2 ranks, when "
+        "every rank agreed; zerocta = that route for every such reduce-scatter on up to 8 "
+        "ranks; off = the same as nccl."},
+       [](const char* t, Config* c) { return parse_enum(t, kRouteModes, &c->reducescatter); }},
+      {{"ZEROCTA_RS_SCRATCH", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
+        "GPU memory per communicator into which the peers push a routed reduce-scatter's "
+        "chunks (two slices of each peer, an op larger than a slice going in several; 0 = no "
+        "copy-engine reduce-scatter)."},
+       [](const char* t, Config* c) { return parse_size(t, &c->rs_scratch_bytes); }},
+      {{"ZEROCTA_RS_CTAS", "count", "0 (the default) or a number of CTAs", "16",
+        "CTAs of the kernel that sums a routed reduce-scatter's chunks (few: it runs beside "
+        "compute)."},
+       [](const char* t, Config* c) { return parse_count(t, &c->rs_ctas); }},
       {{"ZEROCTA_STATS", "string", "empty or 0 = off, 1 = stderr, anything else = a path", "",
         "Prints the counters at exit to stderr (1; shown whatever ZEROCTA_LOG says) or writes "
         "them as JSON to the given path (%h host, %p pid, %r rank, %% %), also at every "
@@ -278,12 +294,14 @@ const Config& config() {
 uint64_t config_fingerprint(const Config& c) {
   // The canonical text uses the enum words and plain byte counts, so "16M" and "16777216"
   // hash alike, and the version tag lets a protocol change make old and new ranks differ.
-  std::string canon = "zerocta-config-v2";
+  std::string canon = "zerocta-config-v3";
   canon += " enable=" + std::to_string(c.enable ? 1 : 0);
   canon += " cta_policy=" + std::string(to_string(c.cta_policy));
   canon += " allgather=" + std::string(to_string(c.allgather));
   canon += " min_bytes=" + std::to_string(c.min_bytes);
   canon += " auto_max_ranks=" + std::to_string(c.auto_max_ranks);
+  canon += " reducescatter=" + std::string(to_string(c.reducescatter));
+  canon += " rs_scratch_bytes=" + std::to_string(c.rs_scratch_bytes);
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis
   for (unsigned char ch : canon) {
     h ^= ch;
@@ -451,15 +469,15 @@ const char* to_string(CtaPolicyMode m) {
   return "unknown";
 }
 
-const char* to_string(AllGatherMode m) {
+const char* to_string(RouteMode m) {
   switch (m) {
-    case AllGatherMode::kAuto:
+    case RouteMode::kAuto:
       return "auto";
-    case AllGatherMode::kZerocta:
+    case RouteMode::kZerocta:
       return "zerocta";
-    case AllGatherMode::kNccl:
+    case RouteMode::kNccl:
       return "nccl";
-    case AllGatherMode::kOff:
+    case RouteMode::kOff:
       return "off";
   }
   return "unknown";

@@ -14,13 +14,22 @@
 namespace zc {
 
 enum class CtaPolicyMode { kZero, kEfficiency, kDefault, kKeep };
-enum class AllGatherMode { kAuto, kZerocta, kNccl, kOff };
+// A collective's route: ZEROCTA_ALLGATHER and ZEROCTA_REDUCESCATTER take the same words.
+enum class RouteMode { kAuto, kZerocta, kNccl, kOff };
 
 // Defaults of the size variables; config_table() shows the same values as text.
 constexpr uint64_t kDefaultMinBytes = 64ull << 20;
 // auto's route is measured to beat NCCL's kernel path on 2, 3 and 4 ranks, alone and beside
 // GEMMs (docs/PERFORMANCE.md); 8 GPUs were not lent to measure it.
 constexpr uint64_t kDefaultAutoMaxRanks = 4;
+// The reduce-scatter's scratch per communicator: every rank's peers push their chunks into it,
+// two slices of each peer (reduce_scatter_plan.h); 64 MiB gives 2 ranks 32 MiB slices' room.
+constexpr uint64_t kDefaultRsScratchBytes = 64ull << 20;
+// The most ranks whose reduce-scatters auto routes: 2, the count the route is built and first
+// measured for (docs/PERFORMANCE.md, "Reduce-scatter"); larger counts take ZEROCTA_REDUCESCATTER=zerocta.
+constexpr uint64_t kRsAutoMaxRanks = 2;
+// CTAs of the reduce-scatter's summing kernel (chunk_sum.h).
+constexpr uint64_t kDefaultRsCtas = 16;
 
 // A default-constructed Config holds every documented default (no variable set).
 struct Config {
@@ -31,9 +40,12 @@ struct Config {
   CtaPolicyMode cta_policy = CtaPolicyMode::kZero;  // ZEROCTA_CTA_POLICY
   bool cta_policy_force = false;                    // ZEROCTA_CTA_POLICY_FORCE
   // nccl until zerocta's copy-engine route beats NCCL's kernel path (docs/PERFORMANCE.md).
-  AllGatherMode allgather = AllGatherMode::kNccl;  // ZEROCTA_ALLGATHER
+  RouteMode allgather = RouteMode::kNccl;  // ZEROCTA_ALLGATHER
   uint64_t min_bytes = kDefaultMinBytes;           // ZEROCTA_MIN_BYTES (total output bytes)
   uint64_t auto_max_ranks = kDefaultAutoMaxRanks;  // ZEROCTA_AUTO_MAX_RANKS (0 = any)
+  RouteMode reducescatter = RouteMode::kNccl;       // ZEROCTA_REDUCESCATTER
+  uint64_t rs_scratch_bytes = kDefaultRsScratchBytes;  // ZEROCTA_RS_SCRATCH
+  uint64_t rs_ctas = kDefaultRsCtas;                   // ZEROCTA_RS_CTAS
   std::string stats;                               // ZEROCTA_STATS: "" | "0" | "1" | a path
   bool nvtx = true;                                // ZEROCTA_NVTX
   std::string nccl_library;                        // ZEROCTA_NCCL_LIBRARY
@@ -49,12 +61,15 @@ struct Config {
   // Lines never contain a newline: the bad value is escaped and shortened.
   std::vector<std::string> errors;
   // Hash of the values that change the inter-rank protocol (allgather, min_bytes,
-  // auto_max_ranks, enable, cta_policy). Identical configs
+  // auto_max_ranks, reducescatter, rs_scratch_bytes, enable, cta_policy). Identical configs
   // give identical hashes.
   uint64_t fingerprint = 0;
 };
 
 // One row of the variable table (also used to generate/check the README table).
+// Whether a mode asks for zerocta's copy-engine route (auto or zerocta).
+inline bool route_asked(RouteMode m) { return m == RouteMode::kAuto || m == RouteMode::kZerocta; }
+
 struct ConfigVar {
   const char* name;     // "ZEROCTA_LOG"
   const char* type;     // "enum", "bool", "size", "count", "string"
@@ -141,7 +156,7 @@ std::string format_size(uint64_t bytes);
 std::string quoted(const char* text);
 
 const char* to_string(CtaPolicyMode m);
-const char* to_string(AllGatherMode m);
+const char* to_string(RouteMode m);
 const char* to_string(LogLevel l);
 
 }  // namespace zc

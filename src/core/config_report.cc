@@ -34,13 +34,15 @@ std::vector<ReportLine> config_report(const Config& c, const std::vector<Unknown
       {LogLevel::kInfo,
        text_of("config: zerocta %s ZEROCTA_ENABLE=%d ZEROCTA_STRICT=%d ZEROCTA_LOG=%s%s "
                "ZEROCTA_CTA_POLICY=%s%s ZEROCTA_ALLGATHER=%s ZEROCTA_MIN_BYTES=%llu "
-               "ZEROCTA_AUTO_MAX_RANKS=%llu ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
+               "ZEROCTA_AUTO_MAX_RANKS=%llu ZEROCTA_REDUCESCATTER=%s ZEROCTA_RS_SCRATCH=%llu "
+               "ZEROCTA_RS_CTAS=%llu ZEROCTA_STATS=%s ZEROCTA_NVTX=%d fingerprint=%016llx",
                ZEROCTA_VERSION_STRING, c.enable ? 1 : 0, c.strict ? 1 : 0, to_string(c.log),
                c.log_from_nccl_debug ? " (from NCCL_DEBUG)" : "", to_string(c.cta_policy),
                c.cta_policy_force ? " (forced)" : "", to_string(c.allgather),
                static_cast<unsigned long long>(c.min_bytes),
-               static_cast<unsigned long long>(c.auto_max_ranks),
-               c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
+               static_cast<unsigned long long>(c.auto_max_ranks), to_string(c.reducescatter),
+               static_cast<unsigned long long>(c.rs_scratch_bytes),
+               static_cast<unsigned long long>(c.rs_ctas), c.stats.empty() ? "0" : c.stats.c_str(), c.nvtx ? 1 : 0,
                static_cast<unsigned long long>(c.fingerprint))});
   if (nccl_cta_policy != nullptr && c.enable && c.cta_policy != CtaPolicyMode::kKeep)
     lines.push_back({LogLevel::kWarn,

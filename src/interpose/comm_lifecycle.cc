@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "ce_allgather.h"
+#include "routed_op.h"
 #include "comm_children.h"
 #include "comm_create.h"
 #include "comm_state.h"

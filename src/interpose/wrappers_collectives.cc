@@ -1,5 +1,6 @@
 // Collectives: counted and NVTX-annotated, folded into the communicator's call chain where the
-// route may be taken (call_chain.h); all-gathers routed by choose_allgather_route();
+// route may be taken (call_chain.h); all-gathers routed by choose_allgather_route(),
+// reduce-scatters by choose_reduce_scatter_route();
 // NCCL-CE-capable ops on app windows moved off the legacy default stream on the NCCL versions
 // that fail them there; group ends run what zerocta deferred to them (group_state.h).
 #include <cuda.h>
@@ -8,6 +9,7 @@
 
 #include "call_chain.h"
 #include "ce_allgather.h"
+#include "ce_reduce_scatter.h"
 #include "comm_create.h"
 #include "comm_order.h"
 #include "comm_state.h"
@@ -17,6 +19,7 @@
 #include "log.h"
 #include "nvtx_ranges.h"
 #include "real_nccl.h"
+#include "reduce_scatter_plan.h"
 #include "route.h"
 #include "route_setup.h"
 #include "shim_entry.h"
@@ -107,8 +110,8 @@ std::shared_ptr<CommState> state_for_op(ncclComm_t comm, ncclResult_t* poison) {
 // its calls before that count alike on every rank — until it settled on NCCL for good. The
 // default mode keeps none.
 bool keeps_chain(const std::shared_ptr<CommState>& st) {
-  const AllGatherMode mode = config().allgather;
-  return st && (mode == AllGatherMode::kAuto || mode == AllGatherMode::kZerocta) &&
+  const Config& cfg = config();
+  return st && (route_asked(cfg.allgather) || route_asked(cfg.reducescatter)) &&
          st->route.load(std::memory_order_relaxed) != RouteState::kPassthrough;
 }
 
@@ -204,6 +207,77 @@ ncclResult_t issue_ce_allgather(const RealNccl& real, const std::shared_ptr<Comm
   return ncclSuccess;
 }
 
+// Whether every rank of a committed communicator published a reduce-scatter scratch (the agreed
+// facts).
+bool every_rank_has_scratch(const CommState& st) {
+  for (const MemberFacts& m : st.members)
+    if (m.rs_scratch.bytes == 0) return false;
+  return !st.members.empty();
+}
+
+// The route of a reduce-scatter, from agreed facts and the op's count, datatype and reduction
+// only; *slice: its slices' bytes (reduce_scatter_plan.h), alike on every rank.
+RouteDecision reduce_scatter_route(const std::shared_ptr<CommState>& st, size_t recvcount,
+                                   ncclDataType_t datatype, ncclRedOp_t op, uint64_t* total_bytes,
+                                   uint64_t* slice) {
+  const Config& cfg = config();
+  const uint64_t ts = nccl_type_size(datatype);
+  const uint64_t n = nranks_of(st);
+  RsRouteInputs in;
+  in.mode = cfg.reducescatter;
+  in.committed = st && st->route.load(std::memory_order_acquire) == RouteState::kCommitted;
+  in.why_not = st ? st->route_why : "communicator not created through zerocta";
+  in.every_scratch = in.committed && every_rank_has_scratch(*st);
+  in.nranks = static_cast<int>(n);
+  in.datatype = datatype;
+  in.redop = op;
+  in.bytes_valid = ts != 0 && recvcount <= UINT64_MAX / ts / n;
+  in.total_bytes = in.bytes_valid ? recvcount * ts * n : 0;
+  in.min_bytes = cfg.min_bytes;
+  in.auto_max_ranks = kRsAutoMaxRanks;
+  in.slice = rs_slice_bytes(recvcount * ts, ts, in.nranks, cfg.rs_scratch_bytes);
+  *total_bytes = in.total_bytes;
+  *slice = in.slice;
+  return choose_reduce_scatter_route(in);
+}
+
+ncclResult_t forward_reduce_scatter(const RealNccl& real, const std::shared_ptr<CommState>& st,
+                                    const void* sendbuff, void* recvbuff, size_t recvcount,
+                                    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                    cudaStream_t stream, uint64_t total) {
+  stats_count(zerocta_op_reducescatter, zerocta_route_passthrough, total);
+  NvtxRange range(zerocta_op_reducescatter, zerocta_route_passthrough, total);
+  return in_comm_order(st, stream, [&] {
+    return timed_nccl_call([&] {
+      return real.ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+    });
+  });
+}
+
+// The copy-engine reduce-scatter: prepared on first use (route_setup.h), then posted; NCCL runs
+// it instead where the first rank to arrive said so (op_exchange.h), on every rank alike.
+ncclResult_t issue_ce_reduce_scatter(const RealNccl& real, const std::shared_ptr<CommState>& st,
+                                     const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                     cudaStream_t stream, uint64_t total, uint64_t slice,
+                                     ChainPoint chain) {
+  if (ncclResult_t r = route_prepare_reduce_scatter(*st); r != ncclSuccess) return r;
+  CUstream s = reinterpret_cast<CUstream>(stream);
+  bool to_nccl = false;
+  ncclResult_t r;
+  {
+    NvtxRange range(zerocta_op_reducescatter, zerocta_route_ce, total);
+    r = ce_reduce_scatter(*st, sendbuff, recvbuff, recvcount, datatype, op, slice, s,
+                          stream_is_capturing(s), chain, &to_nccl);
+  }
+  if (r != ncclSuccess) return r;
+  if (to_nccl)
+    return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                                  stream, total);
+  stats_count(zerocta_op_reducescatter, zerocta_route_ce, total);
+  return ncclSuccess;
+}
+
 }  // namespace
 }  // namespace zc
 
@@ -255,13 +329,6 @@ ZC_COUNTED_COLLECTIVE(zerocta_op_allreduce, count* nccl_type_size(datatype),
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
                       (sendbuff, recvbuff, count, datatype, op, comm, stream))
-ZC_COUNTED_COLLECTIVE(zerocta_op_reducescatter, recvcount* nccl_type_size(datatype),
-                      (ChainLink{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, op}),
-                      ncclReduceScatter,
-                      (const void* sendbuff, void* recvbuff, size_t recvcount,
-                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                       cudaStream_t stream),
-                      (sendbuff, recvbuff, recvcount, datatype, op, comm, stream))
 ZC_COUNTED_COLLECTIVE(zerocta_op_reduce, count* nccl_type_size(datatype),
                       (ChainLink{ChainedCall::kReduce, count, datatype, root, op}), ncclReduce,
                       (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
@@ -322,7 +389,7 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
     g.pending_ops.push_back({[=, &real]() {
       settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
       uint64_t total = 0;
-      if (allgather_route(st, sendcount, datatype, &total).route == AgRoute::kCe)
+      if (allgather_route(st, sendcount, datatype, &total).route == RouteKind::kCe)
         return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                                   nccl_ce, total, chain);
       return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
@@ -333,8 +400,8 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   uint64_t total = 0;
   const RouteDecision d = allgather_route(st, sendcount, datatype, &total);
   ZC_DEBUG("ncclAllGather %llu B: %s (%s)", static_cast<unsigned long long>(total),
-           d.route == AgRoute::kCe ? "copy-engine route" : "NCCL", d.why);
-  if (d.route != AgRoute::kCe)
+           d.route == RouteKind::kCe ? "copy-engine route" : "NCCL", d.why);
+  if (d.route != RouteKind::kCe)
     return chained(st, link,
                    forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm,
                                      stream, nccl_ce, total));
@@ -355,6 +422,49 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
   }
   return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
                             nccl_ce, total, chain);
+}
+
+ZC_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                         ncclDataType_t datatype, ncclRedOp_t op,
+                                         ncclComm_t comm, cudaStream_t stream) {
+  ZC_COLLECTIVE_HEAD(ncclReduceScatter,
+                     (sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
+  const RealNccl& real = *e.real;
+  const ChainLink link{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, op};
+  GroupState& g = group_state();
+  if (g.depth > 0 && st && st->route.load() == RouteState::kJoined) {
+    // Created in this same group: its membership freezes at the group's end, and so the route
+    // is chosen there, the same way on every rank.
+    const ChainPoint chain = chain_at_call(st, link);
+    g.pending_ops.push_back({[=, &real]() {
+      settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
+      uint64_t total = 0, slice = 0;
+      if (reduce_scatter_route(st, recvcount, datatype, op, &total, &slice).route == RouteKind::kCe)
+        return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op,
+                                       comm, stream, total, slice, chain);
+      return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                                    stream, total);
+    }, std::nullopt, st->key});
+    return ncclSuccess;
+  }
+  uint64_t total = 0, slice = 0;
+  const RouteDecision d = reduce_scatter_route(st, recvcount, datatype, op, &total, &slice);
+  ZC_DEBUG("ncclReduceScatter %llu B: %s (%s)", static_cast<unsigned long long>(total),
+           d.route == RouteKind::kCe ? "copy-engine route" : "NCCL", d.why);
+  if (d.route != RouteKind::kCe)
+    return chained(st, link,
+                   forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op,
+                                          comm, stream, total));
+  const ChainPoint chain = chain_at_call(st, link);
+  if (g.depth > 0) {  // issued after NCCL's part of the group, in program order
+    g.pending_ops.push_back({[=, &real]() {
+      return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                                     stream, total, slice, chain);
+    }, std::nullopt, st->key});
+    return ncclSuccess;
+  }
+  return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                                 stream, total, slice, chain);
 }
 
 ZC_EXPORT ncclResult_t ncclGroupStart() {

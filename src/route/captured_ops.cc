@@ -20,6 +20,7 @@ CaptureLife::~CaptureLife() {
   if (!cu) return;
   ScopedDevice on(device_);
   stage_.reset();
+  rs_scratch_.reset();
   imports_.reset();
   if (registered_) {
     cu->cuMemHostUnregister(registered_);
@@ -32,9 +33,11 @@ CaptureLife::~CaptureLife() {
 void CaptureLife::hand_over(std::unique_ptr<Channel> channel, void* registered,
                             size_t registered_bytes, std::unique_ptr<PeerImports> imports,
                             std::unique_ptr<OpExchange> ops,
-                            std::unique_ptr<StageBuffer> stage) {
+                            std::unique_ptr<StageBuffer> stage,
+                            std::unique_ptr<RsScratch> rs_scratch) {
   ops_owned_ = std::move(ops);
   stage_ = std::move(stage);
+  rs_scratch_ = std::move(rs_scratch);
   channel_owned_ = std::move(channel);
   registered_ = registered;
   registered_bytes_ = registered_bytes;

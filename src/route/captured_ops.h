@@ -46,6 +46,7 @@
 #include "channel.h"
 #include "op_exchange.h"
 #include "peer_memory.h"
+#include "rs_scratch.h"
 #include "stage_buffer.h"
 
 namespace zc {
@@ -73,7 +74,7 @@ class CaptureLife {
   // destroyed after its communicator still drops its references there.
   void hand_over(std::unique_ptr<Channel> channel, void* registered, size_t registered_bytes,
                  std::unique_ptr<PeerImports> imports, std::unique_ptr<OpExchange> ops,
-                 std::unique_ptr<StageBuffer> stage);
+                 std::unique_ptr<StageBuffer> stage, std::unique_ptr<RsScratch> rs_scratch);
 
   // Whether a graph of captured ops still holds one of the communicator's ops.
   bool holds_graphs();
@@ -99,6 +100,7 @@ class CaptureLife {
   size_t registered_bytes_ = 0;
   std::unique_ptr<PeerImports> imports_;
   std::unique_ptr<StageBuffer> stage_;  // the route's eager stage (captured ops hold their own)
+  std::unique_ptr<RsScratch> rs_scratch_;
 };
 
 struct GraphHold {

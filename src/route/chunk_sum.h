@@ -34,6 +34,10 @@ struct ChunkSumArgs {
 static_assert(sizeof(ChunkSumArgs) == 8 * kChunkSumMaxSources + 8 + 8 + 4 * 4,
               "ChunkSumArgs is the kernels' Args, without padding");
 
+// ncclAvg's scale for `nranks` ranks in the element type's bits, as NCCL makes it: 1/n in
+// double, rounded to float, then to half or bfloat16 (rounding to nearest even each time).
+unsigned chunk_avg_scale_bits(ChunkType type, int nranks);
+
 // Whether this build carries the kernels.
 bool chunk_sum_built();
 
@@ -54,5 +58,10 @@ class ChunkSumKernels {
   CUmodule module_ = nullptr;
   CUfunction fn_[kChunkTypes] = {};
 };
+
+// The kernels loaded into `device`'s primary context (current when called), once per device for
+// the process's life, shared by its communicators: a launch still queued on a torn-down
+// route's stream must find its module, and the module is small. Null with *why.
+const ChunkSumKernels* chunk_sum_on_device(const CudaDriver& cu, int device, const char** why);
 
 }  // namespace zc

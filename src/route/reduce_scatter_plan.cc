@@ -7,9 +7,9 @@ namespace {
 
 // A slice's target size: large enough that a copy runs near the copy engines' rate (64 MiB in
 // place all-gathers reach 87-90 % of the ceiling on 2 H200s, PERFORMANCE.md), small enough that
-// the first slice's pulls, which nothing overlaps, are a small part of a large op.
+// the first slice's pushes and the last slice's sum, which nothing overlaps, are a small part of
+// a large op.
 constexpr uint64_t kSliceTarget = uint64_t{16} << 20;
-constexpr uint64_t kMaxSlices = 16;
 constexpr uint64_t kSliceAlign = 256;
 
 class RsPlanBuilder {
@@ -18,53 +18,47 @@ class RsPlanBuilder {
   RsPlanBuilder(const RsOpView& v, std::vector<RsOp>* plan) : v_(v), plan_(plan) {}
 
   void build() {
-    const uint64_t slices = (v_.chunk + v_.slice - 1) / v_.slice;
+    const uint64_t slices = rs_slices(v_.chunk, v_.slice);
     op(S::kUser, RsOpKind::kRecord, kRsStart);
-    // My input holds the op's data once the user's stream reached the op: ready for the peers.
-    op(S::kPull, RsOpKind::kWaitEvent, kRsStart);
-    write(S::kPull, v_.ready[v_.rank]);
-    for (int j = 1; j < v_.nranks; ++j) wait(S::kPull, v_.ready[peer(j)]);
-    // The reduce stream needs no wait of its own for the start: its first sum waits for the
-    // first pulls, which follow it.
+    op(S::kPush, RsOpKind::kWaitEvent, kRsStart);
+    op(S::kReduce, RsOpKind::kWaitEvent, kRsStart);
     for (uint64_t i = 0; i < slices; ++i) {
-      const uint8_t b = static_cast<uint8_t>(i % kRsBuffers);
+      const uint64_t g = v_.first_slice + i;
       const uint64_t at = i * v_.slice, bytes = std::min(v_.slice, v_.chunk - at);
-      if (i >= kRsBuffers) op(S::kPull, RsOpKind::kWaitEvent, kRsReduced + b);
+      const uint8_t b = static_cast<uint8_t>(g % kRsBuffers);
+      // Each peer's buffer b is free once it summed the slice two before this one.
+      if (g >= kRsBuffers)
+        for (int j = 1; j < v_.nranks; ++j) wait(S::kPush, v_.freed[peer(j)], g - 1);
       for (int j = 1; j < v_.nranks; ++j) {
-        RsOp& c = op(S::kPull, RsOpKind::kCopy);
-        c.dst = slot(b, j);
-        c.src = v_.peer_send[peer(j)] + static_cast<uint64_t>(v_.rank) * v_.chunk + at;
+        const int p = peer(j);
+        RsOp& c = op(S::kPush, RsOpKind::kCopy);
+        c.dst = slot(v_.peer_scratch[p], b, v_.nranks - j);  // I am peer p's (n - j)-th
+        c.src = v_.send + static_cast<uint64_t>(p) * v_.chunk + at;
         c.bytes = bytes;
       }
-      op(S::kPull, RsOpKind::kRecord, kRsPulled + b);
-      op(S::kReduce, RsOpKind::kWaitEvent, kRsPulled + b);
+      for (int j = 1; j < v_.nranks; ++j) write(S::kPush, v_.landed_out[peer(j)], g + 1);
+      for (int j = 1; j < v_.nranks; ++j) wait(S::kReduce, v_.landed_in[peer(j)], g + 1);
       RsOp& sum = op(S::kReduce, RsOpKind::kSum);
       sum.dst = v_.recv + at;
       sum.src = v_.send + static_cast<uint64_t>(v_.rank) * v_.chunk + at;
-      sum.aux = slot(b, 1);
+      sum.aux = slot(v_.scratch, b, 1);
       sum.stride = v_.slice;
       sum.nsrc = static_cast<uint8_t>(v_.nranks);
       sum.bytes = bytes;
-      // Waited for by the pulls two slices on, and the last by the end; the one before the
-      // last has no waiter (the end's wait for the last covers it: one stream).
-      if (i + kRsBuffers < slices || i + 1 == slices)
-        op(S::kReduce, RsOpKind::kRecord, kRsReduced + b);
+      write(S::kReduce, v_.freed[v_.rank], g + 1);
     }
-    // Done with the peers' inputs; they are done with mine; my sums are over.
-    for (int j = 1; j < v_.nranks; ++j) write(S::kPull, v_.done_to[peer(j)]);
-    for (int j = 1; j < v_.nranks; ++j) wait(S::kPull, v_.done_from[peer(j)]);
-    op(S::kPull, RsOpKind::kWaitEvent,
-       static_cast<uint8_t>(kRsReduced + (slices - 1) % kRsBuffers));
-    op(S::kPull, RsOpKind::kRecord, kRsEnd);
+    op(S::kReduce, RsOpKind::kRecord, kRsReduced);
+    op(S::kPush, RsOpKind::kWaitEvent, kRsReduced);
+    op(S::kPush, RsOpKind::kRecord, kRsEnd);
     op(S::kUser, RsOpKind::kWaitEvent, kRsEnd);
   }
 
  private:
-  // The j-th peer in pull and sum order: me+1, me+2, ... (mod n).
+  // The j-th peer in push and sum order: me+1, me+2, ... (mod n).
   int peer(int j) const { return (v_.rank + j) % v_.nranks; }
-  // Peer j's slot in scratch buffer b.
-  uint64_t slot(uint8_t b, int j) const {
-    return v_.scratch + (static_cast<uint64_t>(b) * (v_.nranks - 1) + (j - 1)) * v_.slice;
+  // The slot of a scratch's j-th peer (j from 1) in its buffer b.
+  uint64_t slot(uint64_t scratch, uint8_t b, int j) const {
+    return scratch + (static_cast<uint64_t>(b) * (v_.nranks - 1) + (j - 1)) * v_.slice;
   }
   RsOp& op(S s, RsOpKind k, uint8_t event = 0) {
     RsOp o{};
@@ -74,15 +68,15 @@ class RsPlanBuilder {
     plan_->push_back(o);
     return plan_->back();
   }
-  void write(S s, uint64_t flag) {
+  void write(S s, uint64_t flag, uint64_t value) {
     RsOp& o = op(s, RsOpKind::kWrite);
     o.dst = flag;
-    o.value = v_.seq;
+    o.value = static_cast<uint32_t>(value);
   }
-  void wait(S s, uint64_t flag) {
+  void wait(S s, uint64_t flag, uint64_t value) {
     RsOp& o = op(s, RsOpKind::kWaitGeq);
     o.dst = flag;
-    o.value = v_.seq;
+    o.value = static_cast<uint32_t>(value);
   }
 
   const RsOpView& v_;
@@ -91,12 +85,19 @@ class RsPlanBuilder {
 
 }  // namespace
 
-uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem) {
-  const uint64_t slices = std::clamp<uint64_t>((chunk + kSliceTarget - 1) / kSliceTarget, 1,
-                                               kMaxSlices);
+uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem, int nranks, uint64_t scratch_bytes) {
+  if (nranks < 2 || elem == 0) return 0;
   const uint64_t align = std::max(kSliceAlign, elem) / elem * elem;  // whole elements
+  const uint64_t room = scratch_bytes / (static_cast<uint64_t>(kRsBuffers) * (nranks - 1));
+  const uint64_t most = std::min(kSliceTarget, room) / align * align;
+  if (most == 0) return 0;
+  const uint64_t slices = std::max<uint64_t>(1, (chunk + most - 1) / most);
   const uint64_t slice = (chunk + slices - 1) / slices;
-  return std::max<uint64_t>(align, (slice + align - 1) / align * align);
+  return std::min(most, std::max(align, (slice + align - 1) / align * align));
+}
+
+uint64_t rs_slices(uint64_t chunk, uint64_t slice) {
+  return slice == 0 ? 0 : std::max<uint64_t>(1, (chunk + slice - 1) / slice);
 }
 
 uint64_t rs_scratch_bytes(int nranks, uint64_t slice) {

@@ -2,27 +2,35 @@
 // (addresses are integers) so that the CPU tests run the plans of several simulated ranks
 // against each other, as direct_plan.h does for the all-gather.
 //
-// Rank r's output chunk is the sum of chunk r of every rank's input. The copy engines bring the
-// peers' chunks r into r's own scratch, pulling them from the peers' input buffers (mapped here
-// as the all-gather maps them, peer_memory.h); a small kernel (chunk_sum.h) then sums r's own
-// chunk and those copies into r's output, reading this GPU's memory only. The op goes in
-// slices, so that the sum of one slice runs while the next is pulled; the scratch holds two
-// slices of every peer (kRsBuffers), so a slice's pulls wait only for the sum two slices back.
+// Rank r's output chunk is the sum of chunk r of every rank's input. Each rank's copy engines
+// push chunk p of its input into peer p's scratch (rs_scratch.h: allocated by the library at the
+// communicator's creation, mapped by every peer once), and a small kernel (chunk_sum.h) sums
+// r's own chunk and what its peers pushed into r's output, reading this GPU's memory only.
+// Why pushes into a scratch and not pulls from the peers' inputs: a rank that arrives first
+// knows nothing of a later peer's buffers, and would have to wait for it or leave its copies to
+// a thread (the all-gather's push issuer); the scratch is known to all from the start, so every
+// rank issues its whole op at once, from any memory its own copy engines read.
 //
-//   user    record kRsStart ...                                                wait kRsEnd
-//   pull    wait kRsStart; write ready[me]=seq; wait ready[p]>=seq for every peer p;
-//           per slice i (buffer b = i % 2): [i >= 2: wait kRsReduced+b]; copy peer p's
-//           slice i of chunk me into scratch[b][p] for p = me+1, me+2, ...; record kRsPulled+b;
-//           after the last: write done[p][me]=seq for every peer (I read its input);
-//           wait done[me][p]>=seq for every peer (it read mine); wait kRsReduced+last b;
-//           record kRsEnd
-//   reduce  per slice i: wait kRsPulled+b (after the start, through the pulls); sum my
-//           chunk's slice i and scratch[b][...] into my output's slice i; record kRsReduced+b
-//           where a wait follows (pulls two slices on; the end, for the last)
+// The op goes in slices, so that the sum of one slice runs while the next is pushed. The
+// scratch holds two slices of every peer (kRsBuffers). Slices are numbered across the
+// communicator's routed reduce-scatters (`first_slice`, alike on every rank); slice g lands in
+// buffer g % 2, and a peer pushes it only once the owner summed slice g - 2 from that buffer.
+//
+//   user    record kRsStart ...                                              wait kRsEnd
+//   push    wait kRsStart; per slice g: [g >= 2: wait freed[p] >= g - 1 for every peer p];
+//           copy slice g of my chunk p into p's scratch, buffer g % 2, my slot there, for
+//           p = me+1, me+2, ...; write landed[p][me] = g + 1 for every peer;
+//           after the last: wait kRsReduced; record kRsEnd
+//   reduce  wait kRsStart; per slice g: wait landed[me][p] >= g + 1 for every peer; sum my
+//           chunk's slice and my scratch's buffer g % 2 into my output's slice; write
+//           freed[me] = g + 1; after the last: record kRsReduced
 //
 // The sum's order is fixed: my own chunk first (NCCL's pre-multiplied sums fuse it last,
-// chunk_sum.cu), then the peers me+1, me+2, ... (mod n). Flags are the op exchange's ready and
-// done words (op_exchange.h), counters set to the op's number as the all-gather's are.
+// chunk_sum.cu), then the peers me+1, me+2, ... (mod n): peer me+j's slot in my scratch is j-1.
+// Flags are the op exchange's landed and freed words (op_exchange.h); they compare as wrapping
+// counters. The streams and events are the all-gather's (direct_plan.h): push is its push
+// stream, reduce its pull stream, and kRsEnd its kEvEnd, so that NCCL's order among the
+// communicator's ops (comm_order.h) holds for both collectives alike.
 #pragma once
 
 #include <cstdint>
@@ -32,18 +40,16 @@
 
 namespace zc {
 
-enum class RsStream : uint8_t { kUser = 0, kPull = 1, kReduce = 2, kCount = 3 };
+enum class RsStream : uint8_t { kUser = 0, kPush = 1, kReduce = 2, kCount = 3 };
 constexpr int kRsStreams = static_cast<int>(RsStream::kCount);
+static_assert(static_cast<int>(RsStream::kPush) == static_cast<int>(DirectStream::kPush) &&
+                  static_cast<int>(RsStream::kReduce) == static_cast<int>(DirectStream::kPull),
+              "the reduce-scatter runs on the all-gather's streams");
 
-// Scratch buffers a slice of every peer: two, so that pulling slice i+1 overlaps summing i.
+// Scratch buffers a slice of every peer: two, so that pushing slice g+1 overlaps summing g.
 constexpr int kRsBuffers = 2;
-enum RsEvent : uint8_t {
-  kRsStart = 0,
-  kRsPulled = 1,   // + buffer: the slice in that buffer has been pulled
-  kRsReduced = 3,  // + buffer: the slice in that buffer has been summed (the buffer is free)
-  kRsEnd = 5,
-};
-constexpr int kRsEvents = 6;
+enum RsEvent : uint8_t { kRsStart = kEvStart, kRsReduced = kEvPulled, kRsEnd = kEvEnd };
+constexpr int kRsEvents = kDirectEvents;
 
 enum class RsOpKind : uint8_t {
   kWaitGeq,    // wait until the 32-bit flag at dst, as a wrapping counter, is >= value
@@ -66,23 +72,27 @@ struct RsOp {
 // What one rank needs to know to build its plan for one op.
 struct RsOpView {
   int rank = 0, nranks = 0;
-  uint32_t seq = 0;     // low 32 bits of the op's number
-  uint64_t chunk = 0;   // bytes of one rank's output
-  uint64_t slice = 0;   // bytes of a slice (the last may be shorter); rs_slice_bytes
-  uint64_t send = 0;    // my input: nranks chunks
-  uint64_t recv = 0;    // my output chunk (in place: send + rank * chunk)
-  uint64_t scratch = 0;  // mine: rs_scratch_bytes
-  uint64_t peer_send[kMaxRanks] = {};  // peer p's input, as my streams address it
-  // Flags, as my streams address them: ready[r] of this op's slot; done_to[p] = done[p][me]
-  // (I finished reading p's input); done_from[p] = done[me][p].
-  uint64_t ready[kMaxRanks] = {};
-  uint64_t done_to[kMaxRanks] = {};
-  uint64_t done_from[kMaxRanks] = {};
+  uint64_t first_slice = 0;  // the number of the op's first slice
+  uint64_t chunk = 0;        // bytes of one rank's output
+  uint64_t slice = 0;        // bytes of a slice (the last may be shorter); rs_slice_bytes
+  uint64_t send = 0;         // my input: nranks chunks
+  uint64_t recv = 0;         // my output chunk (in place: send + rank * chunk)
+  uint64_t scratch = 0;      // mine (rs_scratch_bytes at least), as my streams address it
+  uint64_t peer_scratch[kMaxRanks] = {};  // peer p's, as my streams address it
+  // Flags, as my streams address them: landed_in[p] = landed[me][p], landed_out[p] =
+  // landed[p][me], freed[p] = freed[p] (p = me: mine).
+  uint64_t landed_in[kMaxRanks] = {};
+  uint64_t landed_out[kMaxRanks] = {};
+  uint64_t freed[kMaxRanks] = {};
 };
 
-// The slice of an op whose output chunk is `chunk` bytes of `elem`-byte elements: a pure
-// function of what every rank of the op knows alike. Whole elements, 256-byte aligned.
-uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem);
+// The slice of an op whose output chunk is `chunk` bytes of `elem`-byte elements, on `nranks`
+// ranks whose scratch is `scratch_bytes` each: a pure function of what every rank of the op
+// knows alike. Whole elements, 256-byte aligned, two of every peer fit the scratch; 0 when not
+// even one aligned slice fits.
+uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem, int nranks, uint64_t scratch_bytes);
+// The slices of such an op.
+uint64_t rs_slices(uint64_t chunk, uint64_t slice);
 // The scratch an op of `nranks` ranks with slices of `slice` bytes needs.
 uint64_t rs_scratch_bytes(int nranks, uint64_t slice);
 

@@ -2,6 +2,8 @@
 
 #include <nccl.h>
 
+#include "chunk_sum.h"
+
 namespace zc {
 
 uint64_t nccl_type_size(int datatype) {
@@ -28,16 +30,42 @@ uint64_t nccl_type_size(int datatype) {
 }
 
 RouteDecision choose_allgather_route(const RouteInputs& in) {
-  if (in.mode != AllGatherMode::kAuto && in.mode != AllGatherMode::kZerocta)
-    return {AgRoute::kPassthrough, "ZEROCTA_ALLGATHER does not ask for the copy-engine route"};
-  if (!in.bytes_valid) return {AgRoute::kPassthrough, "invalid datatype or size: NCCL decides"};
-  if (in.total_bytes == 0) return {AgRoute::kPassthrough, "empty all-gather"};
+  if (in.mode != RouteMode::kAuto && in.mode != RouteMode::kZerocta)
+    return {RouteKind::kPassthrough, "ZEROCTA_ALLGATHER does not ask for the copy-engine route"};
+  if (!in.bytes_valid) return {RouteKind::kPassthrough, "invalid datatype or size: NCCL decides"};
+  if (in.total_bytes == 0) return {RouteKind::kPassthrough, "empty all-gather"};
   if (!in.committed)
-    return {AgRoute::kPassthrough,
+    return {RouteKind::kPassthrough,
             in.why_not && *in.why_not ? in.why_not : "the route was not agreed"};
-  if (in.mode == AllGatherMode::kZerocta) return {AgRoute::kCe, "ZEROCTA_ALLGATHER=zerocta"};
-  if (in.total_bytes < in.min_bytes) return {AgRoute::kPassthrough, "below ZEROCTA_MIN_BYTES"};
-  return {AgRoute::kCe, "at or above ZEROCTA_MIN_BYTES"};
+  if (in.mode == RouteMode::kZerocta) return {RouteKind::kCe, "ZEROCTA_ALLGATHER=zerocta"};
+  if (in.total_bytes < in.min_bytes) return {RouteKind::kPassthrough, "below ZEROCTA_MIN_BYTES"};
+  return {RouteKind::kCe, "at or above ZEROCTA_MIN_BYTES"};
+}
+
+RouteDecision choose_reduce_scatter_route(const RsRouteInputs& in) {
+  if (in.mode != RouteMode::kAuto && in.mode != RouteMode::kZerocta)
+    return {RouteKind::kPassthrough,
+            "ZEROCTA_REDUCESCATTER does not ask for the copy-engine route"};
+  if (in.datatype != ncclFloat32 && in.datatype != ncclFloat16 && in.datatype != ncclBfloat16)
+    return {RouteKind::kPassthrough, "a datatype the route does not sum (float, half, bfloat16)"};
+  if (in.redop != ncclSum && in.redop != ncclAvg)
+    return {RouteKind::kPassthrough, "a reduction the route does not do (sum, average)"};
+  if (!in.bytes_valid) return {RouteKind::kPassthrough, "invalid size: NCCL decides"};
+  if (in.total_bytes == 0) return {RouteKind::kPassthrough, "empty reduce-scatter"};
+  if (!in.committed)
+    return {RouteKind::kPassthrough,
+            in.why_not && *in.why_not ? in.why_not : "the route was not agreed"};
+  if (in.nranks < 2 || in.nranks > kChunkSumMaxSources)
+    return {RouteKind::kPassthrough, "more ranks than the summing kernel takes (8)"};
+  if (!in.every_scratch)
+    return {RouteKind::kPassthrough, "a rank of the communicator has no reduce-scatter scratch"};
+  if (in.slice == 0)
+    return {RouteKind::kPassthrough, "ZEROCTA_RS_SCRATCH holds no slice for this many ranks"};
+  if (in.mode == RouteMode::kZerocta) return {RouteKind::kCe, "ZEROCTA_REDUCESCATTER=zerocta"};
+  if (in.auto_max_ranks != 0 && static_cast<uint64_t>(in.nranks) > in.auto_max_ranks)
+    return {RouteKind::kPassthrough, "more ranks than auto routes reduce-scatters on"};
+  if (in.total_bytes < in.min_bytes) return {RouteKind::kPassthrough, "below ZEROCTA_MIN_BYTES"};
+  return {RouteKind::kCe, "at or above ZEROCTA_MIN_BYTES"};
 }
 
 }  // namespace zc

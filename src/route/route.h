@@ -1,4 +1,4 @@
-// The one routing predicate for all-gathers. Pure, and every input is alike on every rank:
+// The routing predicates, one per routed collective. Pure, and every input is alike on every rank:
 // whether the communicator's route was committed (agreed by every rank, route_setup.h), the
 // settings (in the agreed fingerprint), and the op's count and datatype, which NCCL requires
 // to be equal on every rank. Nothing local — addresses, in-place-ness, memory type, capture
@@ -11,10 +11,10 @@
 
 namespace zc {
 
-enum class AgRoute { kPassthrough, kCe };
+enum class RouteKind { kPassthrough, kCe };
 
 struct RouteInputs {
-  AllGatherMode mode = AllGatherMode::kAuto;
+  RouteMode mode = RouteMode::kAuto;
   bool committed = false;    // every rank agreed on the route for this communicator
   const char* why_not = "";  // why not, when !committed
   uint64_t total_bytes = 0;  // sendcount * typesize * nranks
@@ -23,11 +23,31 @@ struct RouteInputs {
 };
 
 struct RouteDecision {
-  AgRoute route;
+  RouteKind route;
   const char* why;  // a static string, for logs
 };
 
 RouteDecision choose_allgather_route(const RouteInputs& in);
+
+// A reduce-scatter's: besides the mode and the agreement, what the route can sum (chunk_sum.h)
+// and where its peers push (rs_scratch.h). A pre-multiplied sum's scalar is each rank's own
+// (ncclRedOpCreatePreMulSum) and the route would need every rank's: those stay on NCCL.
+struct RsRouteInputs {
+  RouteMode mode = RouteMode::kNccl;
+  bool committed = false;    // every rank agreed on the route for this communicator
+  const char* why_not = "";  // why not, when !committed
+  bool every_scratch = false;  // every rank published a scratch (the agreed facts)
+  int nranks = 0;
+  int datatype = 0;            // ncclDataType_t
+  int redop = 0;               // ncclRedOp_t
+  uint64_t total_bytes = 0;    // recvcount * typesize * nranks: the input
+  bool bytes_valid = true;     // no overflow
+  uint64_t min_bytes = 0;
+  uint64_t auto_max_ranks = 0;  // auto routes up to this many ranks
+  uint64_t slice = 0;           // rs_slice_bytes: 0 when the scratch holds no slice
+};
+
+RouteDecision choose_reduce_scatter_route(const RsRouteInputs& in);
 
 // Bytes of one element of an NCCL datatype, 0 for an unknown one.
 uint64_t nccl_type_size(int datatype);

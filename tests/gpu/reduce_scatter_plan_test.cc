@@ -1,11 +1,11 @@
 // The reduce-scatter's plans (src/route/reduce_scatter_plan.h) issued by its executor
 // (src/route/rs_exec.h) on real streams, with the library's embedded reduction kernel: 2-4
 // "ranks" in one process, each with its own streams, events, input, scratch and output, on GPU
-// r % (visible GPUs) — on one GPU every rank shares it; on several the pulls cross NVLink
+// r % (visible GPUs) — on one GPU every rank shares it; on several the pushes cross NVLink
 // through peer access. Flags in mapped host memory, as the op exchange's. Two ops back to back
 // over the same buffers (the second with fresh inputs), fp32/bf16, sum and an average's
 // pre-multiplied sum, an odd count (chunks off 16-byte boundaries, a short last slice), a slice's
-// pulls in one batch call and one call each: each
+// pushes in one batch call and one call each: each
 // rank's output bitwise against the exact host reference in the plan's order. Skips without a
 // GPU.
 #include <cuda_runtime.h>
@@ -54,12 +54,13 @@ class ReduceScatterPlanGpu : public ::testing::Test {
                               (premul ? " average" : " sum") + " count " + std::to_string(count);
     const uint64_t chunk = count * t.bytes;
     std::vector<Rank> ranks(static_cast<size_t>(nranks));
-    uint32_t* flags = nullptr;  // ready[nranks], done[nranks * nranks]
+    uint32_t* flags = nullptr;  // landed[nranks * nranks], freed[nranks]
     ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&flags),
                             sizeof(uint32_t) * (nranks + nranks * nranks), cudaHostAllocMapped |
                                                                              cudaHostAllocPortable),
               cudaSuccess);
     memset(flags, 0, sizeof(uint32_t) * (nranks + nranks * nranks));
+    uint64_t first_slice = 0;
     for (int r = 0; r < nranks; ++r) {
       Rank& k = ranks[r];
       k.device = r % ngpus_;
@@ -110,17 +111,17 @@ class ReduceScatterPlanGpu : public ::testing::Test {
         RsOpView v;
         v.rank = r;
         v.nranks = nranks;
-        v.seq = static_cast<uint32_t>(op);
+        v.first_slice = first_slice;
         v.chunk = chunk;
         v.slice = slice;
         v.send = reinterpret_cast<uint64_t>(k.send);
         v.recv = reinterpret_cast<uint64_t>(k.recv);
         v.scratch = reinterpret_cast<uint64_t>(k.scratch);
         for (int p = 0; p < nranks; ++p) {
-          v.peer_send[p] = reinterpret_cast<uint64_t>(ranks[p].send);
-          v.ready[p] = reinterpret_cast<uint64_t>(&flags[p]);
-          v.done_to[p] = reinterpret_cast<uint64_t>(&flags[nranks + p * nranks + r]);
-          v.done_from[p] = reinterpret_cast<uint64_t>(&flags[nranks + r * nranks + p]);
+          v.peer_scratch[p] = reinterpret_cast<uint64_t>(ranks[p].scratch);
+          v.landed_in[p] = reinterpret_cast<uint64_t>(&flags[r * nranks + p]);
+          v.landed_out[p] = reinterpret_cast<uint64_t>(&flags[p * nranks + r]);
+          v.freed[p] = reinterpret_cast<uint64_t>(&flags[nranks * nranks + p]);
         }
         std::vector<RsOp> plan;
         build_reduce_scatter_plan(v, &plan);
@@ -136,6 +137,7 @@ class ReduceScatterPlanGpu : public ::testing::Test {
                   CUDA_SUCCESS)
             << label;
       }
+      first_slice += rs_slices(chunk, slice);
       for (int r = 0; r < nranks; ++r) {
         Rank& k = ranks[r];
         ASSERT_EQ(cudaSetDevice(k.device), cudaSuccess);
@@ -178,7 +180,7 @@ TEST_F(ReduceScatterPlanGpu, RanksSumTheirChunksBitwiseInThePlansOrder) {
     for (const TypeCase& t : {kTypes[0], kTypes[2]})
       for (bool premul : {false, true}) run(nranks, t, premul, odd, uint64_t{256} << 10);
   // The library's own slicing: one slice of the whole chunk.
-  run(2, kTypes[0], true, odd, rs_slice_bytes(odd * 4, 4));
+  run(2, kTypes[0], true, odd, rs_slice_bytes(odd * 4, 4, 2, uint64_t{64} << 20));
   // One copy a call, as in a capture.
   run(3, kTypes[2], true, odd, uint64_t{256} << 10, false);
 }

@@ -32,75 +32,10 @@
 
 #include "comm_key.h"
 #include "harness.h"
+#include "route_run.h"
 
 namespace itest {
 namespace {
-
-using Env = std::vector<std::pair<std::string, std::string>>;
-
-std::string unique_id_text() {
-  static std::atomic<int> n{0};
-  return "route-" + std::to_string(getpid()) + "-" + std::to_string(n++);
-}
-
-// The settings of the route tests: auto for any size, INFO logs, the fake's copy-engine API,
-// real waits (a rank's stream waits on the flags its peer's stream writes: up to 2 s).
-Env route_env(const Scratch& chan, const Scratch& rdv, const std::string& id) {
-  return {{"FAKE_CUDA_CE", "1"},
-          {"FAKE_CUDA_WAIT_MS", "2000"},
-          {"ZEROCTA_LOG", "info"},
-          {"ZEROCTA_ALLGATHER", "auto"},
-          {"ZEROCTA_MIN_BYTES", "0"},
-          {"ZEROCTA_CHANNEL_DIR", chan.dir()},
-          {"FAKE_NCCL_RENDEZVOUS_DIR", rdv.dir()},
-          {"FAKE_NCCL_RENDEZVOUS_TIMEOUT_MS", "5000"},
-          {"FAKE_NCCL_COMM_ID", id},
-          {"DRV_TIMEOUT_S", "20"}};
-}
-
-Env with(Env env, const Env& more) {
-  for (const auto& kv : more) {
-    auto it =
-        std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == kv.first; });
-    if (it != env.end())
-      it->second = kv.second;
-    else
-      env.push_back(kv);
-  }
-  return env;
-}
-
-RunResult run_route(const std::vector<std::string>& args, const Env& env, const Scratch& s,
-                    bool preload = true) {
-  RunSpec spec;
-  spec.argv = {driver("drv_route")};
-  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  spec.env = env;
-  spec.preload = preload;
-  spec.timeout_s = 40;
-  return run(spec, s);
-}
-
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
-// The shim's lines of one process at one level ("INFO", "WARN").
-std::vector<std::string> shim_lines(const RunResult& r, const std::string& pid,
-                                    const std::string& level) {
-  std::vector<std::string> out;
-  for (const std::string& line : r.err_lines())
-    if (contains(line, ":" + pid + ":") && contains(line, " zerocta " + level + " "))
-      out.push_back(line);
-  return out;
-}
-
-// Its WARN lines.
-std::vector<std::string> warns(const RunResult& r, const std::string& pid) {
-  return shim_lines(r, pid, "WARN");
-}
 
 // The decision lines ("route: rank ...") of one process.
 std::vector<std::string> decisions(const RunResult& r, const std::string& pid) {
@@ -113,13 +48,6 @@ std::vector<std::string> decisions(const RunResult& r, const std::string& pid) {
 bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
   return std::any_of(lines.begin(), lines.end(),
                      [&](const std::string& l) { return contains(l, needle); });
-}
-
-std::string pid_of(const RunResult& r, int rank) {
-  return r.kv()["r" + std::to_string(rank) + ".pid"];
-}
-long long rnum(const RunResult& r, int rank, const std::string& key) {
-  return r.num("r" + std::to_string(rank) + "." + key);
 }
 
 // Fake CUDA lines of one process for one entry point that succeeded.
@@ -183,16 +111,6 @@ int nccl_collective_lines(const RunResult& r) {
 }
 
 // Both ranks ran to the end, nothing left in the channel directory.
-void expect_clean_pair(const RunResult& r, const Scratch& chan, int nranks = 2) {
-  EXPECT_FALSE(r.timed_out) << r.describe();
-  for (int k = 0; k < nranks; ++k) {
-    EXPECT_EQ(rnum(r, k, "exit"), 0) << "rank " << k << "\n" << r.describe();
-    EXPECT_EQ(r.kv()["r" + std::to_string(k) + ".done"], "1") << "rank " << k << "\n"
-                                                              << r.describe();
-  }
-  EXPECT_EQ(joined(files_in(chan.dir())), "") << "left in the channel directory";
-}
-
 constexpr char kEngaged[] = "zero-copy all-gather engaged";
 
 // How the two ranks of one routed op, in two processes, reached each other's buffers
@@ -2424,7 +2342,7 @@ TEST(RouteSetup, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
       {"ranks", "2", "basic", "r1:FAKE_CUDA_CAPTURING=1", "r1:DRV_SLEEP_BEFORE_AG_MS=300"},
       with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
   expect_clean_pair(r, chan);
-  expect_error_on_both(r, "captured an all-gather");
+  expect_error_on_both(r, "captured a collective");
 }
 
 // A one-op drift between two all-gathers of the same size (an application bug NCCL cannot see):
@@ -2575,7 +2493,7 @@ TEST(RouteSetup, CapturingRankFirstAndAnEagerOneLaterBothFail) {
                            "r1:DRV_SLEEP_BEFORE_REPLAY_MS=800", "r0:DRV_SLEEP_BEFORE_AG_MS=300"},
                           with(route_env(chan, rdv, unique_id_text()), {{"DRV_AG_CHECK", "1"}}), s);
   expect_clean_pair(r, chan);
-  expect_error_on_both(r, "captured an all-gather");
+  expect_error_on_both(r, "captured a collective");
 }
 
 // Both ranks capture: the op takes the route on both, no NCCL all-gather; three replays, each

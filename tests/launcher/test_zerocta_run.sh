@@ -355,6 +355,32 @@ case_alloc_conf() {
   expect_env PYTORCH_CUDA_ALLOC_CONF ""
 }
 
+# --reducescatter sets the reduce-scatter's route alone (any memory works: no allocator
+# setting); --ce sets every copy-engine route at once, with the all-gather's allocator setting.
+case_route_options() {
+  local word
+  for word in auto zerocta nccl off; do
+    run "$LAUNCHER" --lib "$LIB" --reducescatter "${word^^}" env
+    expect_rc 0
+    expect_env ZEROCTA_REDUCESCATTER "$word"
+    expect_env_absent ZEROCTA_ALLGATHER
+    expect_env_absent PYTORCH_CUDA_ALLOC_CONF
+  done
+  run "$LAUNCHER" --lib "$LIB" --ce=auto env
+  expect_rc 0
+  expect_env ZEROCTA_ALLGATHER auto
+  expect_env ZEROCTA_REDUCESCATTER auto
+  expect_env PYTORCH_CUDA_ALLOC_CONF expandable_segments:True
+  # A per-route option after --ce wins for its route.
+  run "$LAUNCHER" --lib "$LIB" --ce zerocta --reducescatter nccl env
+  expect_env ZEROCTA_ALLGATHER zerocta
+  expect_env ZEROCTA_REDUCESCATTER nccl
+  run "$LAUNCHER" --lib "$LIB" --ce fast env
+  expect_refused "--ce 'fast' is not one of: auto|zerocta|nccl|off"
+  run "$LAUNCHER" --lib "$LIB" --reducescatter= env
+  expect_refused "--reducescatter ''"
+}
+
 case_version() {
   local want
   want=$(sed -n 's/^project(zerocta VERSION \([0-9.]*\).*/\1/p' "$(dirname -- "$LAUNCHER")/../CMakeLists.txt")

@@ -55,6 +55,9 @@ void expect_same_values(const Config& a, const Config& b) {
   EXPECT_EQ(a.allgather, b.allgather);
   EXPECT_EQ(a.min_bytes, b.min_bytes);
   EXPECT_EQ(a.auto_max_ranks, b.auto_max_ranks);
+  EXPECT_EQ(a.reducescatter, b.reducescatter);
+  EXPECT_EQ(a.rs_scratch_bytes, b.rs_scratch_bytes);
+  EXPECT_EQ(a.rs_ctas, b.rs_ctas);
   EXPECT_EQ(a.stats, b.stats);
   EXPECT_EQ(a.nvtx, b.nvtx);
   EXPECT_EQ(a.nccl_library, b.nccl_library);
@@ -99,9 +102,11 @@ const std::map<std::string, bool Config::*> kBoolFields = {
 };
 const std::map<std::string, uint64_t Config::*> kSizeFields = {
     {"ZEROCTA_MIN_BYTES", &Config::min_bytes},
+    {"ZEROCTA_RS_SCRATCH", &Config::rs_scratch_bytes},
 };
 const std::map<std::string, uint64_t Config::*> kCountFields = {
     {"ZEROCTA_AUTO_MAX_RANKS", &Config::auto_max_ranks},
+    {"ZEROCTA_RS_CTAS", &Config::rs_ctas},
 };
 const std::map<std::string, std::string Config::*> kStringFields = {
     {"ZEROCTA_STATS", &Config::stats},
@@ -111,7 +116,8 @@ const std::map<std::string, std::string Config::*> kStringFields = {
 const std::map<std::string, std::string Config::*> kDirFields = {
     {"ZEROCTA_CHANNEL_DIR", &Config::channel_dir},
 };
-const std::set<std::string> kEnumNames = {"ZEROCTA_LOG", "ZEROCTA_CTA_POLICY", "ZEROCTA_ALLGATHER"};
+const std::set<std::string> kEnumNames = {"ZEROCTA_LOG", "ZEROCTA_CTA_POLICY", "ZEROCTA_ALLGATHER",
+                                          "ZEROCTA_REDUCESCATTER"};
 
 // ---------------------------------------------------------------- defaults
 
@@ -123,7 +129,7 @@ TEST(ConfigDefaults, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.log, LogLevel::kWarn);
   EXPECT_EQ(c.cta_policy, CtaPolicyMode::kZero);
   EXPECT_FALSE(c.cta_policy_force);
-  EXPECT_EQ(c.allgather, AllGatherMode::kNccl);
+  EXPECT_EQ(c.allgather, RouteMode::kNccl);
   EXPECT_EQ(c.min_bytes, 64ull << 20);
   EXPECT_EQ(c.auto_max_ranks, 4u);
   EXPECT_EQ(c.stats, "");
@@ -249,6 +255,9 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_ALLGATHER", "nccl"},
       {"ZEROCTA_MIN_BYTES", "64M"},
       {"ZEROCTA_AUTO_MAX_RANKS", "4"},
+      {"ZEROCTA_REDUCESCATTER", "nccl"},
+      {"ZEROCTA_RS_SCRATCH", "64M"},
+      {"ZEROCTA_RS_CTAS", "16"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
@@ -362,6 +371,8 @@ TEST(Enums, EveryDocumentedWordParsesInAnyCaseAndPrintsBack) {
       {"ZEROCTA_LOG", [](const Config& c) { return std::string(to_string(c.log)); }},
       {"ZEROCTA_CTA_POLICY", [](const Config& c) { return std::string(to_string(c.cta_policy)); }},
       {"ZEROCTA_ALLGATHER", [](const Config& c) { return std::string(to_string(c.allgather)); }},
+      {"ZEROCTA_REDUCESCATTER",
+       [](const Config& c) { return std::string(to_string(c.reducescatter)); }},
   };
   ASSERT_EQ(cases.size(), kEnumNames.size());
   for (const Case& k : cases) {
@@ -385,10 +396,13 @@ TEST(Enums, SpecificWordsMapToTheirValues) {
   EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "Efficiency"}}).cta_policy,
             CtaPolicyMode::kEfficiency);
   EXPECT_EQ(parse_env({{"ZEROCTA_CTA_POLICY", "DEFAULT"}}).cta_policy, CtaPolicyMode::kDefault);
-  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "Auto"}}).allgather, AllGatherMode::kAuto);
-  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "zerocta"}}).allgather, AllGatherMode::kZerocta);
-  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "nccl"}}).allgather, AllGatherMode::kNccl);
-  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "OFF"}}).allgather, AllGatherMode::kOff);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "Auto"}}).allgather, RouteMode::kAuto);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "zerocta"}}).allgather, RouteMode::kZerocta);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "nccl"}}).allgather, RouteMode::kNccl);
+  EXPECT_EQ(parse_env({{"ZEROCTA_ALLGATHER", "OFF"}}).allgather, RouteMode::kOff);
+  EXPECT_EQ(parse_env({{"ZEROCTA_REDUCESCATTER", "Zerocta"}}).reducescatter, RouteMode::kZerocta);
+  // The two collectives' settings are apart.
+  EXPECT_EQ(parse_env({{"ZEROCTA_REDUCESCATTER", "auto"}}).allgather, RouteMode::kNccl);
 }
 
 TEST(Enums, RejectsNearMisses) {
@@ -396,6 +410,7 @@ TEST(Enums, RejectsNearMisses) {
       {"ZEROCTA_LOG", {"verbose", "warning", "warn ", "0", "3", "trace", "de bug"}},
       {"ZEROCTA_CTA_POLICY", {"zero ", "0", "none", "efficient", "zero|keep", "keepp"}},
       {"ZEROCTA_ALLGATHER", {"nccl-ce", "nccl-", "zero-cta", "on", "1", "ce", "auto nccl", ""}},
+      {"ZEROCTA_REDUCESCATTER", {"sum", "on", "1", "ce", ""}},
   };
   for (const auto& [name, values] : bad) {
     for (const char* value : values) {
@@ -486,7 +501,7 @@ TEST(NcclDebug, LevelForNcclDebugLeavesTheLevelAloneOnOtherText) {
 
 TEST(Enums, ToStringNamesAnOutOfRangeValue) {
   EXPECT_STREQ(to_string(static_cast<CtaPolicyMode>(99)), "unknown");
-  EXPECT_STREQ(to_string(static_cast<AllGatherMode>(99)), "unknown");
+  EXPECT_STREQ(to_string(static_cast<RouteMode>(99)), "unknown");
   EXPECT_STREQ(to_string(static_cast<LogLevel>(99)), "unknown");
 }
 
@@ -666,7 +681,9 @@ const std::vector<std::pair<const char*, const char*>> kProtocolChanges = {
     {"ZEROCTA_ALLGATHER", "auto"},   {"ZEROCTA_ALLGATHER", "zerocta"},
     {"ZEROCTA_ALLGATHER", "off"},    {"ZEROCTA_MIN_BYTES", "16777217"},
     {"ZEROCTA_MIN_BYTES", "0"},      {"ZEROCTA_AUTO_MAX_RANKS", "0"},
-    {"ZEROCTA_AUTO_MAX_RANKS", "8"},
+    {"ZEROCTA_AUTO_MAX_RANKS", "8"}, {"ZEROCTA_REDUCESCATTER", "auto"},
+    {"ZEROCTA_REDUCESCATTER", "zerocta"}, {"ZEROCTA_REDUCESCATTER", "off"},
+    {"ZEROCTA_RS_SCRATCH", "32M"},
 };
 // ... and settings that stay on the rank. ZEROCTA_CHANNEL_DIR decides where ranks meet, so
 // ranks that differ in it never compare fingerprints at all.
@@ -680,6 +697,7 @@ const std::vector<std::pair<const char*, const char*>> kLocalChanges = {
     {"ZEROCTA_CTA_POLICY_FORCE", "1"},
     {"ZEROCTA_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"},
     {"ZEROCTA_CHANNEL_DIR", "/tmp"},
+    {"ZEROCTA_RS_CTAS", "8"},
 };
 
 TEST(Fingerprint, EveryVariableIsEitherProtocolOrLocal) {
@@ -713,7 +731,7 @@ TEST(Fingerprint, DirectFieldChangesChangeIt) {
   c.min_bytes = base.auto_max_ranks;
   EXPECT_NE(config_fingerprint(c), h);
   c = base;
-  c.allgather = AllGatherMode::kAuto;
+  c.allgather = RouteMode::kAuto;
   EXPECT_NE(config_fingerprint(c), h);
   c = base;
   c.enable = false;
@@ -746,15 +764,19 @@ TEST(Fingerprint, IsStableAcrossBuilds) {
   // Ranks of different builds compare fingerprints: the canonical text is part of the
   // protocol, and changing it (a new protocol field, a new version tag) must be deliberate.
   EXPECT_EQ(config_fingerprint(Config{}),
-            fnv1a("zerocta-config-v2 enable=1 cta_policy=zero allgather=nccl "
-                  "min_bytes=67108864 auto_max_ranks=4"));
+            fnv1a("zerocta-config-v3 enable=1 cta_policy=zero allgather=nccl "
+                  "min_bytes=67108864 auto_max_ranks=4 reducescatter=nccl "
+                  "rs_scratch_bytes=67108864"));
   Config c = parse_env({{"ZEROCTA_ENABLE", "0"},
                         {"ZEROCTA_CTA_POLICY", "keep"},
                         {"ZEROCTA_ALLGATHER", "auto"},
                         {"ZEROCTA_MIN_BYTES", "1M"},
-                        {"ZEROCTA_AUTO_MAX_RANKS", "0"}});
-  EXPECT_EQ(c.fingerprint, fnv1a("zerocta-config-v2 enable=0 cta_policy=keep allgather=auto "
-                                 "min_bytes=1048576 auto_max_ranks=0"));
+                        {"ZEROCTA_AUTO_MAX_RANKS", "0"},
+                        {"ZEROCTA_REDUCESCATTER", "zerocta"},
+                        {"ZEROCTA_RS_SCRATCH", "8M"}});
+  EXPECT_EQ(c.fingerprint, fnv1a("zerocta-config-v3 enable=0 cta_policy=keep allgather=auto "
+                                 "min_bytes=1048576 auto_max_ranks=0 reducescatter=zerocta "
+                                 "rs_scratch_bytes=8388608"));
 }
 
 TEST(Fingerprint, DependsOnValuesNotSpelling) {

@@ -46,6 +46,10 @@ TEST(OpExchange, RegionIsWholePagesAndItsFlagsAreDistinct) {
         EXPECT_TRUE(seen.insert(x.pushed_flag(a, seq)).second);
         for (uint32_t b = 0; b < n; ++b) EXPECT_TRUE(seen.insert(x.done_flag(a, b, seq)).second);
       }
+    for (uint32_t a = 0; a < n; ++a) {
+      EXPECT_TRUE(seen.insert(x.freed_flag(a)).second);
+      for (uint32_t b = 0; b < n; ++b) EXPECT_TRUE(seen.insert(x.landed_flag(a, b)).second);
+    }
     EXPECT_EQ(seen.size(), x.flag_count());
     // The flags and the captured ops' blocks lie in the GPUs' part, which starts on a page
     // (only it is registered with CUDA); the posts lie before it.

@@ -665,7 +665,7 @@ TEST(WrappersInProcess, CollectivesChurnAndWatchdog) { run_workload(); }
 // (which gives up here: the fake driver has no copy-engine API) and each teardown the release.
 TEST(WrappersInProcess, CopyEngineSetupPathUnderThreads) {
   setenv("ZEROCTA_ALLGATHER", "auto", 1);
-  if (zc::config().allgather != zc::AllGatherMode::kAuto)
+  if (zc::config().allgather != zc::RouteMode::kAuto)
     GTEST_SKIP() << "the configuration was read earlier in this process; run this test alone "
                     "(as ctest does)";
   run_workload();

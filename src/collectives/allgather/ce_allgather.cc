@@ -18,12 +18,14 @@
 #include "parked_routes.h"
 #include "peer_reach.h"
 #include "route_setup.h"
+#include "routed_op.h"
 #include "spin_backoff.h"
 #include "stats.h"
 
 namespace zc {
 namespace {
 
+constexpr const char* kName = "zero-copy all-gather";
 // Every this many ops, exports of allocations the application freed are withdrawn, and (offset
 // by half) the peers are asked which of the allocations imported from them they still export:
 // the pace of a busy loop; between ops (and in idle phases) the housekeeping thread does the
@@ -94,16 +96,6 @@ void post_for(CommState& st, const void* send, void* recv, size_t count, ncclDat
   if (capturing && !(cu.capture_ok && ce.ops->blocks().claim(static_cast<uint32_t>(st.rank),
                                                               &p->block)))
     p->reach = 0;
-}
-
-// The error a kernel left in this rank's context (a device-side assert, as PyTorch's NaN check
-// raises), or CUDA_SUCCESS. NCCL's kernel launch returns it at once; copies and stream memory
-// operations do not, so the route asks its own push stream (never in a capture; a query costs
-// about what a launch does) and fails the op as NCCL's launch would.
-CUresult context_error(const CeComm& ce) {
-  const CUresult r =
-      cuda_driver()->cuStreamQuery(ce.streams[static_cast<int>(DirectStream::kPush)]);
-  return r == CUDA_ERROR_NOT_READY ? CUDA_SUCCESS : r;
 }
 
 // How long a later rank waits for an earlier one to publish its stage. That rank is inside the
@@ -355,45 +347,8 @@ void tidy(CommState& st) {
 }
 
 ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char* why) {
-  ZC_WARN("zero-copy all-gather on rank %d: %s: %s; the communicator is poisoned", st.rank, what,
-          why);
-  route_poison(st, code);
-  return code;
+  return routed_op_fail(st, kName, code, what, why);
 }
-
-// Why the ranks disagree on op `a.seq`, with the numbers of a call-chain difference written
-// into `buf` (the exchange's reasons are static text).
-const char* mismatch_detail(const Arrival& a, const OpPost& mine, const OpPost* earlier, char* buf,
-                            size_t len) {
-  const OpPost& peer = earlier[a.mismatch_rank];
-  if (peer.seq != mine.seq || (peer.calls == mine.calls && peer.chain == mine.chain))
-    return a.mismatch;
-  snprintf(buf, len,
-           "%s: collective calls before op %llu: %llu on this rank (chain %016llx), %llu on rank "
-           "%u (chain %016llx)",
-           a.mismatch, static_cast<unsigned long long>(a.seq),
-           static_cast<unsigned long long>(mine.calls), static_cast<unsigned long long>(mine.chain),
-           static_cast<unsigned long long>(peer.calls), a.mismatch_rank,
-           static_cast<unsigned long long>(peer.chain));
-  return buf;
-}
-
-// The thread's capture mode relaxed for a scope, when `on`.
-class RelaxedCapture {
- public:
-  explicit RelaxedCapture(bool on) : on_(on) {
-    if (on_) cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode_);
-  }
-  ~RelaxedCapture() {
-    if (on_) cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode_);
-  }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  bool on_;
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-};
 
 // The captured ops' streams and events, made at the first (in relaxed mode).
 bool capture_streams(const CudaDriver& cu, CeComm* ce) {
@@ -424,21 +379,6 @@ class BlockClaim {
   CaptureBlocks& blocks_;
   uint32_t me_;
   CaptureRef ref_;
-};
-
-// This rank is done with op `seq`'s posts, whatever happens after it arrived (where a job of
-// the push issuer reads them later, PostsRead waits for it too).
-class FinishPosts {
- public:
-  FinishPosts(CeComm& ce, uint32_t me, uint64_t seq) : ce_(ce), me_(me), seq_(seq) {}
-  ~FinishPosts() { ce_.posts_read.op_done(*ce_.ops, me_, seq_); }
-  FinishPosts(const FinishPosts&) = delete;
-  FinishPosts& operator=(const FinishPosts&) = delete;
-
- private:
-  CeComm& ce_;
-  uint32_t me_;
-  uint64_t seq_;
 };
 
 }  // namespace
@@ -499,41 +439,11 @@ RoutedAllGather::~RoutedAllGather() = default;
 
 bool RoutedAllGather::to_nccl() const { return s_->to_nccl; }
 
-// Whether the op cannot start on the route: the communicator failed (here, at a peer, or a peer
-// left), or this rank's context did (*result holds the error), or every rank is in this process
-// (to_nccl). Before the op reaches any peer.
+// Whether the op cannot start on the route (routed_op_refused, *result holds the error), or
+// every rank is in this process (to_nccl). Before the op reaches any peer.
 bool RoutedAllGather::State::refused(ncclResult_t* result) {
-  const CudaDriver* cu = cuda_driver();
-  if (!capturing) {
-    collect_gone_graphs();
-    collect_drained_routes();
-  }
-  check_captured_replays(st);
-  // A peer's poison too: its waits may have been released, and this op must not pair with them.
-  route_adopt_peer_poison(st);
-  // A peer that aborted never posts again: this op cannot pair (NCCL's would wait for ever).
-  if (st.ce && st.ce->ops && st.ce->ops->anyone_left()) {
-    int none = ncclSuccess;
-    if (st.poisoned.compare_exchange_strong(none, ncclRemoteError))
-      ZC_WARN("zero-copy all-gather on rank %d: a peer aborted the communicator; its ops fail",
-              st.rank);
-  }
-  if (int p = st.poisoned.load(); p != ncclSuccess) {
-    *result = static_cast<ncclResult_t>(p);
-    return true;
-  }
+  if (routed_op_refused(st, capturing, kName, result)) return true;
   CeComm* ce = st.ce.get();
-  if (!ce || !ce->prepared || !ce->ops || !cu) {
-    *result = fail(st, ncclInternalError, "set-up", "not prepared");
-    return true;
-  }
-  // A rank over a failed context would otherwise hold its peers in the exchange while its own
-  // calls fail one by one.
-  if (!capturing)
-    if (CUresult r = context_error(*ce); r != CUDA_SUCCESS) {
-      *result = fail(st, ncclUnhandledCudaError, "starting", cuda_error_string(r));
-      return true;
-    }
   // Every rank in this process, ops coming one by one (not as one thread's group over all of
   // them, local_group_allgather.h): NCCL's. Measured with this exchange: nccl-tests -t 2 (a
   // thread per GPU) ran at 172.6 / 191.1 / 196.7 GB/s in place at 64 MiB / 256 MiB / 1 GiB on
@@ -688,7 +598,7 @@ ncclResult_t RoutedAllGather::State::issue() {
     return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   // Again once issued: the context may have failed during the op's host work.
   if (!hold)
-    if (CUresult r = context_error(*ce); r != CUDA_SUCCESS)
+    if (CUresult r = route_context_error(*ce); r != CUDA_SUCCESS)
       return fail(st, ncclUnhandledCudaError, "issuing its copies", cuda_error_string(r));
   if (!hold) routed_op_issued(st);
   // My peers in this process write into (and may read from) my buffers through their second
@@ -757,20 +667,6 @@ void set_ring_flags(const CeComm& ce, int me, int nranks, uint64_t seq, DirectOp
     v->done_from[r] = ce.dev(ce.ops->done_flag(um, r, seq));
   }
   v->pushed = ce.dev(ce.ops->pushed_flag(um, seq));
-}
-
-void check_captured_replays(CommState& st) {
-  if (st.route.load(std::memory_order_acquire) != RouteState::kCommitted ||
-      st.poisoned.load() != ncclSuccess)
-    return;
-  std::shared_ptr<CaptureLife> life;
-  {
-    std::lock_guard<std::mutex> lock(st.route_mu);
-    if (st.ce) life = st.ce->life;
-  }
-  const char* why = nullptr;
-  if (life && life->broken_replay(static_cast<uint32_t>(st.rank), &why))
-    fail(st, ncclRemoteError, "a graph replay", why);
 }
 
 }  // namespace zc

@@ -53,8 +53,5 @@ class RoutedAllGather {
 // flags (op_exchange.h), as `me`'s streams address them.
 void set_ring_flags(const CeComm& ce, int me, int nranks, uint64_t seq, DirectOpView* v);
 
-// Poisons the communicator when one of its graphs replayed an op whose peer graph is gone
-// (captured_ops.h). Host-only: any thread, a watchdog's poll included.
-void check_captured_replays(CommState& st);
 
 }  // namespace zc

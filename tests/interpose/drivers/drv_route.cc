@@ -234,6 +234,10 @@ void stats(const std::string& tag) {
       static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_passthrough].calls));
   out(tag + ".ag_nccl_ce",
       static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_nccl_ce].calls));
+  out(tag + ".rs_ce",
+      static_cast<long long>(s.counters[zerocta_op_reducescatter][zerocta_route_ce].calls));
+  out(tag + ".rs_pass",
+      static_cast<long long>(s.counters[zerocta_op_reducescatter][zerocta_route_passthrough].calls));
   out(tag + ".created", static_cast<long long>(s.comms_created));
   out(tag + ".ce_ready", static_cast<long long>(s.comms_ce_ready));
   out(tag + ".pool_bytes", static_cast<long long>(s.pool_bytes));
@@ -598,6 +602,92 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
   if (env_long("DRV_AG_CHECK", 0) == 1) check_after(tag, c, *fresh);
 }
 
+// Reduce-scatters (DRV_RS=1, after the all-gathers): DRV_RS_REPEAT (default 3) ops of
+// DRV_RS_COUNT (default 1000) elements a rank of DRV_RS_TYPE (float or bf16), DRV_RS_OP (sum or
+// avg), DRV_RS_IN_PLACE=1 (the output is the rank's chunk of its input, as FSDP2 has it),
+// DRV_RS_FRESH=1 (new buffers for every op, the old ones freed first), DRV_RS_GROUP=1 (each op
+// in a group of its own). The inputs are small integers, new for every op, so that every order of
+// the sum (and a 2-rank average) is exact: each rank checks its output against the sum it makes
+// itself. Prints <tag>.rc (the first failure), <tag>.data_ok, <tag>.wrong (elements wrong) and
+// <tag>.async (ncclCommGetAsyncError after the ops).
+float rs_input(int rank, long op, size_t i) {
+  return static_cast<float>((static_cast<size_t>(rank) * 5 + static_cast<size_t>(op) * 3 + i * 7) %
+                            13);
+}
+
+void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
+  const size_t count = static_cast<size_t>(env_long("DRV_RS_COUNT", 1000));
+  const bool bf16 = env_str("DRV_RS_TYPE", "float") == "bf16";
+  const bool avg = env_str("DRV_RS_OP", "sum") == "avg";
+  const bool in_place = env_long("DRV_RS_IN_PLACE", 0) == 1;
+  const bool fresh_each = env_long("DRV_RS_FRESH", 0) == 1;
+  const bool grouped = env_long("DRV_RS_GROUP", 0) == 1;
+  const size_t elem = bf16 ? 2 : 4, chunk = count * elem, total = chunk * static_cast<size_t>(n);
+  auto store = [&](uint8_t* at, float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    if (bf16) {
+      const uint16_t top = static_cast<uint16_t>(bits >> 16);  // exact: small integers
+      memcpy(at, &top, 2);
+    } else {
+      memcpy(at, &bits, 4);
+    }
+  };
+  auto load = [&](const uint8_t* at) {
+    uint32_t bits = 0;
+    if (bf16) {
+      uint16_t top;
+      memcpy(&top, at, 2);
+      bits = static_cast<uint32_t>(top) << 16;
+    } else {
+      memcpy(&bits, at, 4);
+    }
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+  };
+  std::unique_ptr<Buffer> send, recv;
+  CUstream stream = nullptr;
+  cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  ncclResult_t rc = ncclSuccess;
+  long wrong = 0;
+  for (long op = 0, repeat = env_long("DRV_RS_REPEAT", 3); op < repeat; ++op) {
+    if (!send || fresh_each) {
+      send.reset();
+      recv.reset();
+      send = std::make_unique<Buffer>(total, g_device, std::vector<int>{g_device});
+      if (!in_place) recv = std::make_unique<Buffer>(chunk, g_device, std::vector<int>{g_device});
+    }
+    for (size_t i = 0; i < count * static_cast<size_t>(n); ++i)
+      store(send->data() + i * elem, rs_input(r, op, i));
+    uint8_t* out = in_place ? send->data() + static_cast<size_t>(r) * chunk : recv->data();
+    if (!in_place) memset(out, 0xee, chunk);
+    if (grouped) ncclGroupStart();
+    ncclResult_t res = ncclReduceScatter(send->data(), out, count, bf16 ? ncclBfloat16 : ncclFloat,
+                                         avg ? ncclAvg : ncclSum, c,
+                                         reinterpret_cast<cudaStream_t>(stream));
+    if (grouped) {
+      const ncclResult_t end = ncclGroupEnd();
+      if (res == ncclSuccess) res = end;
+    }
+    if (stream) cuStreamSynchronize(stream);
+    if (rc == ncclSuccess) rc = res;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int p = 0; p < n; ++p) want += rs_input(p, op, static_cast<size_t>(r) * count + i);
+      if (avg) want *= 0.5f;
+      wrong += load(out + i * elem) != want;
+    }
+  }
+  if (stream) cuStreamDestroy(stream);
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
+  out(tag + ".async", poll != ncclSuccess ? poll : state);
+  out(tag + ".rc", rc);
+  out(tag + ".wrong", wrong);
+  out(tag + ".data_ok", wrong == 0 ? 1 : 0);
+}
+
 // Polls until not in progress (at most 2000 polls); <tag>.polls_in_progress, <tag>.async,
 // <tag>.ready_before (comms_ce_ready before the poll that saw the comm ready) and
 // <tag>.ready_at (right after it).
@@ -794,6 +884,10 @@ void rank_basic(int rank, int nranks) {
     all_gather("ag", c, rank, nranks, env_long("DRV_AG_GROUP", 0) == 1);
     stats("ag");
     if (long ms = env_long("DRV_IDLE_WATCH_MS", 0)) idle_watch(ms);
+  }
+  if (env_long("DRV_RS", 0) == 1) {
+    reduce_scatter("rs", c, rank, nranks);
+    stats("rs");
   }
   if (env_long("DRV_SUSPEND", 0) == 1) suspend_and_resume(c, rank, nranks);
   end_comm(c, "world");

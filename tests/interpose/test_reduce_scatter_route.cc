@@ -1,0 +1,143 @@
+// The copy-engine reduce-scatter (src/collectives/reduce_scatter/) across processes on the CPU:
+// drivers/drv_route.cc's reduce-scatters (DRV_RS=1) under LD_PRELOAD of the shim, the fake NCCL
+// and the fake CUDA driver, whose memory is really shared between processes, whose copies move
+// bytes and whose kernel launches run the summing kernel's arithmetic (tests/fake_nccl,
+// fake_chunk_sum.cc). Each rank checks its output against the sum it makes itself, op after op,
+// on fresh inputs; the shim's counters say which route each op took.
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+
+#include "harness.h"
+#include "route_run.h"
+
+namespace itest {
+namespace {
+
+// The reduce-scatter's route on, the all-gathers' off; `ops` ops of `count` elements.
+Env rs_env(const Scratch& chan, const Scratch& rdv, const Env& more) {
+  return with(route_env(chan, rdv, unique_id_text()),
+              with({{"ZEROCTA_ALLGATHER", "nccl"},
+                    {"ZEROCTA_REDUCESCATTER", "zerocta"},
+                    {"DRV_AG", "0"},
+                    {"DRV_RS", "1"}},
+                   more));
+}
+
+// Every rank of `r` ran its ops without error, every byte right, `routed` of them on the route.
+void expect_summed(const RunResult& r, const Scratch& chan, int nranks, long long routed) {
+  expect_clean_pair(r, chan, nranks);
+  for (int k = 0; k < nranks; ++k) {
+    EXPECT_EQ(rnum(r, k, "rs.rc"), 0) << "rank " << k << "\n" << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.wrong"), 0) << "rank " << k << "\n" << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.rs_ce"), routed) << "rank " << k << "\n" << r.describe();
+  }
+}
+
+struct Case {
+  const char* name;
+  int nranks;
+  Env env;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class ReduceScatterRoute : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ReduceScatterRoute, EveryRankSumsItsChunkRight) {
+  const Case& c = GetParam();
+  Scratch s, chan, rdv;
+  const RunResult r = run_route({"ranks", std::to_string(c.nranks), "basic"},
+                                rs_env(chan, rdv, with({{"DRV_RS_REPEAT", "4"}}, c.env)), s);
+  expect_summed(r, chan, c.nranks, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ReduceScatterRoute,
+    ::testing::Values(
+        Case{"Sum", 2, {}}, Case{"InPlace", 2, {{"DRV_RS_IN_PLACE", "1"}}},
+        Case{"Average", 2, {{"DRV_RS_OP", "avg"}}},
+        Case{"Bf16AverageInPlace", 2,
+             {{"DRV_RS_TYPE", "bf16"}, {"DRV_RS_OP", "avg"}, {"DRV_RS_IN_PLACE", "1"}}},
+        // New buffers for every op, the old ones freed first.
+        Case{"FreshBuffers", 2, {{"DRV_RS_FRESH", "1"}}},
+        // Each op in a group of its own: issued at the group's end.
+        Case{"Grouped", 2, {{"DRV_RS_GROUP", "1"}}},
+        // 20 MB a rank through 4 MiB slices: both scratch buffers reused within and across ops.
+        Case{"ManySlices", 2, {{"DRV_RS_COUNT", "5000000"}, {"ZEROCTA_RS_SCRATCH", "8M"}}},
+        // An odd count: chunks off every alignment, a short last slice.
+        Case{"OddCount", 2, {{"DRV_RS_COUNT", "262147"}, {"ZEROCTA_RS_SCRATCH", "1M"}}},
+        Case{"ThreeRanks", 3, {}}, Case{"FourRanksInPlace", 4, {{"DRV_RS_IN_PLACE", "1"}}}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// All-gathers and reduce-scatters on the route on one communicator, as FSDP2 issues them: the
+// ops share the exchange's numbering and the route's streams.
+TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route(
+      {"ranks", "2", "basic"},
+      rs_env(chan, rdv, {{"ZEROCTA_ALLGATHER", "zerocta"}, {"DRV_AG", "1"}, {"DRV_AG_REPEAT", "3"}}),
+      s);
+  expect_summed(r, chan, 2, 3);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.ag_ce"), 3) << r.describe();
+  }
+}
+
+// Settings that differ between the ranks: no agreement, NCCL on every rank, no hang.
+TEST(ReduceScatterRouteWith, ARankThatAsksForNcclMakesEveryRankPassThrough) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route({"ranks", "2", "basic", "r1:ZEROCTA_REDUCESCATTER=nccl"},
+                                rs_env(chan, rdv, {}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "rs.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.rs_ce"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.rs_pass"), 3) << r.describe();
+  }
+}
+
+// auto routes from ZEROCTA_MIN_BYTES of input up, 2 ranks only; what it does not route NCCL runs.
+TEST(ReduceScatterRouteWith, AutoRoutesFromTheMinimumOnTwoRanks) {
+  Scratch s, chan, rdv;
+  // 1000 floats a rank: 8000 B of input on 2 ranks.
+  const RunResult below = run_route(
+      {"ranks", "2", "basic"},
+      rs_env(chan, rdv, {{"ZEROCTA_REDUCESCATTER", "auto"}, {"ZEROCTA_MIN_BYTES", "8001"}}), s);
+  expect_clean_pair(below, chan);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(rnum(below, k, "rs.rs_pass"), 3) << below.describe();
+  Scratch s2, chan2, rdv2;
+  const RunResult at = run_route(
+      {"ranks", "2", "basic"},
+      rs_env(chan2, rdv2, {{"ZEROCTA_REDUCESCATTER", "auto"}, {"ZEROCTA_MIN_BYTES", "8000"}}), s2);
+  expect_summed(at, chan2, 2, 3);
+  Scratch s3, chan3, rdv3;
+  const RunResult three =
+      run_route({"ranks", "3", "basic"}, rs_env(chan3, rdv3, {{"ZEROCTA_REDUCESCATTER", "auto"}}), s3);
+  expect_clean_pair(three, chan3, 3);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(rnum(three, k, "rs.rs_ce"), 0) << three.describe();
+}
+
+// Ranks that issue reduce-scatters of different counts at one position: the later to arrive
+// fails the op and poisons the communicator, so both see the error (the earlier one issued its
+// op before the later one came: it learns it from the communicator's asynchronous error, as
+// from NCCL's), never a hang.
+TEST(ReduceScatterRouteWith, RanksThatDisagreeOnTheCountBothFail) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route({"ranks", "2", "basic", "r1:DRV_RS_COUNT=1001"},
+                                rs_env(chan, rdv, {{"DRV_RS_REPEAT", "1"}}), s);
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  int failed_calls = 0;
+  for (int k = 0; k < 2; ++k) {
+    failed_calls += rnum(r, k, "rs.rc") != 0;
+    EXPECT_NE(rnum(r, k, "rs.async"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+  }
+  EXPECT_GE(failed_calls, 1) << r.describe();
+  EXPECT_TRUE(contains(r.err, "ranks issued collectives of different counts")) << r.describe();
+}
+
+}  // namespace
+}  // namespace itest
