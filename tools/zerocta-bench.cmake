@@ -13,7 +13,13 @@ enable_language(CUDA)
 
 set(_zcb_dir ${CMAKE_CURRENT_LIST_DIR}/zerocta_bench)
 file(GLOB _zcb_sources CONFIGURE_DEPENDS ${_zcb_dir}/*.cc ${_zcb_dir}/*.cu)
-add_executable(zerocta-bench ${_zcb_sources})
+# The reduce-scatter's reduction kernel, from the library's own source (not a copy): the
+# sum-kernel floor launches it with the runtime API (sum_kernel.cc), which also reads its
+# argument struct from src/route/chunk_sum.h.
+set(_zcb_chunk_sum ${CMAKE_SOURCE_DIR}/src/route/chunk_sum.cu)
+add_executable(zerocta-bench ${_zcb_sources} ${_zcb_chunk_sum})
+set_source_files_properties(${_zcb_dir}/sum_kernel.cc PROPERTIES INCLUDE_DIRECTORIES
+  "${CMAKE_SOURCE_DIR}/src/route;${CMAKE_SOURCE_DIR}/src/core")
 set_target_properties(zerocta-bench PROPERTIES
   CUDA_ARCHITECTURES 90
   CUDA_STANDARD 17

@@ -1,5 +1,7 @@
 #include "check.h"
 
+#include <cstring>
+
 #include "cuda_check.h"
 #include "kernels.h"
 
@@ -8,11 +10,28 @@ namespace zcb {
 WrongCounter::WrongCounter() {
   ZCB_CUDA(cudaMalloc(&d_wrong_, sizeof(*d_wrong_)));
   ZCB_CUDA(cudaMallocHost(&h_wrong_, sizeof(*h_wrong_)));
+  ZCB_CUDA(cudaMalloc(&d_maxdiff_, sizeof(*d_maxdiff_)));
+  ZCB_CUDA(cudaMallocHost(&h_maxdiff_, sizeof(*h_maxdiff_)));
 }
 
 WrongCounter::~WrongCounter() {
   cudaFree(d_wrong_);
   cudaFreeHost(h_wrong_);
+  cudaFree(d_maxdiff_);
+  cudaFreeHost(h_maxdiff_);
+}
+
+int64_t WrongCounter::count_rs(const RsCheck& c, double* maxdiff, cudaStream_t stream) {
+  ZCB_CUDA(cudaMemsetAsync(d_wrong_, 0, sizeof(*d_wrong_), stream));
+  ZCB_CUDA(cudaMemsetAsync(d_maxdiff_, 0, sizeof(*d_maxdiff_), stream));
+  if (!launch_check_rs(c, d_wrong_, d_maxdiff_, stream))
+    fatal("no reduce-scatter check for data type %d", static_cast<int>(c.type));
+  ZCB_CUDA(cudaGetLastError());
+  ZCB_CUDA(
+      cudaMemcpyAsync(h_maxdiff_, d_maxdiff_, sizeof(*h_maxdiff_), cudaMemcpyDeviceToHost, stream));
+  const int64_t wrong = collect(stream);  // synchronizes
+  memcpy(maxdiff, h_maxdiff_, sizeof(*maxdiff));
+  return wrong;
 }
 
 int64_t WrongCounter::count(const void* recv, size_t chunk_bytes, int nchunks, int elem_bytes,

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "reduce_pattern.h"
+#include "rs_kernels.h"
 
 namespace zcb {
 
@@ -30,11 +31,16 @@ class WrongCounter {
   // launch_count_wrong_sum); synchronizes stream.
   int64_t count_sum(const void* out, uint64_t n, uint64_t base, int nranks, ncclDataType_t type,
                     const ReducePattern& p, cudaStream_t stream);
+  // A reduce-scatter's output (launch_check_rs): the elements whose bits differ from the
+  // expected ones, and in *maxdiff the largest |output - float64 reference|; synchronizes stream.
+  int64_t count_rs(const RsCheck& c, double* maxdiff, cudaStream_t stream);
 
  private:
   int64_t collect(cudaStream_t stream);  // launches done: copy the count back, synchronize
   unsigned long long* d_wrong_ = nullptr;
   unsigned long long* h_wrong_ = nullptr;
+  unsigned long long* d_maxdiff_ = nullptr;  // the bits of a non-negative double
+  unsigned long long* h_maxdiff_ = nullptr;
 };
 
 }  // namespace zcb

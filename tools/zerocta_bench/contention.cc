@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "nccl_ranks.h"
 #include "peer_push.h"
+#include "rs_kernels.h"
 #include "push_steps.h"
 #include "shim_stats.h"
 #include "timing.h"
@@ -226,11 +227,12 @@ void run_contention(const ContentionGpus& c) {
     for (int k = 0; k < kWarmups; ++k) g.gemm->run();
   }
   synchronize(gpus);
+  const zerocta_op_t counter = op_shim_counter(o.contention_op());
   for (bool in_place : contention_placements(o.contention_placement)) {
-    const RouteCounts before = shim_allgather_routes();
+    const RouteCounts before = shim_routes(counter);
     std::vector<ContentionMsg> msgs = measure_placement(c, gpus, in_place);
     // The shim's counters are the process's: they go with its first GPU's message.
-    const RouteCounts d = shim_allgather_routes() - before;
+    const RouteCounts d = shim_routes(counter) - before;
     for (int i = 0; i < zerocta_route_count; ++i) msgs.front().route_calls[i] = d.calls[i];
     for (const ContentionMsg& m : msgs) c.ch->send(kMsgContention, &m, sizeof(m));
   }
@@ -244,19 +246,25 @@ void run_contention(const ContentionGpus& c) {
 
 void run_nccl_contention(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch) {
   NcclRanks nr(o, path, worker_rank, nranks, ch);
-  const uint64_t count = per_rank_count(o.contention_total_bytes(nranks), nranks, o.dtype.bytes);
-  if (count == 0) fatal("--contention-bytes is too small for %d ranks", nranks);
-  const uint64_t chunk = count * o.dtype.bytes;
-  const CollShape shape = coll_shape(CollOp::kAllGather, chunk * nranks, nranks, o.dtype.bytes);
-  const std::vector<char*> recv = nr.alloc(chunk * nranks);
-  const std::vector<char*> send = nr.alloc(chunk);
+  // All-gathers, or with --op reducescatter reduce-scatters (random inputs, --dtype, --redop).
+  const CollOp op = o.contention_op();
+  const CollShape shape = coll_shape(op, o.contention_total_bytes(nranks), nranks, o.dtype.bytes);
+  if (shape.count == 0) fatal("--contention-bytes is too small for %d ranks", nranks);
+  const std::vector<char*> recv = nr.alloc(shape.recv_bytes);
+  const std::vector<char*> send = nr.alloc(shape.send_bytes);
   ContentionGpus c;
   c.o = &o;
-  c.ag_bytes = chunk * nranks;
+  c.ag_bytes = shape.bytes;
   c.ch = ch;
   for (int i = 0; i < nr.size(); ++i) {
     nr.set_device(i);
-    launch_fill_pattern(send[i], chunk, o.dtype.bytes, o.seed, nr.rank(i), nullptr);
+    if (op == CollOp::kReduceScatter) {
+      if (!launch_fill_random(send[i], shape.send_bytes / o.dtype.bytes, o.dtype.nccl, o.seed,
+                              nr.rank(i), nullptr))
+        fatal("no reduce-scatter test data for data type %s", o.dtype.name);
+    } else {
+      launch_fill_pattern(send[i], shape.send_bytes, o.dtype.bytes, o.seed, nr.rank(i), nullptr);
+    }
     ZCB_CUDA(cudaGetLastError());
     ZCB_CUDA(cudaDeviceSynchronize());
     c.devices.push_back(nr.rank(i));
@@ -264,13 +272,12 @@ void run_nccl_contention(const Options& o, PathId path, int worker_rank, int nra
   c.enqueue_op = [&](bool in_place, const std::vector<cudaStream_t>& streams) {
     std::vector<Placement> place;
     for (int i = 0; i < nr.size(); ++i)
-      place.push_back(
-          place_buffers(CollOp::kAllGather, in_place, nr.rank(i), shape, send[i], recv[i]));
-    nr.collective(CollOp::kAllGather, place, count, o.dtype.nccl, streams);
+      place.push_back(place_buffers(op, in_place, nr.rank(i), shape, send[i], recv[i]));
+    nr.collective(op, place, shape.count, o.dtype.nccl, streams, o.nccl_redop());
   };
   run_contention(c);
   nr.check_async_error();
-  send_shim_totals(ch, nr.rank(0), zerocta_op_allgather);
+  send_shim_totals(ch, nr.rank(0), op_shim_counter(op));
 }
 
 void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
@@ -278,6 +285,8 @@ void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
   const uint64_t count = per_rank_count(o.contention_total_bytes(nranks), nranks, o.dtype.bytes);
   if (count == 0) fatal("--contention-bytes is too small for %d ranks", nranks);
   const uint64_t chunk = count * o.dtype.bytes;
+  // Reduce-scatters: every GPU pushes each peer's chunk of its input (n chunks), no reduction.
+  const bool rs = o.contention_op() == CollOp::kReduceScatter;
   std::vector<PeerBuffers> bufs(static_cast<size_t>(nranks));
   ContentionGpus c;
   c.o = &o;
@@ -286,7 +295,7 @@ void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
   for (int g = 0; g < nranks; ++g) {
     setup_peer_gpu(g, nranks, ch);
     ZCB_CUDA(cudaMalloc(&bufs[g].recv, chunk * nranks));
-    ZCB_CUDA(cudaMalloc(&bufs[g].send, chunk));
+    ZCB_CUDA(cudaMalloc(&bufs[g].send, rs ? chunk * nranks : chunk));
     c.devices.push_back(g);
   }
   // The floor: every GPU pushes its chunk (the op's per-peer size) into all n-1 peers at
@@ -297,7 +306,10 @@ void run_bare_ce_contention(const Options& o, int nranks, Channel* ch) {
     for (int g = 0; g < nranks; ++g) {
       ZCB_CUDA(cudaSetDevice(g));
       steps.before(g, op, streams[g]);
-      enqueue_pushes(g, bufs, chunk, in_place, streams[g]);
+      if (rs)
+        enqueue_rs_pushes(g, bufs, chunk, streams[g]);
+      else
+        enqueue_pushes(g, bufs, chunk, in_place, streams[g]);
       steps.after(g, op, streams[g]);
     }
     ++op;

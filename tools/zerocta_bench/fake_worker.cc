@@ -40,6 +40,8 @@ double model_peak(PathId p) {
       return 660;
     case PathId::kZeroctaAuto:
       return 650;
+    case PathId::kSumKernel:
+      return 900;
     default:
       return 780;
   }
@@ -110,10 +112,21 @@ void exchange_id(Channel* ch, int rank, PathId path) {
     fatal("unique id not forwarded intact");
 }
 
-// The shim's routing: only all-gathers of zerocta (and zerocta-auto from 16 MiB) take "ce".
+// The shim's routing: only all-gathers and reduce-scatters of zerocta (and zerocta-auto from
+// 16 MiB) take "ce".
 bool takes_ce(PathId path, CollOp op, uint64_t bytes) {
-  return op == CollOp::kAllGather &&
+  return path_routes_op(path, op) &&
          (path == PathId::kZerocta || (path == PathId::kZeroctaAuto && bytes >= (16u << 20)));
+}
+
+// The check's largest difference from the float64 reference (reduce-scatters): about an ulp of
+// the sum for the type; -1 where there is none.
+double model_maxdiff(const Options& o, int nranks, bool checked) {
+  if (o.op != CollOp::kReduceScatter || !checked) return -1;
+  const double ulp = o.dtype.nccl == ncclBfloat16 ? 7.8125e-3
+                     : o.dtype.nccl == ncclFloat16 ? 9.765625e-4
+                                                   : 1.1920929e-7;
+  return ulp * nranks * (o.redop == RedOp::kAvg ? 0.5 : 1.0);
 }
 
 void fill_routes(PathId path, CollOp op, uint64_t bytes, uint64_t calls, bool fallback,
@@ -164,7 +177,7 @@ void fake_contention(const Options& o, PathId path, const std::vector<int>& rank
       m.makespan_ms = 1.02 * std::max(o.gemm_iters * m.gemm_overlap_ms, n_ag * m.ag_overlap_ms);
     }
     // The shim's counters are the process's: with the first rank's message.
-    fill_routes(path, CollOp::kAllGather, bytes, 2 * static_cast<uint64_t>(n_ag) + 3, false,
+    fill_routes(path, o.contention_op(), bytes, 2 * static_cast<uint64_t>(n_ag) + 3, false,
                 msgs.front().route_calls);
     for (const ContentionMsg& m : msgs) ch->send(kMsgContention, &m, sizeof(m));
   }
@@ -213,6 +226,7 @@ void fake_sweep(const Options& o, PathId path, const std::vector<int>& ranks, in
         pr.mean_us = model_op_time_us(path, o.op, row.bytes, nranks, ip, rank);
         pr.median_us = pr.mean_us * 0.99;
         pr.wrong = !o.check ? -1 : (fault("ZCB_FAKE_WRONG", path) && rank == 1 && si == 0) ? 3 : 0;
+        pr.maxdiff = model_maxdiff(o, nranks, o.check);
         // The process's counters go with its first rank's row, as in the real worker.
         if (rank == ranks.front())
           fill_routes(path, o.op, row.bytes, calls * local, fault("ZCB_FAKE_FALLBACK", path),
@@ -252,7 +266,9 @@ void fake_ceiling_sweep(const Options& o, PathId path, int nranks, Channel* ch) 
       row.oop.median_us = row.oop.mean_us;
       row.first = model_first_op(path, false, row.oop.mean_us, row.bytes, g);
       row.oop.wrong = o.check ? 0 : -1;
+      row.oop.maxdiff = path == PathId::kBareCe ? -1 : model_maxdiff(o, nranks, o.check);
       row.ip = row.oop;
+      if (o.check && fault("ZCB_FAKE_WRONG", path) && g == 1 && si == 0) row.oop.wrong = 3;
       ch->send(kMsgRow, &row, sizeof(row));
     }
   }

@@ -107,7 +107,8 @@ std::string describe_status(int status) {
 }  // namespace
 
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, PathId path,
-                                            const std::string& shim_lib, bool multicast_off) {
+                                            const std::string& shim_lib, bool multicast_off,
+                                            CollOp op) {
   std::vector<std::string> env = base;
   // --multicast-off: multicast stays off on machines that must not use it, whatever the
   // caller's environment says. Never done otherwise: on the user's cluster NVLS may be what
@@ -122,6 +123,8 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   if (path_uses_shim(path)) {
     set_var(&env, "LD_PRELOAD", rest.empty() ? shim_lib : shim_lib + ":" + rest);
     set_var(&env, "ZEROCTA_ALLGATHER", path_allgather_mode(path));
+    if (op == CollOp::kReduceScatter)
+      set_var(&env, "ZEROCTA_REDUCESCATTER", path_reducescatter_mode(path));
   } else if (rest.empty()) {
     env.erase(std::remove_if(env.begin(), env.end(),
                              [](const std::string& e) { return e.rfind("LD_PRELOAD=", 0) == 0; }),
@@ -152,7 +155,7 @@ LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler) {
   std::vector<std::string> base;
   for (char** e = environ; *e; ++e) base.emplace_back(*e);
   const std::vector<std::string> env =
-      worker_environment(base, spec.path, spec.shim_lib, spec.multicast_off);
+      worker_environment(base, spec.path, spec.shim_lib, spec.multicast_off, spec.op);
 
   std::vector<Proc> procs(static_cast<size_t>(nprocs));
   pid_t pgid = 0;

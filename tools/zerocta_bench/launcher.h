@@ -16,6 +16,7 @@ namespace zcb {
 
 struct LaunchSpec {
   PathId path = PathId::kNcclKernel;
+  CollOp op = CollOp::kAllGather;  // the op the workers run (ZEROCTA_REDUCESCATTER for one)
   std::string mode;  // "sweep" | "contention"
   int nranks = 0;
   bool one_process = false;       // --one-process: one worker for every rank of an NCCL path
@@ -41,10 +42,12 @@ using MessageHandler = std::function<void(uint32_t type, const std::vector<char>
 LaunchOutcome run_path(const LaunchSpec& spec, const MessageHandler& handler);
 
 // The environment of a path's workers, from `base` (NAME=value entries): for a shim path
-// LD_PRELOAD=<shim_lib>[:rest] and ZEROCTA_ALLGATHER=<mode>; for the others every libzerocta
-// entry removed from LD_PRELOAD; with multicast_off (--multicast-off) also kMulticastOffEnv.
+// LD_PRELOAD=<shim_lib>[:rest] and ZEROCTA_ALLGATHER=<mode>, and for reduce-scatters (`op`)
+// also ZEROCTA_REDUCESCATTER=<mode>; for the others every libzerocta entry removed from
+// LD_PRELOAD; with multicast_off (--multicast-off) also kMulticastOffEnv.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, PathId path,
-                                            const std::string& shim_lib, bool multicast_off);
+                                            const std::string& shim_lib, bool multicast_off,
+                                            CollOp op = CollOp::kAllGather);
 
 // Installs SIGINT/SIGTERM handlers that make run_path kill its workers and return, and ignores
 // SIGPIPE. Call once in the parent.

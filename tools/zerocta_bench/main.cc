@@ -120,7 +120,8 @@ double print_plan(const Options& o, int nranks) {
     for (PathId p : o.contention_paths) {
       double e = estimate_contention_s(o, p, nranks);
       total += e * o.repeats;
-      printf("#   contention %-13s %-14s ~%5.0f s x %d runs (limit %d s each)\n", "allgather",
+      printf("#   contention %-13s %-14s ~%5.0f s x %d runs (limit %d s each)\n",
+             op_name(o.contention_op()),
              path_name(p), e, o.repeats, path_timeout_s(o, e));
     }
   printf("#   total ~%.0f s; whole-run deadline %d s (paths not started by then are SKIPPED)\n",
@@ -135,11 +136,15 @@ int next_limit(const Options& o, double estimate, Clock::time_point start) {
   return std::min(path_timeout_s(o, estimate), left);
 }
 
-// The route every timed all-gather of a path must take (the path forces it), or -1.
-int forced_route(PathId p) { return p == PathId::kZerocta ? zerocta_route_ce : -1; }
+// The route every timed `op` of a path must take (the path forces it), or -1: zerocta's
+// all-gathers and reduce-scatters take its ce route.
+int forced_route(PathId p, CollOp op) {
+  return p == PathId::kZerocta && path_routes_op(p, op) ? zerocta_route_ce : -1;
+}
 
-std::string off_route_message(uint64_t calls) {
-  return std::to_string(calls) + " all-gathers did not take zerocta's ce route";
+std::string off_route_message(uint64_t calls, CollOp op) {
+  return std::to_string(calls) + (op == CollOp::kReduceScatter ? " reduce-scatters" : " all-gathers") +
+         " did not take zerocta's ce route";
 }
 
 // zerocta-policy measures the shim's policy, so every process must report that every
@@ -158,6 +163,7 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
   const bool shim = path_uses_shim(r->path);
   LaunchSpec spec;
   spec.path = r->path;
+  spec.op = o.op;
   spec.mode = "sweep";
   spec.nranks = b->nranks;
   spec.one_process = o.one_process;
@@ -179,9 +185,12 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
       RowMsg m;
       memcpy(&m, p.data(), sizeof(m));
       if (add_row(r, m, b->nranks, o.op)) {
-        if (!r->header_printed) print_table_header(stdout, shim);
+        if (!r->header_printed)
+          print_table_header(stdout, shim, o.op == CollOp::kReduceScatter);
         r->header_printed = true;
-        printf("%s\n", format_row(r->rows[m.size_index], o.op, o.dtype.name, shim).c_str());
+        printf("%s\n", format_row(r->rows[m.size_index], o.op, o.dtype.name, shim,
+                                   o.redop_label())
+                            .c_str());
         fflush(stdout);
       }
     } else if (type == kMsgShimTotals && p.size() == sizeof(ShimTotalsMsg)) {
@@ -221,10 +230,10 @@ void run_sweep_path(BenchReport* b, PathResult* r, const std::vector<std::string
                  std::to_string(r->shim_reports) + " of " + std::to_string(nprocs) +
                  " processes reporting) with NCCL_CTA_POLICY_ZERO; check ZEROCTA_CTA_POLICY and "
                  "ZEROCTA_ENABLE";
-    } else if (const int want = forced_route(r->path);
-               want >= 0 && o.op == CollOp::kAllGather && r->off_route_calls(want) > 0) {
+    } else if (const int want = forced_route(r->path, o.op);
+               want >= 0 && r->off_route_calls(want) > 0) {
       const std::string msg =
-          off_route_message(r->off_route_calls(want)) + " (see the route column)";
+          off_route_message(r->off_route_calls(want), o.op) + " (see the route column)";
       if (o.allow_fallback)
         r->error = "WARNING: " + msg;
       else {
@@ -243,6 +252,7 @@ void run_contention_path(BenchReport* b, const ContentionResult& r, ContentionRu
   const Options& o = *b->o;
   LaunchSpec spec;
   spec.path = r.path;
+  spec.op = o.contention_op();
   spec.mode = "contention";
   spec.nranks = b->nranks;
   spec.one_process = o.one_process;
@@ -274,14 +284,14 @@ void run_contention_path(BenchReport* b, const ContentionResult& r, ContentionRu
     run->error = std::to_string(run->msgs.size()) + " of " + std::to_string(expected) +
                  " rank results (ranks x placements) reported";
   }
-  if (const int want = forced_route(r.path); out.ok && want >= 0) {
+  if (const int want = forced_route(r.path, o.contention_op()); out.ok && want >= 0) {
     uint64_t other = 0;
     for (const ContentionMsg& c : run->msgs)
       for (int i = 0; i < zerocta_route_count; ++i)
         if (i != want) other += c.route_calls[i];
     if (other > 0 && !o.allow_fallback) {
       run->status = "FAILED";
-      run->error = off_route_message(other);
+      run->error = off_route_message(other, o.contention_op());
     }
   }
   print_contention_run(stdout, r, *run, o.repeats);

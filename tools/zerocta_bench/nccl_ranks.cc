@@ -197,7 +197,8 @@ void NcclRanks::register_windows(size_t bytes) {
 }
 
 void NcclRanks::collective(CollOp op, const std::vector<Placement>& place, size_t count,
-                           ncclDataType_t type, const std::vector<cudaStream_t>& streams) {
+                           ncclDataType_t type, const std::vector<cudaStream_t>& streams,
+                           ncclRedOp_t redop) {
   LocalGroup group(size() > 1);
   for (int i = 0; i < size(); ++i) {
     if (size() > 1) set_device(i);
@@ -209,10 +210,10 @@ void NcclRanks::collective(CollOp op, const std::vector<Placement>& place, size_
         ZCB_NCCL(ncclAllGather(send, recv, count, type, comm, streams[i]));
         break;
       case CollOp::kAllReduce:
-        ZCB_NCCL(ncclAllReduce(send, recv, count, type, ncclSum, comm, streams[i]));
+        ZCB_NCCL(ncclAllReduce(send, recv, count, type, redop, comm, streams[i]));
         break;
       case CollOp::kReduceScatter:
-        ZCB_NCCL(ncclReduceScatter(send, recv, count, type, ncclSum, comm, streams[i]));
+        ZCB_NCCL(ncclReduceScatter(send, recv, count, type, redop, comm, streams[i]));
         break;
       case CollOp::kBroadcast:
         ZCB_NCCL(ncclBroadcast(send, recv, count, type, kBroadcastRoot, comm, streams[i]));

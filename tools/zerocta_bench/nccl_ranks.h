@@ -48,9 +48,10 @@ class NcclRanks {
   void free_buffers();
 
   // One collective on every local rank, nccl-tests' arguments (count as CollShape::count,
-  // ncclSum, root kBroadcastRoot); place[i] and streams[i] belong to local rank i.
+  // root kBroadcastRoot, `redop` for the reductions: ncclSum, or --redop's for reduce-scatters);
+  // place[i] and streams[i] belong to local rank i.
   void collective(CollOp op, const std::vector<Placement>& place, size_t count, ncclDataType_t type,
-                  const std::vector<cudaStream_t>& streams);
+                  const std::vector<cudaStream_t>& streams, ncclRedOp_t redop = ncclSum);
   // fatal() if a communicator reports an asynchronous error.
   void check_async_error();
 

@@ -20,6 +20,7 @@ constexpr PathRow kPaths[] = {
     {PathId::kZerocta, "zerocta"},        {PathId::kZeroctaAuto, "zerocta-auto"},
     {PathId::kCeiling, "ceiling"},        {PathId::kBareCe, "bare-ce"},
     {PathId::kNcclPolicy, "nccl-policy"}, {PathId::kZeroctaPolicy, "zerocta-policy"},
+    {PathId::kSumKernel, "sum-kernel"},
 };
 
 const DataType kTypes[] = {
@@ -87,14 +88,6 @@ bool parse_path_list(const std::string& text, const std::vector<PathId>& all,
   return true;
 }
 
-// Every NCCL program of the sweep's all-gather set, then the floor.
-const std::vector<PathId>& contention_path_set() {
-  static const std::vector<PathId> v = {
-      PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
-      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kBareCe};
-  return v;
-}
-
 // bare-ce is the floor every contention table is read against: always run it, last in the
 // canonical order.
 void add_contention_floor(std::vector<PathId>* paths) {
@@ -157,7 +150,16 @@ const char* path_allgather_mode(PathId p) {
   return nullptr;
 }
 
-bool path_is_single_process(PathId p) { return p == PathId::kCeiling || p == PathId::kBareCe; }
+const char* path_reducescatter_mode(PathId p) { return path_allgather_mode(p); }
+
+bool path_routes_op(PathId p, CollOp op) {
+  return (p == PathId::kZerocta || p == PathId::kZeroctaAuto) &&
+         (op == CollOp::kAllGather || op == CollOp::kReduceScatter);
+}
+
+bool path_is_single_process(PathId p) {
+  return p == PathId::kCeiling || p == PathId::kBareCe || p == PathId::kSumKernel;
+}
 
 bool path_sets_zero_policy(PathId p) { return p == PathId::kNcclCe || p == PathId::kNcclPolicy; }
 
@@ -212,10 +214,42 @@ const std::vector<PathId>& sweep_path_set(CollOp op) {
   static const std::vector<PathId> all_gather = {
       PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
       PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kCeiling};
+  static const std::vector<PathId> reduce_scatter = {
+      PathId::kNcclKernel, PathId::kNcclPolicy, PathId::kZeroctaPolicy, PathId::kZerocta,
+      PathId::kZeroctaAuto, PathId::kBareCe,    PathId::kSumKernel};
   static const std::vector<PathId> other = {PathId::kNcclKernel, PathId::kNcclPolicy,
                                             PathId::kZeroctaPolicy, PathId::kZerocta,
                                             PathId::kZeroctaAuto};
-  return op == CollOp::kAllGather ? all_gather : other;
+  if (op == CollOp::kAllGather) return all_gather;
+  return op == CollOp::kReduceScatter ? reduce_scatter : other;
+}
+
+const std::vector<PathId>& contention_path_set(CollOp op) {
+  // Every NCCL program of the sweep's set, then the floor.
+  static const std::vector<PathId> all_gather = {
+      PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
+      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kBareCe};
+  static const std::vector<PathId> reduce_scatter = {
+      PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy,
+      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kBareCe};
+  return op == CollOp::kReduceScatter ? reduce_scatter : all_gather;
+}
+
+std::vector<PathId> default_contention_paths(CollOp op) {
+  if (op == CollOp::kReduceScatter)
+    return {PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe};
+  return {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta, PathId::kBareCe};
+}
+
+bool contention_supports(CollOp op) {
+  return op == CollOp::kAllGather || op == CollOp::kReduceScatter;
+}
+
+const char* redop_name(RedOp r) { return r == RedOp::kAvg ? "avg" : "sum"; }
+ncclRedOp_t redop_nccl(RedOp r) { return r == RedOp::kAvg ? ncclAvg : ncclSum; }
+
+bool reducescatter_dtype_ok(ncclDataType_t t) {
+  return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16;
 }
 
 std::vector<PathId> default_sweep_paths(CollOp op) {
@@ -348,13 +382,13 @@ CollShape sweep_shape(const Options& o, uint64_t size_bytes, int nranks) {
 
 bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* error) {
   *help = false;
+  bool redop_given = false;  // --redop other than sum
   // --quick first, so explicit flags override the preset whatever their order.
   for (int i = 1; i < argc; ++i)
     if (strcmp(argv[i], "--quick") == 0) {
       o->quick = true;
       apply_quick_preset(o);
     }
-  o->contention_paths = {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta, PathId::kBareCe};
 
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -432,11 +466,24 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!need(&v)) return false;
       if (!parse_int(v, 0, 1, &n)) return bad(v, "0 or 1");
       o->check = n != 0;
-    } else if (a == "-d" || a == "--datatype") {
+    } else if (a == "-d" || a == "--datatype" || a == "--dtype") {
       if (!need(&v)) return false;
       if (!parse_dtype(v, &o->dtype))
         return bad(v,
                    "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2");
+    } else if (a == "--redop") {
+      if (!need(&v)) return false;
+      if (v == "sum")
+        o->redop = RedOp::kSum;
+      else if (v == "avg")
+        o->redop = RedOp::kAvg;
+      else
+        return bad(v, "sum|avg");
+      redop_given = v != "sum";
+    } else if (a == "--rs-ctas") {
+      if (!need(&v)) return false;
+      if (!parse_int(v, 1, 1024, &n)) return bad(v, "1..1024");
+      o->rs_ctas = static_cast<int>(n);
     } else if (a == "--op") {
       if (!need(&v)) return false;
       if (!parse_op(v, &o->op)) return bad(v, "allgather|allreduce|reducescatter|broadcast");
@@ -444,10 +491,8 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!need(&o->paths_text)) return false;
       if (o->paths_text.empty()) return bad(o->paths_text, "a comma list of paths");
     } else if (a == "--contention-paths") {
-      if (!need(&v)) return false;
-      if (!parse_path_list(v, contention_path_set(), "to --contention", &o->contention_paths,
-                           error))
-        return false;
+      if (!need(&o->contention_paths_text)) return false;
+      if (o->contention_paths_text.empty()) return bad(v, "a comma list of paths");
       o->contention = true;
     } else if (a == "--json") {
       if (!need(&o->json_path)) return false;
@@ -583,10 +628,28 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
   else if (!parse_path_list(o->paths_text, sweep_path_set(o->op),
                             std::string("to --op ") + op_name(o->op), &o->paths, error))
     return false;
+  if (o->contention_paths_text.empty())
+    o->contention_paths = default_contention_paths(o->contention_op());
+  else if (!parse_path_list(o->contention_paths_text, contention_path_set(o->contention_op()),
+                            std::string("to --contention with --op ") +
+                                op_name(o->contention_op()),
+                            &o->contention_paths, error))
+    return false;
   add_contention_floor(&o->contention_paths);
-  if (o->contention && o->op != CollOp::kAllGather) {
-    *error = std::string("--contention measures all-gathers; run it without --op ") +
-             op_name(o->op) + " (or with --op allgather)";
+  if (o->contention && !contention_supports(o->op)) {
+    *error = std::string("--contention measures all-gathers and reduce-scatters; run it without "
+                         "--op ") +
+             op_name(o->op) + " (or with --op allgather or reducescatter)";
+    return false;
+  }
+  if (o->op == CollOp::kReduceScatter && !reducescatter_dtype_ok(o->dtype.nccl)) {
+    *error = std::string("--op reducescatter takes --dtype float, bf16 or half (random inputs "
+                         "checked against NCCL's own result), not ") +
+             o->dtype.name;
+    return false;
+  }
+  if (redop_given && o->op != CollOp::kReduceScatter) {
+    *error = "--redop avg applies to --op reducescatter only (all-reduces sum)";
     return false;
   }
   if (o->is_worker() && (o->worker_mode.empty() || o->worker_nranks <= 0 || o->worker_in_fd < 0 ||
@@ -615,17 +678,24 @@ Paths (--paths; each runs in its own set of rank processes, one after another):
   nccl-ce         (allgather only) NCCL's copy-engine all-gather as a modified application
                   gets it: CTAPolicy=NCCL_CTA_POLICY_ZERO, ncclMemAlloc + symmetric windows
   zerocta         nccl-kernel's code under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta
-                  (all-gathers: FAILED if one did not take zerocta's "ce" route; other ops are
-                  forwarded to NCCL)
-  zerocta-auto    the same with ZEROCTA_ALLGATHER=auto: shows the router's choice per size
+                  (--op reducescatter: also ZEROCTA_REDUCESCATTER=zerocta); all-gathers and
+                  reduce-scatters: FAILED if one did not take zerocta's "ce" route; other ops
+                  are forwarded to NCCL
+  zerocta-auto    the same with ZEROCTA_ALLGATHER=auto (ZEROCTA_REDUCESCATTER=auto): shows the
+                  router's choice per size
   ceiling         (allgather only) bare copy-engine writes of each GPU's chunk to every
                   peer, one cudaMemcpyBatchAsync per GPU, one process, no protocol; 3+ GPUs
                   keep in step (each op starts when every GPU's previous one ended: events)
-  bare-ce         (--contention only, always run: the floor) the ceiling's pushes: every GPU
-                  writes its chunk into all n-1 peers at once, one batch per all-gather
+  bare-ce         the floor of the copy engines: allgather: --contention only (always run),
+                  the ceiling's pushes; reducescatter: a sweep row too, every GPU writes each
+                  peer's chunk of its input (the op's per-peer bytes) into that peer's buffer,
+                  one cudaMemcpyBatchAsync per GPU and op, no reduction
+  sum-kernel      (reducescatter only) the route's reduction kernel alone
+                  (src/route/chunk_sum.cu, built into the bench) on GPU 0: nranks chunks of the
+                  op's output size summed into one, --rs-ctas CTAs
 Default paths: allgather: every path but bare-ce; allreduce, reducescatter, broadcast:
-nccl-kernel, nccl-policy, zerocta-policy (zerocta and zerocta-auto can be asked for: the shim
-forwards those ops to NCCL).
+nccl-kernel, nccl-policy, zerocta-policy ("--paths all" adds zerocta and zerocta-auto, and
+for reducescatter bare-ce and sum-kernel).
 The NCCL paths run one process per rank by default; with --one-process each runs as one
 process whose one thread drives every GPU (ncclGroupStart/End around the per-GPU calls; the
 shim paths in one re-executed process under LD_PRELOAD).
@@ -640,7 +710,14 @@ and broadcast the buffer, reducescatter total input bytes):
   -f N        step factor (default 4)        -n N      timed iterations (default 20)
   -w N        warm-up iterations (default 5) -c 0|1    check results (default 1)
   -d TYPE     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2
-              (default float)
+              (default float; also --dtype; reducescatter: float, bf16 or half only)
+Reduce-scatter options:
+  --redop R   sum (default) or avg (ncclAvg)
+  --rs-ctas N CTAs of the sum-kernel row's reduction kernel (default 16)
+  The reduce-scatter's #wrong compares every path's output bitwise with NCCL's own kernel
+  result on the same random inputs (computed in each rank's process on communicators of the
+  real libnccl, which the shim never sees); the maxdiff column is the largest |output -
+  float64 sum (avg: mean) of the inputs|.
 Other options:
   --paths LIST           comma list of the paths above, "all" (every path --op can run) or
                          "none"
@@ -676,26 +753,30 @@ Other options:
   --iter-times           print each timed interval's time per op on each rank (stderr,
                          "# iter-times" lines; the sweep's, and --contention's all-gathers
                          alone and overlapped): what the mean and median columns summarize
-  --contention           (allgather only) after the sweep, a cuBLAS bf16 GEMM loop overlapped
-                         with all-gathers on another stream, against both alone (default paths:
-                         nccl-kernel, nccl-ce, zerocta, bare-ce)
+  --contention           (allgather, reducescatter) after the sweep, a cuBLAS bf16 GEMM loop
+                         overlapped with the op (all-gathers, or with --op reducescatter
+                         reduce-scatters of --dtype/--redop on random inputs) on another
+                         stream, against both alone (default paths: nccl-kernel, nccl-ce,
+                         zerocta, bare-ce; reducescatter: nccl-kernel, zerocta, bare-ce)
   --contention-paths L   paths for --contention: a comma list of nccl-kernel, nccl-policy,
-                         zerocta-policy, nccl-ce, zerocta, zerocta-auto, bare-ce, or "all";
-                         bare-ce (the floor) is always added
+                         zerocta-policy, nccl-ce (allgather only), zerocta, zerocta-auto,
+                         bare-ce, or "all"; bare-ce (the floor) is always added
   --contention-mode M    fixed (default): every path runs the same --contention-ops
                          all-gathers against the same --gemm-iters GEMMs; saturate: all-gathers
                          back to back until they cover twice the GEMM loop
-  --contention-ops N     all-gathers per run in fixed mode (default 40)
+  --contention-ops N     all-gathers (reduce-scatters) per run in fixed mode (default 40)
   --contention-placement P  in, out or both (default): in-place (send = own piece of the
                          output) and/or out-of-place all-gathers, one table each
   --repeats R            runs of the whole contention path set, order rotated each run
                          (default 5); every metric is the median (min..max) over them
-  --contention-bytes S   all-gather total output size (default 256 MiB per rank)
+  --contention-bytes S   the op's size: all-gather total output, reduce-scatter total input
+                         (default 256 MiB per rank)
   --gemm M,N,K           GEMM shape (default 8192,8192,8192)
   --gemm-iters N         GEMMs per run (default 20)
   --zerocta-lib PATH     libzerocta.so for the zerocta paths (default: $ZEROCTA_LIB, else
                          <dir of this binary>/../libzerocta.so, else ../lib/libzerocta.so)
-  --allow-fallback       report, but do not fail on, zerocta all-gathers that took another route
+  --allow-fallback       report, but do not fail on, zerocta all-gathers (reduce-scatters) that
+                         took another route
   --quick                smoke preset: -b 1M -e 64M -f 8 -n 5 -w 2, GEMM 4096^3 x 10,
                          10 all-gathers, 3 repeats
   --timeout SEC          per path (default: from the estimate, at least 90)

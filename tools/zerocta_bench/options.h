@@ -26,6 +26,7 @@ enum class PathId {
   kBareCe,
   kNcclPolicy,     // the application sets CTAPolicy = NCCL_CTA_POLICY_ZERO itself
   kZeroctaPolicy,  // nccl-kernel's program under the shim with ZEROCTA_ALLGATHER=nccl
+  kSumKernel,      // reduce-scatter floor: the route's reduction kernel alone on one GPU
 };
 
 const char* path_name(PathId p);
@@ -47,12 +48,32 @@ bool path_honours_alloc(PathId p);
 // True for the paths whose program creates its communicator with ncclCommInitRankConfig and
 // CTAPolicy = NCCL_CTA_POLICY_ZERO (nccl-ce, nccl-policy); the others call ncclCommInitRank.
 bool path_sets_zero_policy(PathId p);
-// The sweep paths that can run `op`, in run order ("--paths all"). Only all-gathers have a
-// copy-engine path (nccl-ce) and a ceiling; the zerocta paths forward the other ops to NCCL.
+// The ZEROCTA_REDUCESCATTER value a shim path runs with for reduce-scatters ("zerocta", "auto"
+// or "nccl"), else nullptr: the same word as its ZEROCTA_ALLGATHER.
+const char* path_reducescatter_mode(PathId p);
+// True when the shim path routes `op` itself (all-gathers and reduce-scatters on zerocta and
+// zerocta-auto); the shim forwards every other op to NCCL.
+bool path_routes_op(PathId p, CollOp op);
+// The sweep paths that can run `op`, in run order ("--paths all"). All-gathers have a
+// copy-engine path (nccl-ce) and a ceiling; reduce-scatters their floors bare-ce (the pushes
+// alone) and sum-kernel (the reduction alone); the zerocta paths forward the other ops to NCCL.
 const std::vector<PathId>& sweep_path_set(CollOp op);
 // The sweep paths run without --paths: every path for all-gathers; for the other ops the
 // policy comparison nccl-kernel, nccl-policy, zerocta-policy.
 std::vector<PathId> default_sweep_paths(CollOp op);
+// The contention paths that can run `op` (all-gathers and reduce-scatters), bare-ce last, and
+// those run without --contention-paths.
+const std::vector<PathId>& contention_path_set(CollOp op);
+std::vector<PathId> default_contention_paths(CollOp op);
+// True for the ops --contention can measure: all-gathers and reduce-scatters.
+bool contention_supports(CollOp op);
+
+// The reduction of the reduce-scatter (--redop): NCCL's sum or average.
+enum class RedOp { kSum, kAvg };
+const char* redop_name(RedOp r);
+ncclRedOp_t redop_nccl(RedOp r);
+// True for the data types of --op reducescatter: float, half and bfloat16 (the route's).
+bool reducescatter_dtype_ok(ncclDataType_t t);
 
 struct DataType {
   const char* name;  // nccl-tests spelling: "float", "bfloat16", "int8", ...
@@ -99,6 +120,10 @@ struct Options {
   int warmups = 5;
   bool check = true;
   DataType dtype{"float", ncclFloat, 4};
+  // --redop (reduce-scatter only): sum or avg. All-reduces always sum.
+  RedOp redop = RedOp::kSum;
+  // --rs-ctas: CTAs of the sum-kernel floor's reduction kernel.
+  int rs_ctas = 16;
 
   std::vector<PathId> paths;  // sweep paths in run order; empty = no sweep ("--paths none")
   std::string paths_text;     // --paths as given ("" = default); resolved once --op is known
@@ -131,6 +156,7 @@ struct Options {
   // Contention study.
   bool contention = false;
   std::vector<PathId> contention_paths;  // always ends with bare-ce, the floor
+  std::string contention_paths_text;      // --contention-paths as given; resolved once --op is known
   ContentionMode contention_mode = ContentionMode::kFixed;
   int contention_ops = 40;  // fixed mode: all-gathers per overlapped run (and alone)
   int repeats = 5;          // runs of the whole contention path set, order rotated each time
@@ -162,8 +188,22 @@ struct Options {
   int worker_out_fd = -1;
 
   bool is_worker() const { return !worker_path.empty(); }
-  // Per-rank chunk of the contention all-gather for nranks ranks.
+  // The contention op's nccl-tests size for nranks ranks: an all-gather's total output, a
+  // reduce-scatter's total input (--contention-bytes, default 256 MiB per rank: the same bytes
+  // to each peer either way).
   uint64_t contention_total_bytes(int nranks) const;
+  // The contention study's op: reduce-scatters with --op reducescatter, else all-gathers.
+  CollOp contention_op() const {
+    return op == CollOp::kReduceScatter ? CollOp::kReduceScatter : CollOp::kAllGather;
+  }
+  // The reduction of a reduce-scatter (sum or avg); the other reductions always sum.
+  ncclRedOp_t nccl_redop() const {
+    return op == CollOp::kReduceScatter ? redop_nccl(redop) : ncclSum;
+  }
+  // The redop column: "sum"/"avg" for the reductions, "none" else.
+  const char* redop_label() const {
+    return !op_reduces(op) ? "none" : op == CollOp::kReduceScatter ? redop_name(redop) : "sum";
+  }
 };
 
 // What --multicast-off sets in every worker's environment (NAME=value), whatever it held.

@@ -22,6 +22,28 @@ void setup_peer_gpu(int g, int ngpus, Channel* ch) {
   ch->send(kMsgHello, &h, sizeof(h));
 }
 
+namespace {
+
+// One cudaMemcpyBatchAsync of every (dst, src, size) on `stream`, "prefer overlap with compute".
+void batch(std::vector<void*>& dsts, std::vector<const void*>& srcs, std::vector<size_t>& sizes,
+           cudaStream_t stream) {
+  if (dsts.empty()) return;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+  ZCB_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
+                                &attr_index, 1, stream));
+#else
+  size_t fail_index = 0;
+  ZCB_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
+                                &attr_index, 1, &fail_index, stream));
+#endif
+}
+
+}  // namespace
+
 void enqueue_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk, bool in_place,
                     cudaStream_t stream) {
   const int n = static_cast<int>(bufs.size());
@@ -35,18 +57,22 @@ void enqueue_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk,
     srcs.push_back(src);
     sizes.push_back(chunk);
   }
-  cudaMemcpyAttributes attr{};
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-  size_t attr_index = 0;
-#if CUDART_VERSION >= 13000
-  ZCB_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
-                                &attr_index, 1, stream));
-#else
-  size_t fail_index = 0;
-  ZCB_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
-                                &attr_index, 1, &fail_index, stream));
-#endif
+  batch(dsts, srcs, sizes, stream);
+}
+
+void enqueue_rs_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk,
+                       cudaStream_t stream) {
+  const int n = static_cast<int>(bufs.size());
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  for (int k = 1; k < n; ++k) {
+    const int q = (g + k) % n;  // rotated, as the all-gather's pushes
+    dsts.push_back(bufs[q].recv + g * chunk);
+    srcs.push_back(bufs[g].send + q * chunk);
+    sizes.push_back(chunk);
+  }
+  batch(dsts, srcs, sizes, stream);
 }
 
 }  // namespace zcb

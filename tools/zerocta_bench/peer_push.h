@@ -17,8 +17,8 @@ namespace zcb {
 
 // Per-GPU buffers, visible to every thread once allocated.
 struct PeerBuffers {
-  char* recv = nullptr;  // total bytes
-  char* send = nullptr;  // one chunk
+  char* recv = nullptr;  // total bytes (reduce-scatter: the peers' chunks, slot q from GPU q)
+  char* send = nullptr;  // one chunk (reduce-scatter: the input, n chunks, chunk q for GPU q)
 };
 
 // Makes device g current, checks and enables peer access to every other GPU (fatal if a
@@ -31,5 +31,11 @@ void setup_peer_gpu(int g, int ngpus, Channel* ch);
 // stream has finished its part.
 void enqueue_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk, bool in_place,
                     cudaStream_t stream);
+
+// The reduce-scatter's pushes (bare-ce's floor): GPU g's input chunk q (send + q*chunk) into
+// recv + g*chunk of every peer q, one batch, peers in rotated order; no reduction. A
+// reduce-scatter's in-place and out-of-place variants move the same bytes.
+void enqueue_rs_pushes(int g, const std::vector<PeerBuffers>& bufs, uint64_t chunk,
+                       cudaStream_t stream);
 
 }  // namespace zcb

@@ -50,7 +50,7 @@ double estimate_sweep_s(const Options& o, PathId p, int nranks) {
 
 double estimate_contention_s(const Options& o, PathId p, int nranks) {
   const double gemm = 2.0 * o.gemm_m * o.gemm_n * static_cast<double>(o.gemm_k) / kGemmFlops;
-  const double ag = op_s(CollOp::kAllGather, o.contention_total_bytes(nranks), nranks);
+  const double ag = op_s(o.contention_op(), o.contention_total_bytes(nranks), nranks);
   const double window = o.gemm_iters * gemm;
   const double placements =
       static_cast<double>(contention_placements(o.contention_placement).size());

@@ -68,6 +68,9 @@ struct PlaceResult {
   double median_us;                           // median of the per-iteration event intervals
   int64_t wrong;                              // wrong elements found by the check; -1 = not checked
   uint64_t route_calls[zerocta_route_count];  // the op's calls per zerocta route (shim paths)
+  // Reduce-scatter: the largest |output - float64 reference| of the checked op (the exact sum,
+  // or mean, of every rank's input as stored); -1 = not computed (other ops, unchecked).
+  double maxdiff;
 };
 
 // The first operation on one size's freshly allocated buffers (out of place, zeroed buffers,

@@ -21,6 +21,12 @@ void fold(PlaceAgg* a, const PlaceResult& p, bool first) {
   else
     a->wrong += p.wrong;
   for (int i = 0; i < zerocta_route_count; ++i) a->routes[i] += p.route_calls[i];
+  if (first)
+    a->maxdiff = p.maxdiff;
+  else if (a->maxdiff < 0 || p.maxdiff < 0)
+    a->maxdiff = -1;
+  else
+    a->maxdiff = std::max(a->maxdiff, p.maxdiff);
 }
 
 std::string time_str(double us) {
@@ -38,30 +44,42 @@ std::string wrong_str(int64_t w) { return w < 0 ? "N/A" : std::to_string(w); }
 
 std::string path_description(PathId p, CollOp op) {
   const std::string call = op_nccl_call(op);
+  const bool rs = op == CollOp::kReduceScatter;
   const std::string forwards =
-      op == CollOp::kAllGather ? "" : std::string(" (forwards ") + op_name(op) + " to NCCL)";
+      path_routes_op(PathId::kZerocta, op) ? "" : std::string(" (forwards ") + op_name(op) + " to NCCL)";
+  const auto shim_env = [&](const char* mode) {
+    return std::string("ZEROCTA_ALLGATHER=") + mode +
+           (rs ? std::string(", ZEROCTA_REDUCESCATTER=") + mode : std::string());
+  };
   switch (p) {
     case PathId::kNcclKernel:
       return "ncclCommInitRank, " + call + " (no shim)";
     case PathId::kNcclPolicy:
       return "ncclCommInitRankConfig with CTAPolicy=NCCL_CTA_POLICY_ZERO, " + call + " (no shim)";
     case PathId::kZeroctaPolicy:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=nccl "
-             "(the shim changes only the CTA policy)";
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, " + shim_env("nccl") +
+             " (the shim changes only the CTA policy)";
     case PathId::kNcclCe:
       return "CTAPolicy=ZERO, ncclMemAlloc + symmetric windows: NCCL's copy-engine all-gather "
              "(no shim)";
     case PathId::kZerocta:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=zerocta" +
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, " + shim_env("zerocta") +
              forwards;
     case PathId::kZeroctaAuto:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, ZEROCTA_ALLGATHER=auto" +
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, " + shim_env("auto") +
              forwards;
     case PathId::kCeiling:
       return "bare peer writes, one cudaMemcpyBatchAsync per GPU, one process, no protocol "
              "but 3+ GPUs kept in step by events (per-GPU time, max)";
     case PathId::kBareCe:
+      if (rs)
+        return "every GPU writes each peer's chunk of its input (the op's per-peer bytes) into "
+               "that peer's buffer, one cudaMemcpyBatchAsync per GPU and op, one process, no "
+               "reduction (3+ GPUs kept in step by events; per-GPU time, max)";
       return "the ceiling's batched peer writes, back to back";
+    case PathId::kSumKernel:
+      return "src/route/chunk_sum.cu's kernel alone on GPU 0: the sum (avg: pre-multiplied "
+             "sum) of nranks chunks of the op's output size into one, cudaLaunchKernel";
   }
   return "";
 }
@@ -96,6 +114,7 @@ double busbw_at(const PathResult* r, size_t i, bool in_place, int nranks) {
 
 std::string path_alloc_label(PathId p, BufferAlloc alloc) {
   if (p == PathId::kNcclCe) return "ncclMemAlloc+window";
+  if (p == PathId::kSumKernel) return "cudamalloc (one GPU)";
   if (!path_honours_alloc(p)) return "cudamalloc (peer)";
   return alloc_name(alloc);
 }
@@ -261,6 +280,25 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
           static_cast<unsigned long long>(b.o->max_bytes),
           static_cast<unsigned long long>(b.o->step_factor), b.o->warmups, b.o->iters,
           events_every(*b.o, b.o->iters), b.o->check ? 1 : 0, r.timeout_s);
+  fprintf(f, "# dtype %s  redop %s", b.o->dtype.name, b.o->redop_label());
+  if (b.o->op == CollOp::kReduceScatter) {
+    if (r.path == PathId::kBareCe)
+      fprintf(f, "  check: the pushed chunks compared bitwise with their hash pattern (no sum, "
+                 "no maxdiff)");
+    else if (r.path == PathId::kSumKernel)
+      fprintf(f,
+              "  check: random finite inputs, #wrong = elements that differ bitwise from the "
+              "kernel's adds redone in order on the device, maxdiff = largest |output - float64 "
+              "%s|; %d CTAs",
+              b.o->redop == RedOp::kAvg ? "mean" : "sum", b.o->rs_ctas);
+    else
+      fprintf(f,
+              "  check: random finite inputs per rank and size, #wrong = elements that differ "
+              "bitwise from NCCL's own kernel result on the same inputs, maxdiff = largest "
+              "|output - float64 %s|",
+              b.o->redop == RedOp::kAvg ? "mean" : "sum");
+  }
+  fprintf(f, "\n");
   const int procs = path_process_count(r.path, b.o->one_process, b.nranks);
   std::string buffers = path_alloc_label(r.path, b.o->alloc);
   if (buffers == "cumem") {
@@ -286,32 +324,41 @@ void print_rank_line(FILE* f, const HelloMsg& h, const BenchReport& b) {
   fflush(f);
 }
 
-void print_table_header(FILE* f, bool with_routes) {
+void print_table_header(FILE* f, bool with_routes, bool with_maxdiff) {
   fprintf(f,
           "#\n# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
           "in-place          \n",
           "", "", "", "", "");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s  %9s%s\n",
+  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s%s  %9s%s\n",
           "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-          "algbw", "busbw", "#wrong", "oop-med", "ip-med", "first-op",
-          with_routes ? "  route" : "");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %8s  %8s  %9s\n",
+          "algbw", "busbw", "#wrong", "oop-med", "ip-med", with_maxdiff ? "    maxdiff" : "",
+          "first-op", with_routes ? "  route" : "");
+  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %8s  %8s%s  %9s\n",
           "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-          "(GB/s)", "", "(us)", "(us)", "(ms)");
+          "(GB/s)", "", "(us)", "(us)", with_maxdiff ? "           " : "", "(ms)");
   fflush(f);
 }
 
-std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool with_routes) {
+std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool with_routes,
+                       const char* redop) {
   char buf[512];
   int n = snprintf(buf, sizeof(buf), "%12llu  %12llu  %8s  %6s  %6i",
                    static_cast<unsigned long long>(row.bytes),
                    static_cast<unsigned long long>(row.count), type_name,
-                   op_reduces(op) ? "sum" : "none", op == CollOp::kBroadcast ? kBroadcastRoot : -1);
+                   !op_reduces(op) ? "none" : *redop ? redop : "sum",
+                   op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   for (const PlaceAgg* p : {&row.oop, &row.ip})
     n += snprintf(buf + n, sizeof(buf) - n, "  %7s  %6.2f  %6.2f  %5s",
                   time_str(p->time_us).c_str(), p->algbw, p->busbw, wrong_str(p->wrong).c_str());
-  n += snprintf(buf + n, sizeof(buf) - n, "  %8.2f  %8.2f  %9.3f", row.oop.median_us,
-                row.ip.median_us, row.first.ms);
+  n += snprintf(buf + n, sizeof(buf) - n, "  %8.2f  %8.2f", row.oop.median_us, row.ip.median_us);
+  if (op == CollOp::kReduceScatter) {
+    const double d = row.maxdiff();
+    if (d < 0)
+      n += snprintf(buf + n, sizeof(buf) - n, "  %9s", "N/A");
+    else
+      n += snprintf(buf + n, sizeof(buf) - n, "  %9.2e", d);
+  }
+  n += snprintf(buf + n, sizeof(buf) - n, "  %9.3f", row.first.ms);
   std::string s(buf, static_cast<size_t>(n));
   if (with_routes) {
     std::string a = route_tag(row.oop.routes), c = route_tag(row.ip.routes);

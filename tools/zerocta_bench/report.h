@@ -4,6 +4,7 @@
 // and tables and the JSON document.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +25,7 @@ struct PlaceAgg {
   double time_us = 0;    // max over ranks of the per-rank mean
   double median_us = 0;  // max over ranks of the per-rank median
   int64_t wrong = 0;     // summed over ranks; -1 = not checked
+  double maxdiff = -1;   // reduce-scatter: max over ranks of PlaceResult::maxdiff; -1 = none
   uint64_t routes[zerocta_route_count] = {};
   double algbw = 0;  // GB/s = bytes / time
   double busbw = 0;  // algbw * bus_factor(op, n)
@@ -43,6 +45,8 @@ struct RowAgg {
   int reported = 0;  // ranks heard from
   FirstOpAgg first;
   PlaceAgg oop, ip;
+  // The larger maxdiff of the two placements (-1 when neither has one).
+  double maxdiff() const { return std::max(oop.maxdiff, ip.maxdiff); }
 };
 
 struct RankInfo {
@@ -148,8 +152,11 @@ std::string route_tag(const uint64_t* routes);
 // Output, nccl-tests style.
 void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b);
 void print_rank_line(FILE* f, const HelloMsg& h, const BenchReport& b);
-void print_table_header(FILE* f, bool with_routes);
-std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool with_routes);
+// with_maxdiff (reduce-scatters): a "maxdiff" column after ip-med, the row's largest
+// |output - float64 reference|; redop: the redop column ("" = sum for reductions, else none).
+void print_table_header(FILE* f, bool with_routes, bool with_maxdiff = false);
+std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool with_routes,
+                       const char* redop = "");
 // "init: max over ranks X ms, first op Y ms", or "" when no rank reported.
 std::string init_summary(const PathResult& r);
 void print_path_footer(FILE* f, const PathResult& r, const BenchReport& b);

@@ -69,7 +69,10 @@ void print_comparison_tables(FILE* f, const BenchReport& b,
   const PathResult* kern = find_path(b, PathId::kNcclKernel);
   const PathResult* ce = find_path(b, PathId::kNcclCe);
   const PathResult* zc = find_path(b, PathId::kZerocta);
-  const PathResult* ceil = find_path(b, PathId::kCeiling);
+  // The floor the paths are read against: the ceiling's pushes (all-gathers), bare-ce's
+  // (reduce-scatters: the bytes moved, no reduction).
+  const bool rs = b.o->op == CollOp::kReduceScatter;
+  const PathResult* ceil = find_path(b, rs ? PathId::kBareCe : PathId::kCeiling);
   const std::string op = op_name(b.o->op);
 
   std::vector<Column> bw;
@@ -122,7 +125,10 @@ void print_comparison_tables(FILE* f, const BenchReport& b,
         pct.push_back({path_name(p->path), "%*.1f", [=](size_t i, bool ip) {
                          return 100.0 * safe_ratio(busbw_at(p, i, ip, n), busbw_at(ceil, i, ip, n));
                        }});
-    print_table(f, b, paths, "busbw in % of the copy-engine ceiling", pct);
+    print_table(f, b, paths,
+                rs ? "busbw in % of bare-ce (the reduce-scatter's pushes alone, no reduction)"
+                   : "busbw in % of the copy-engine ceiling",
+                pct);
   }
 }
 

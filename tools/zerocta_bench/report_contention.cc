@@ -99,19 +99,25 @@ void print_contention(FILE* f, const BenchReport& b) {
   if (b.contention.empty()) return;
   const Options& o = *b.o;
   const bool fixed = o.contention_mode == ContentionMode::kFixed;
+  const bool rs = o.contention_op() == CollOp::kReduceScatter;
+  const char* ops = rs ? "reduce-scatters" : "all-gathers";
   for (bool in_place : contention_placements(o.contention_placement)) {
     fprintf(f,
-            "#\n# Contention, %s all-gathers (%s mode): cuBLAS bf16 GEMM %dx%dx%d "
-            "(CUBLAS_COMPUTE_32F) x%d on one stream, %s all-gathers of %s (total output) on "
+            "#\n# Contention, %s %s (%s mode): cuBLAS bf16 GEMM %dx%dx%d "
+            "(CUBLAS_COMPUTE_32F) x%d on one stream, %s %s of %s (%s) on "
             "another, buffers --alloc %s.\n",
-            in_place ? "in-place" : "out-of-place", contention_mode_name(o.contention_mode),
+            in_place ? "in-place" : "out-of-place", ops, contention_mode_name(o.contention_mode),
             o.gemm_m, o.gemm_n, o.gemm_k, o.gemm_iters,
-            fixed ? std::to_string(o.contention_ops).c_str() : "back-to-back",
-            format_size(o.contention_total_bytes(b.nranks)).c_str(), alloc_name(o.alloc));
+            fixed ? std::to_string(o.contention_ops).c_str() : "back-to-back", ops,
+            format_size(o.contention_total_bytes(b.nranks)).c_str(),
+            rs ? (std::string("total input, ") + o.dtype.name + " " + o.redop_label()).c_str()
+               : "total output",
+            alloc_name(o.alloc));
     fprintf(f,
             "# Worst rank per run; each path's median over its runs, min..max below. sum = M "
-            "GEMMs + N all-gathers alone, max = the larger of the two, gain share = (sum - "
-            "makespan) / (sum - max): 1 = perfect overlap. bare-ce is the floor.\n");
+            "GEMMs + N %s alone, max = the larger of the two, gain share = (sum - "
+            "makespan) / (sum - max): 1 = perfect overlap. bare-ce is the floor.%s\n",
+            ops, rs ? " The ag columns are the reduce-scatters (bare-ce: their pushes alone)." : "");
     print_header(f);
     for (const ContentionResult& r : b.contention)
       print_path_rows(f, r, in_place, b.nranks, o.repeats);

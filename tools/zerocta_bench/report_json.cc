@@ -18,8 +18,10 @@ void write_routes(JsonWriter& w, const uint64_t* routes, const char* key = "rout
 }
 
 // NaN is written as null.
+// rs: reduce-scatter, whose placements also have the largest difference from the float64
+// reference ("maxdiff").
 void write_place(JsonWriter& w, const char* name, const PlaceAgg& p, bool shim,
-                 double time_vs_kernel) {
+                 double time_vs_kernel, bool rs) {
   w.key(name).begin_object();
   w.kv("time_us", p.time_us).kv("median_us", p.median_us);
   w.kv("algbw_gbps", p.algbw).kv("busbw_gbps", p.busbw);
@@ -28,6 +30,12 @@ void write_place(JsonWriter& w, const char* name, const PlaceAgg& p, bool shim,
     w.key("wrong").null();
   else
     w.kv("wrong", p.wrong);
+  if (rs) {
+    if (p.maxdiff < 0)
+      w.key("maxdiff").null();
+    else
+      w.kv("maxdiff", p.maxdiff);
+  }
   if (shim) write_routes(w, p.routes);
   w.end_object();
 }
@@ -56,7 +64,9 @@ void write_machine(JsonWriter& w, const BenchReport& b) {
 void write_options(JsonWriter& w, const BenchReport& b) {
   const Options& o = *b.o;
   w.key("options").begin_object();
-  w.kv("op", op_name(o.op)).kv("redop", op_reduces(o.op) ? "sum" : "none");
+  w.kv("op", op_name(o.op)).kv("redop", o.redop_label());
+  w.kv("rs_ctas", o.rs_ctas);
+  w.kv("contention_op", op_name(o.contention_op()));
   w.kv("root", o.op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   w.kv("min_bytes", o.min_bytes).kv("max_bytes", o.max_bytes).kv("step_factor", o.step_factor);
   w.kv("iters", o.iters).kv("warmups", o.warmups).kv("check", o.check);
@@ -100,12 +110,16 @@ void write_init(JsonWriter& w, const PathResult& r) {
 void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
   const bool shim = path_uses_shim(r.path);
   const PathResult* kern = find_path(b, PathId::kNcclKernel, r.round);
+  const bool is_rs = b.o->op == CollOp::kReduceScatter;
   w.begin_object();
   w.kv("name", path_name(r.path)).kv("round", r.round).kv("status", r.status).kv("error", r.error);
   w.kv("seconds", r.seconds).kv("uses_shim", shim);
   w.kv("alloc", path_alloc_label(r.path, b.o->alloc));
   w.kv("processes", path_process_count(r.path, b.o->one_process, b.nranks));
   if (const char* mode = path_allgather_mode(r.path)) w.kv("zerocta_allgather", mode);
+  if (const char* mode = path_reducescatter_mode(r.path);
+      mode && b.o->op == CollOp::kReduceScatter)
+    w.kv("zerocta_reducescatter", mode);
   write_init(w, r);
   w.key("ranks").begin_array();
   for (const RankInfo& ri : r.ranks) {
@@ -123,12 +137,19 @@ void write_path(JsonWriter& w, const PathResult& r, const BenchReport& b) {
     if (!r.complete(i, b.nranks)) continue;
     const RowAgg& row = r.rows[i];
     w.begin_object().kv("size", row.bytes).kv("count", row.count).kv("type", b.o->dtype.name);
+    w.kv("redop", b.o->redop_label());
+    if (is_rs) {
+      if (row.maxdiff() < 0)
+        w.key("maxdiff").null();
+      else
+        w.kv("maxdiff", row.maxdiff());
+    }
     // The first op on this size's fresh buffers, max over ranks.
     w.kv("first_op_ms", row.first.ms).kv("first_op_call_ms", row.first.call_ms);
     if (r.path == PathId::kNcclCe) w.kv("first_op_windows_ms", row.first.windows_ms);
     if (shim) write_routes(w, row.first.routes, "first_op_routes");
-    write_place(w, "out_of_place", row.oop, shim, time_ratio(&r, kern, i, false, b.nranks));
-    write_place(w, "in_place", row.ip, shim, time_ratio(&r, kern, i, true, b.nranks));
+    write_place(w, "out_of_place", row.oop, shim, time_ratio(&r, kern, i, false, b.nranks), is_rs);
+    write_place(w, "in_place", row.ip, shim, time_ratio(&r, kern, i, true, b.nranks), is_rs);
     w.end_object();
   }
   w.end_array();
@@ -218,6 +239,7 @@ void write_placement(JsonWriter& w, const ContentionResult& r, bool in_place, in
 void write_contention(JsonWriter& w, const ContentionResult& r, const BenchReport& b) {
   w.begin_object();
   w.kv("path", path_name(r.path)).kv("status", r.status()).kv("error", r.first_error());
+  w.kv("op", op_name(b.o->contention_op()));
   w.kv("alloc", path_alloc_label(r.path, b.o->alloc));
   w.kv("processes", path_process_count(r.path, b.o->one_process, b.nranks));
   w.kv("runs_ok", r.runs_ok());

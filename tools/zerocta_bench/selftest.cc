@@ -178,6 +178,8 @@ void test_op_options() {
          err.find("ceiling") != std::string::npos);
   EXPECT(!parse({"--op", "allreduce", "--contention"}, &bad3, &err) &&
          err.find("--contention") != std::string::npos);
+  Options rsc;  // reduce-scatters under contention are allowed now
+  EXPECT(parse({"--op", "reducescatter", "--contention"}, &rsc) && rsc.contention);
   EXPECT(!parse({"--op", "alltoall"}, &bad4));
   EXPECT(!parse({"--paths", ""}, &bad5));
 
@@ -352,14 +354,14 @@ void test_bandwidth_and_rows() {
   a.size_index = 1;
   a.bytes = 1 << 20;
   a.count = 1 << 17;
-  a.oop = {100.0, 90.0, 0, {0, 26, 0}};
-  a.ip = {80.0, 70.0, 2, {0, 26, 0}};
+  a.oop = {100.0, 90.0, 0, {0, 26, 0}, -1};
+  a.ip = {80.0, 70.0, 2, {0, 26, 0}, -1};
   a.first = {0.3, 0.5, {0, 1, 0}, 7.5};  // {call_ms, ms, routes, windows_ms}
   b = a;
   b.rank = 1;
   b.first = {0.2, 2.5, {1, 0, 0}, 6.0};  // one process's first op went to NCCL
-  b.oop = {120.0, 80.0, 0, {1, 25, 0}};
-  b.ip = {60.0, 75.0, -1, {0, 26, 0}};
+  b.oop = {120.0, 80.0, 0, {1, 25, 0}, -1};
+  b.ip = {60.0, 75.0, -1, {0, 26, 0}, -1};
   EXPECT(!add_row(&r, a, 2, CollOp::kAllGather));
   EXPECT(!r.complete(1, 2));
   EXPECT(add_row(&r, b, 2, CollOp::kAllGather));
@@ -618,8 +620,8 @@ PathResult one_row_result(PathId p, int round, double ip_us) {
   RowMsg m{};
   m.bytes = 1 << 26;
   m.count = 1 << 23;
-  m.oop = {ip_us, ip_us, 0, {0, 0, 0}};
-  m.ip = {ip_us, ip_us, 0, {0, 0, 0}};
+  m.oop = {ip_us, ip_us, 0, {0, 0, 0}, -1};
+  m.ip = {ip_us, ip_us, 0, {0, 0, 0}, -1};
   for (int rank = 0; rank < 2; ++rank) {
     m.rank = rank;
     add_row(&r, m, 2, CollOp::kAllGather);
@@ -850,6 +852,162 @@ void test_spin_barrier() {
 
 }  // namespace
 
+// --op reducescatter: data types, reductions, the floors' paths, contention, the workers'
+// ZEROCTA_REDUCESCATTER, the redop and maxdiff columns and the JSON fields.
+void test_reduce_scatter() {
+  Options d;
+  EXPECT(parse({"--op", "reducescatter"}, &d));
+  EXPECT(d.redop == RedOp::kSum && d.dtype.nccl == ncclFloat32 && d.rs_ctas == 16);
+  EXPECT(std::string(d.redop_label()) == "sum" && d.nccl_redop() == ncclSum);
+  EXPECT(d.paths.size() == 3);  // the default is still the policy comparison
+  Options a;
+  EXPECT(parse({"--dtype", "bf16", "--redop", "avg", "--rs-ctas", "8", "--op", "reducescatter"},
+               &a));
+  EXPECT(a.dtype.nccl == ncclBfloat16 && std::string(a.dtype.name) == "bf16");
+  EXPECT(a.redop == RedOp::kAvg && a.nccl_redop() == ncclAvg && a.rs_ctas == 8);
+  EXPECT(std::string(a.redop_label()) == "avg");
+  Options h;
+  EXPECT(parse({"--op=reducescatter", "--dtype=half"}, &h) && h.dtype.nccl == ncclFloat16);
+  std::string err;
+  Options b1, b2, b3, b4, b5, b6;
+  EXPECT(!parse({"--op", "reducescatter", "--dtype", "int32"}, &b1, &err) &&
+         err.find("float, bf16 or half") != std::string::npos);
+  EXPECT(!parse({"--redop", "avg"}, &b2, &err) && err.find("reducescatter") != std::string::npos);
+  EXPECT(!parse({"--op", "reducescatter", "--redop", "max"}, &b3));
+  EXPECT(!parse({"--op", "reducescatter", "--rs-ctas", "0"}, &b4));
+  EXPECT(!parse({"--paths", "sum-kernel"}, &b5, &err) &&  // all-gathers have no sum-kernel
+         err.find("does not apply") != std::string::npos);
+  EXPECT(!parse({"--op", "reducescatter", "--paths", "ceiling"}, &b6));
+  Options allop;  // all-reduces keep summing, whatever --redop says by default
+  EXPECT(parse({"--op", "allreduce"}, &allop) && allop.nccl_redop() == ncclSum &&
+         std::string(allop.redop_label()) == "sum");
+  Options bc;
+  EXPECT(parse({"--op", "broadcast"}, &bc) && std::string(bc.redop_label()) == "none");
+
+  // Paths: every one, the floors last; bare-ce and sum-kernel run in one process.
+  Options all;
+  EXPECT(parse({"--paths", "all", "--op", "reducescatter"}, &all));
+  EXPECT(all.paths.size() == 7 && all.paths[3] == PathId::kZerocta &&
+         all.paths[4] == PathId::kZeroctaAuto && all.paths[5] == PathId::kBareCe &&
+         all.paths[6] == PathId::kSumKernel);
+  Options floors;
+  EXPECT(parse({"--op", "reducescatter", "--paths", "sum-kernel,bare-ce,zerocta,nccl-kernel"},
+               &floors));
+  EXPECT(floors.paths == std::vector<PathId>({PathId::kNcclKernel, PathId::kZerocta,
+                                              PathId::kBareCe, PathId::kSumKernel}));
+  EXPECT(std::string(path_name(PathId::kSumKernel)) == "sum-kernel");
+  PathId id;
+  EXPECT(parse_path_name("sum-kernel", &id) && id == PathId::kSumKernel);
+  EXPECT(path_is_single_process(PathId::kSumKernel) && !path_runs_nccl(PathId::kSumKernel));
+  EXPECT(path_process_count(PathId::kSumKernel, false, 4) == 1);
+  EXPECT(!path_honours_alloc(PathId::kSumKernel) && !path_uses_shim(PathId::kSumKernel));
+  EXPECT(path_alloc_label(PathId::kSumKernel, BufferAlloc::kCuMem) == "cudamalloc (one GPU)");
+  EXPECT(path_routes_op(PathId::kZerocta, CollOp::kReduceScatter) &&
+         path_routes_op(PathId::kZeroctaAuto, CollOp::kAllGather) &&
+         !path_routes_op(PathId::kZerocta, CollOp::kAllReduce) &&
+         !path_routes_op(PathId::kZeroctaPolicy, CollOp::kReduceScatter));
+  EXPECT(std::string(path_reducescatter_mode(PathId::kZerocta)) == "zerocta" &&
+         std::string(path_reducescatter_mode(PathId::kZeroctaAuto)) == "auto" &&
+         std::string(path_reducescatter_mode(PathId::kZeroctaPolicy)) == "nccl" &&
+         path_reducescatter_mode(PathId::kNcclKernel) == nullptr);
+
+  // Contention: nccl-kernel, zerocta and the floor by default; nccl-ce does not apply; the op
+  // and its size follow --op (the total input, 256 MiB per rank by default).
+  Options c;
+  EXPECT(parse({"--contention", "--op", "reducescatter"}, &c));
+  EXPECT(c.contention_op() == CollOp::kReduceScatter && c.contention_paths ==
+         std::vector<PathId>({PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe}));
+  EXPECT(c.contention_total_bytes(2) == (512ull << 20));
+  Options c2;  // the list before --op: resolved once the op is known
+  EXPECT(parse({"--contention-paths", "zerocta-auto,nccl-kernel", "--op", "reducescatter"}, &c2));
+  EXPECT(c2.contention_paths == std::vector<PathId>({PathId::kNcclKernel, PathId::kZeroctaAuto,
+                                                     PathId::kBareCe}));
+  Options c3, c4;
+  EXPECT(!parse({"--op", "reducescatter", "--contention-paths", "nccl-ce"}, &c3, &err) &&
+         err.find("nccl-ce") != std::string::npos);
+  EXPECT(parse({"--contention-paths", "all", "--op", "reducescatter"}, &c4) &&
+         c4.contention_paths.size() == 6);
+  Options ag;
+  EXPECT(parse({"--contention"}, &ag) && ag.contention_op() == CollOp::kAllGather &&
+         ag.contention_paths.size() == 4 && ag.contention_paths[1] == PathId::kNcclCe);
+
+  // The workers' environment: ZEROCTA_REDUCESCATTER beside ZEROCTA_ALLGATHER, for
+  // reduce-scatters only.
+  const std::vector<std::string> base = {"PATH=/bin", "ZEROCTA_REDUCESCATTER=off"};
+  std::vector<std::string> z =
+      worker_environment(base, PathId::kZerocta, "/l.so", false, CollOp::kReduceScatter);
+  EXPECT(has(z, "ZEROCTA_REDUCESCATTER=zerocta") && !has(z, "ZEROCTA_REDUCESCATTER=off") &&
+         has(z, "ZEROCTA_ALLGATHER=zerocta"));
+  std::vector<std::string> za =
+      worker_environment(base, PathId::kZeroctaAuto, "/l.so", false, CollOp::kReduceScatter);
+  EXPECT(has(za, "ZEROCTA_REDUCESCATTER=auto"));
+  std::vector<std::string> zp =
+      worker_environment(base, PathId::kZeroctaPolicy, "/l.so", false, CollOp::kReduceScatter);
+  EXPECT(has(zp, "ZEROCTA_REDUCESCATTER=nccl"));
+  std::vector<std::string> zag = worker_environment(base, PathId::kZerocta, "/l.so", false);
+  EXPECT(has(zag, "ZEROCTA_REDUCESCATTER=off"));  // all-gathers: the caller's, untouched
+  std::vector<std::string> k =
+      worker_environment(base, PathId::kNcclKernel, "/l.so", false, CollOp::kReduceScatter);
+  EXPECT(!has_prefix(k, "LD_PRELOAD=") && has(k, "ZEROCTA_REDUCESCATTER=off"));
+
+  // Rows: maxdiff is the max over ranks, -1 (N/A) when a rank has none; the redop and
+  // maxdiff columns; the JSON's per-row and per-placement maxdiff and the options.
+  PathResult r;
+  r.path = PathId::kZerocta;
+  r.status = "OK";
+  r.rows.resize(1);
+  RowMsg m{};
+  m.bytes = 1 << 20;
+  m.count = 1 << 17;
+  m.oop = {100.0, 90.0, 0, {0, 26, 0}, 1.5e-7};
+  m.ip = {80.0, 70.0, 0, {0, 26, 0}, 2.5e-7};
+  EXPECT(!add_row(&r, m, 2, CollOp::kReduceScatter));
+  m.rank = 1;
+  m.oop.maxdiff = 3.0e-7;
+  EXPECT(add_row(&r, m, 2, CollOp::kReduceScatter));
+  const RowAgg& row = r.rows[0];
+  EXPECT(row.oop.maxdiff == 3.0e-7 && row.ip.maxdiff == 2.5e-7 && row.maxdiff() == 3.0e-7);
+  EXPECT(std::fabs(row.oop.busbw - (1 << 20) / 100e3 / 2) < 1e-9);  // size = input, (n-1)/n
+  const std::string line = format_row(row, CollOp::kReduceScatter, "bf16", true, "avg");
+  EXPECT(line.find("  bf16     avg  ") != std::string::npos);
+  EXPECT(line.find("   3.00e-07      0.000  ce") != std::string::npos);
+  EXPECT(format_row(row, CollOp::kAllGather, "float", false).find("e-07") == std::string::npos);
+  RowAgg none = row;
+  none.oop.maxdiff = none.ip.maxdiff = -1;
+  EXPECT(format_row(none, CollOp::kReduceScatter, "float", false, "sum").find("  N/A") !=
+         std::string::npos);
+  PlaceResult one{1, 1, 0, {0, 0, 0}, 1e-3}, missing{1, 1, -1, {0, 0, 0}, -1};
+  PathResult r2;
+  r2.rows.resize(1);
+  RowMsg m2{};
+  m2.oop = one;
+  m2.ip = one;
+  add_row(&r2, m2, 2, CollOp::kReduceScatter);
+  m2.rank = 1;
+  m2.oop = missing;
+  add_row(&r2, m2, 2, CollOp::kReduceScatter);
+  EXPECT(r2.rows[0].oop.maxdiff == -1 && r2.rows[0].ip.maxdiff == 1e-3);
+
+  BenchReport rep;
+  rep.o = &a;
+  rep.nranks = 2;
+  rep.sizes = {1 << 20};
+  rep.sweep.push_back(r);
+  std::string flat = report_json(rep);
+  flat.erase(std::remove_if(flat.begin(), flat.end(), [](char ch) { return ch == ' ' || ch == '\n'; }),
+             flat.end());
+  EXPECT(flat.find("\"op\":\"reducescatter\",\"redop\":\"avg\",\"rs_ctas\":8,") !=
+         std::string::npos);
+  EXPECT(flat.find("\"dtype\":\"bf16\"") != std::string::npos);
+  EXPECT(flat.find("\"zerocta_reducescatter\":\"zerocta\"") != std::string::npos);
+  EXPECT(flat.find("\"type\":\"bf16\",\"redop\":\"avg\",\"maxdiff\":3e-07") != std::string::npos);
+  EXPECT(flat.find("\"wrong\":0,\"maxdiff\":2.5e-07") != std::string::npos);
+  rep.o = &ag;  // all-gathers: no maxdiff, no zerocta_reducescatter
+  const std::string agj = report_json(rep);
+  EXPECT(agj.find("maxdiff") == std::string::npos &&
+         agj.find("zerocta_reducescatter") == std::string::npos);
+}
+
 int run_self_test() {
   test_sizes();
   test_options();
@@ -870,6 +1028,7 @@ int run_self_test() {
   test_telemetry();
   test_window_registration();
   test_spin_barrier();
+  test_reduce_scatter();
   printf("zerocta-bench self-test: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? kExitOk : kExitFailed;
 }

@@ -18,6 +18,7 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "nccl_ranks.h"
+#include "nccl_reference.h"
 #include "reduce_pattern.h"
 #include "shim_stats.h"
 #include "timing.h"
@@ -34,6 +35,7 @@ struct LocalRank {
   int rank = 0;
   char* a = nullptr;  // the send buffer (the current size's send_bytes)
   char* b = nullptr;  // the receive buffer (the current size's recv_bytes)
+  char* ref = nullptr;  // reduce-scatter: NCCL's own result on the same inputs (recv_bytes)
   std::unique_ptr<IterTimer> timer;
   std::unique_ptr<WrongCounter> wrong;
 };
@@ -43,6 +45,8 @@ struct SweepRanks {
   NcclRanks& nr;
   std::vector<LocalRank> local;
   std::vector<cudaStream_t> streams;  // streams[i] on local rank i's device
+  // Reduce-scatter with the check: NCCL's own communicators, for the reference result.
+  std::unique_ptr<NcclReference> reference;
 
   std::vector<Placement> place(const CollShape& s, bool in_place) const {
     std::vector<Placement> p;
@@ -52,7 +56,20 @@ struct SweepRanks {
   }
   // The op on every local rank (one group call with several).
   void op(const CollShape& s, const std::vector<Placement>& p) {
-    nr.collective(o.op, p, s.count, o.dtype.nccl, streams);
+    nr.collective(o.op, p, s.count, o.dtype.nccl, streams, o.nccl_redop());
+  }
+  // Reduce-scatter: NCCL's kernel result of the inputs now in place, into each rank's `ref`
+  // (out of place, so that an in-place op's input stays whole), every rank done afterwards.
+  void reference_op(const CollShape& s, const std::vector<Placement>& p, Channel* ch) {
+    std::vector<const void*> send;
+    std::vector<void*> recv;
+    for (size_t i = 0; i < local.size(); ++i) {
+      send.push_back(p[i].send);
+      recv.push_back(local[i].ref);
+    }
+    reference->reduce_scatter(send, recv, s.count, o.dtype.nccl, o.nccl_redop(), streams);
+    synchronize();
+    ch->agree_max(0);  // nobody's checked op starts while a peer's reference still runs
   }
   void synchronize() {
     for (size_t i = 0; i < local.size(); ++i) {
@@ -76,8 +93,12 @@ void fill_inputs(const Options& o, int rank, int nranks, const CollShape& s, con
       if (rank == kBroadcastRoot)
         launch_fill_pattern(p.send, s.send_bytes, elem, seed, kBroadcastRoot, stream);
       break;
-    case CollOp::kAllReduce:
-    case CollOp::kReduceScatter: {
+    case CollOp::kReduceScatter:
+      // Random finite values per rank and size (the reference is NCCL's result, not a formula).
+      if (!launch_fill_random(p.send, s.send_bytes / elem, o.dtype.nccl, seed, rank, stream))
+        fatal("no reduce-scatter test data for data type %s", o.dtype.name);
+      break;
+    case CollOp::kAllReduce: {
       const ReducePattern pat = make_reduce_pattern(o.dtype.nccl, nranks, seed);
       if (!launch_fill_reduce_input(p.send, s.send_bytes / elem, o.dtype.nccl, pat, rank, stream))
         fatal("no reduction test data for data type %s", o.dtype.name);
@@ -87,10 +108,24 @@ void fill_inputs(const Options& o, int rank, int nranks, const CollShape& s, con
   ZCB_CUDA(cudaGetLastError());
 }
 
-// Counts rank `rank`'s wrong output elements on the device (synchronizes stream).
+// Counts rank `rank`'s wrong output elements on the device (synchronizes stream). Reduce-scatter:
+// those that differ bitwise from `ref` (NCCL's result), and *maxdiff.
 int64_t count_wrong(const Options& o, int rank, int nranks, const CollShape& s, const Placement& p,
-                    uint64_t seed, WrongCounter* wrong, cudaStream_t stream) {
+                    uint64_t seed, const char* ref, double* maxdiff, WrongCounter* wrong,
+                    cudaStream_t stream) {
   const int elem = o.dtype.bytes;
+  if (o.op == CollOp::kReduceScatter) {
+    RsCheck c;
+    c.out = p.recv;
+    c.count = s.count;
+    c.base = static_cast<uint64_t>(rank) * s.count;
+    c.nranks = nranks;
+    c.type = o.dtype.nccl;
+    c.seed = seed;
+    c.avg = o.redop == RedOp::kAvg;
+    c.ref = ref;
+    return wrong->count_rs(c, maxdiff, stream);
+  }
   switch (o.op) {
     case CollOp::kAllGather:
       return wrong->count(p.recv, s.send_bytes, nranks, elem, seed, -1, stream);
@@ -126,6 +161,11 @@ void fresh_buffers(SweepRanks& w, const CollShape& s, Channel* ch) {
     w.nr.set_device(static_cast<int>(i));
     w.local[i].a = send[i];
     w.local[i].b = recv[i];
+    if (w.reference) {  // the bench's own memory, not the path's allocator
+      ZCB_CUDA(cudaFree(w.local[i].ref));
+      w.local[i].ref = nullptr;
+      ZCB_CUDA(cudaMalloc(&w.local[i].ref, s.recv_bytes));
+    }
     ZCB_CUDA(cudaMemset(send[i], 0, s.send_bytes));
     ZCB_CUDA(cudaMemset(recv[i], 0, s.recv_bytes));
     ZCB_CUDA(cudaDeviceSynchronize());
@@ -221,7 +261,10 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
   const Options& o = w.o;
   const std::vector<Placement> p = w.place(s, in_place);
   const RouteCounts before = shim_routes(counter);
-  for (PlaceResult* r : out) r->wrong = -1;
+  for (PlaceResult* r : out) {
+    r->wrong = -1;
+    r->maxdiff = -1;
+  }
   std::unique_ptr<CapturedOp> graph;
   if (o.graph) {
     ch->agree_max(0);  // a peer may still read these buffers in its previous loop
@@ -236,11 +279,14 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
       w.nr.set_device(static_cast<int>(i));
       fill_inputs(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed, w.streams[i]);
     }
+    if (w.reference) w.reference_op(s, p, ch);
     op();
     for (size_t i = 0; i < w.local.size(); ++i) {
       w.nr.set_device(static_cast<int>(i));
+      double maxdiff = -1;
       out[i]->wrong = count_wrong(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed,
-                                  w.local[i].wrong.get(), w.streams[i]);
+                                  w.local[i].ref, &maxdiff, w.local[i].wrong.get(), w.streams[i]);
+      out[i]->maxdiff = maxdiff;
     }
   }
   for (int i = 0; i < o.warmups; ++i) op();
@@ -273,7 +319,7 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
 void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, Channel* ch) {
   NcclRanks nr(o, path, worker_rank, nranks, ch);
   const zerocta_op_t counter = op_shim_counter(o.op);
-  SweepRanks w{o, nr, {}, {}};
+  SweepRanks w{o, nr, {}, {}, nullptr};
   for (int i = 0; i < nr.size(); ++i) {
     nr.set_device(i);
     LocalRank l;
@@ -291,7 +337,16 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
   for (size_t si = 0; si < sizes.size(); ++si) {
     const CollShape s = sweep_shape(o, sizes[si], nranks);
     if (s.count == 0) continue;
-    if (first) send_init_times(w, s, counter, ch);
+    if (first) {
+      send_init_times(w, s, counter, ch);
+      // After the communicators' own first op, so that neither its time nor the init's holds
+      // the reference communicators' creation.
+      if (o.op == CollOp::kReduceScatter && o.check) {
+        std::vector<int> ranks;
+        for (const LocalRank& l : w.local) ranks.push_back(l.rank);
+        w.reference = std::make_unique<NcclReference>(ranks, nranks, ch);
+      }
+    }
     first = false;
     // Every size on buffers of its own, so that its first op is the first on those buffers.
     fresh_buffers(w, s, ch);
@@ -321,6 +376,11 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
     nr.set_device(static_cast<int>(i));
     ZCB_CUDA(cudaStreamDestroy(w.streams[i]));
   }
+  for (size_t i = 0; i < w.local.size(); ++i) {
+    nr.set_device(static_cast<int>(i));
+    cudaFree(w.local[i].ref);
+  }
+  w.reference.reset();
   w.local.clear();  // events and counters before the communicators (the buffers go with nr)
   send_shim_totals(ch, nr.rank(0), counter);
 }

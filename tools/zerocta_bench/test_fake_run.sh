@@ -242,9 +242,93 @@ check "nccl-ce with allreduce explained" contains "$TMP/u1.txt" \
   'path "nccl-ce" does not apply to --op allreduce'
 "$BENCH" --fake-gpus 2 --quick --paths ceiling --op broadcast >"$TMP/u2.txt" 2>&1
 check "ceiling with broadcast exits 2" test $? -eq 2
-"$BENCH" --fake-gpus 2 --quick --op reducescatter --contention >"$TMP/u3.txt" 2>&1
-check "contention with reducescatter exits 2" test $? -eq 2
-check "contention with reducescatter explained" contains "$TMP/u3.txt" "measures all-gathers"
+"$BENCH" --fake-gpus 2 --quick --op allreduce --contention >"$TMP/u3.txt" 2>&1
+check "contention with allreduce exits 2" test $? -eq 2
+check "contention with allreduce explained" contains "$TMP/u3.txt" \
+  "measures all-gathers and reduce-scatters"
+"$BENCH" --fake-gpus 2 --quick --op reducescatter --dtype int32 >"$TMP/u5.txt" 2>&1
+check "reducescatter of int32 exits 2" test $? -eq 2
+check "reducescatter types explained" contains "$TMP/u5.txt" "float, bf16 or half"
+"$BENCH" --fake-gpus 2 --quick --redop avg >"$TMP/u6.txt" 2>&1
+check "--redop avg with allgather exits 2" test $? -eq 2
+"$BENCH" --fake-gpus 2 --quick --op reducescatter --contention-paths nccl-ce >"$TMP/u7.txt" 2>&1
+check "nccl-ce under reduce-scatter contention exits 2" test $? -eq 2
+"$BENCH" --fake-gpus 2 --quick --paths sum-kernel >"$TMP/u8.txt" 2>&1
+check "sum-kernel with allgather exits 2" test $? -eq 2
+
+# 1c'. Reduce-scatter: every path with its floors, bf16 average, the contention study of
+# reduce-scatters; ZEROCTA_REDUCESCATTER reaches the shim paths, zerocta must take ce.
+PATH="$TMP/bin:$PATH" "$BENCH" --fake-gpus 2 --quick --op reducescatter --paths all --dtype bf16 \
+  --redop avg --rs-ctas 8 --contention --json "$TMP/rs.json" >"$TMP/rs.txt" 2>&1
+check "reducescatter with floors exits 0" test $? -eq 0
+check "reducescatter banner names dtype and redop" contains "$TMP/rs.txt" "^# dtype bf16  redop avg  check:"
+check "reducescatter shim env in the banner" contains "$TMP/rs.txt" \
+  "ZEROCTA_ALLGATHER=zerocta, ZEROCTA_REDUCESCATTER=zerocta$"
+check "reducescatter maxdiff column" grep -qE "^# +size .* ip-med +maxdiff +first-op  route$" \
+  "$TMP/rs.txt"
+check "reducescatter row: avg, maxdiff, ce" grep -qE \
+  "^ +67108864 +16777216 +bf16 +avg +-1 .* 7\.81e-03 +[0-9.]+  ce$" "$TMP/rs.txt"
+check "reducescatter floor comparison" contains "$TMP/rs.txt" "busbw in % of bare-ce"
+check "reducescatter contention table" contains "$TMP/rs.txt" \
+  "^# Contention, in-place reduce-scatters (fixed mode)"
+check "reducescatter json" python3 - "$TMP/rs.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+o = d["options"]
+assert d["result"] == "OK" and o["op"] == "reducescatter" and o["redop"] == "avg", o
+assert o["dtype"] == "bf16" and o["rs_ctas"] == 8 and o["contention_op"] == "reducescatter", o
+names = [p["name"] for p in d["paths"]]
+assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto",
+                 "bare-ce", "sum-kernel"], names
+paths = {p["name"]: p for p in d["paths"]}
+for p in d["paths"]:
+    assert p["status"] == "OK" and len(p["rows"]) == 3, p["name"]
+    for r in p["rows"]:
+        assert r["type"] == "bf16" and r["redop"] == "avg" and r["count"] * 2 * 2 == r["size"], r
+        for pl in ("out_of_place", "in_place"):
+            x = r[pl]
+            assert x["wrong"] == 0, (p["name"], x)
+            assert abs(x["busbw_gbps"] - x["algbw_gbps"] * 0.5) < 1e-4 * x["busbw_gbps"], x
+            if p["name"] == "bare-ce":  # the pushes alone: nothing summed
+                assert x["maxdiff"] is None, x
+            else:
+                assert 0 < x["maxdiff"] < 0.1, (p["name"], x)
+        if p["name"] != "bare-ce":
+            assert r["maxdiff"] == max(r["out_of_place"]["maxdiff"], r["in_place"]["maxdiff"])
+assert paths["zerocta"]["zerocta_reducescatter"] == "zerocta"
+assert paths["zerocta-auto"]["zerocta_reducescatter"] == "auto"
+assert paths["zerocta-policy"]["zerocta_reducescatter"] == "nccl"
+assert "zerocta_reducescatter" not in paths["nccl-kernel"]
+z = paths["zerocta"]
+assert all(r[pl]["routes"]["ce"] > 0 and r[pl]["routes"]["passthrough"] == 0
+           for r in z["rows"] for pl in ("out_of_place", "in_place")), z
+assert z["shim_totals"]["routes"]["passthrough"] == 0
+auto = paths["zerocta-auto"]["rows"]
+assert auto[0]["first_op_routes"]["passthrough"] == 2 and auto[-1]["first_op_routes"]["ce"] == 2
+for name in ("bare-ce", "sum-kernel"):
+    assert paths[name]["processes"] == 1 and paths[name]["init_ms"] is None, name
+assert paths["sum-kernel"]["alloc"] == "cudamalloc (one GPU)"
+cont = {c["path"]: c for c in d["contention"]}
+assert list(cont) == ["nccl-kernel", "zerocta", "bare-ce"], list(cont)
+for c in cont.values():
+    assert c["status"] == "OK" and c["runs_ok"] == 3 and c["op"] == "reducescatter", c["path"]
+    for pl in c["placements"].values():
+        assert pl["ag_ops"] == [10, 10, 10]
+        v = sorted(pl["gain_share"]["repeats"])
+        assert pl["gain_share"]["median"] == v[1] and pl["gain_share"]["min"] == v[0]
+zr = cont["zerocta"]["runs"][0]["per_rank"][0]["routes"]
+assert zr["ce"] > 0 and zr["passthrough"] == 0, zr
+assert d["options"]["contention_bytes"] == 512 * 2**20
+PY
+ZCB_FAKE_FALLBACK=zerocta "$BENCH" --fake-gpus 2 --quick --op reducescatter --paths zerocta \
+  >"$TMP/rsfb.txt" 2>&1
+check "reducescatter fallback exits 1" test $? -eq 1
+check "reducescatter fallback reported" contains "$TMP/rsfb.txt" \
+  "reduce-scatters did not take zerocta's ce route"
+ZCB_FAKE_WRONG=sum-kernel "$BENCH" --fake-gpus 2 --quick --op reducescatter --paths sum-kernel \
+  >"$TMP/rswrong.txt" 2>&1
+check "sum-kernel wrong data exits 1" test $? -eq 1
+check "sum-kernel wrong data reported" contains "$TMP/rswrong.txt" "Path sum-kernel: FAILED"
 "$BENCH" --fake-gpus 2 --op alltoall >"$TMP/u4.txt" 2>&1
 check "unknown op exits 2" test $? -eq 2
 
@@ -333,7 +417,8 @@ check "--multicast-off prints what it sets" contains "$TMP/th.txt" \
   "# --multicast-off: every worker runs with NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"
 check "no --multicast-off line by default" bash -c "! grep -q -- '--multicast-off' '$TMP/ok.txt'"
 "$BENCH" --help >"$TMP/help.txt" 2>&1
-for p in nccl-kernel nccl-policy zerocta-policy nccl-ce zerocta zerocta-auto ceiling bare-ce; do
+for p in nccl-kernel nccl-policy zerocta-policy nccl-ce zerocta zerocta-auto ceiling bare-ce \
+  sum-kernel; do
   check "--help lists $p" grep -qE "^  $p " "$TMP/help.txt"
 done
 

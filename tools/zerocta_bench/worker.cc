@@ -24,8 +24,10 @@ int worker_main(const Options& o) {
   if (o.fake_gpus > 0) {
     run_fake_worker(o, path, o.worker_rank, n, &ch);
   } else if (o.worker_mode == "sweep") {
-    if (path == PathId::kCeiling)
+    if (path == PathId::kCeiling || path == PathId::kBareCe)
       run_ceiling_sweep(o, n, &ch);
+    else if (path == PathId::kSumKernel)
+      run_sum_kernel_sweep(o, n, &ch);
     else
       run_nccl_sweep(o, path, o.worker_rank, n, &ch);
   } else {
