@@ -139,5 +139,23 @@ TEST(ReduceScatterRouteWith, RanksThatDisagreeOnTheCountBothFail) {
   EXPECT_TRUE(contains(r.err, "ranks issued collectives of different counts")) << r.describe();
 }
 
+// A peer's abort (PyTorch's test_abort_pg): rank 1's next reduce-scatter would need rank 0, so it
+// fails at once with ncclRemoteError (NCCL's would wait for ever), while its all-reduce, which
+// NCCL runs, goes on.
+TEST(ReduceScatterRouteWith, AnOpAfterAPeersAbortFailsAtOnce) {
+  Scratch s, chan, rdv;
+  const RunResult r =
+      run_route({"ranks", "2", "peerabort"},
+                rs_env(chan, rdv, {{"ZEROCTA_ALLGATHER", "zerocta"}}), s);
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.wrong"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.rs_ce"), 3) << r.describe();
+  }
+  EXPECT_EQ(rnum(r, 1, "peer.ar_rc"), 0) << r.describe();
+  EXPECT_EQ(rnum(r, 1, "peer.rs_rc"), 6) << r.describe();  // ncclRemoteError
+}
+
 }  // namespace
 }  // namespace itest

@@ -64,8 +64,9 @@
 //             with the other ranks' children (FAKE_NCCL_COMM_ID + "-child"), all-gathers and
 //             reports as r<K>.child.*; the parent all-gathers again.
 //   hang      joins a 2-rank comm alone and kills itself (SIGKILL) DRV_KILL_MS into its init.
-//   peerabort basic's init and all-gather, then rank 0 aborts and rank 1 polls, all-reduces and
-//             all-gathers (peer.*: see rank_peer_abort); DRV_PEER_AHEAD: rank 0 runs ahead of
+//   peerabort basic's init and all-gather (DRV_RS=1: and reduce-scatters), then rank 0 aborts
+//             and rank 1 polls, all-reduces, all-gathers (and reduce-scatters: peer.rs_rc)
+//             (peer.*: see rank_peer_abort); DRV_PEER_AHEAD: rank 0 runs ahead of
 //             rank 1, which aborts (ahead.*: see rank_ahead_of_an_aborting_peer).
 //   twocomms  basic's init twice (two instances of one unique id), then one group with an
 //             all-gather on each communicator, both on one stream, each with a pattern of its
@@ -933,6 +934,11 @@ void rank_peer_abort(int rank, int nranks) {
   ncclComm_t c = init_world(rank, nranks);
   if (c == nullptr) return;
   all_gather("ag", c, rank, nranks);
+  const bool rs = env_long("DRV_RS", 0) == 1;
+  if (rs) {
+    reduce_scatter("rs", c, rank, nranks);
+    stats("rs");
+  }
   barrier_of_ranks();
   if (const long ahead = env_long("DRV_PEER_AHEAD", 0)) {
     rank_ahead_of_an_aborting_peer(c, rank, nranks, ahead);
@@ -955,6 +961,10 @@ void rank_peer_abort(int rank, int nranks) {
                                   reinterpret_cast<cudaStream_t>(g.stream)));
   out("peer.async_after_ar", async_error());
   out("peer.ag_rc", g.issue(c));
+  if (rs)  // 4096 B of floats a rank
+    out("peer.rs_rc",
+        ncclReduceScatter(g.recv.data(), g.recv.data() + static_cast<size_t>(rank) * 4096, 1024,
+                          ncclFloat, ncclSum, c, reinterpret_cast<cudaStream_t>(g.stream)));
   out("peer.abort", ncclCommAbort(c));
 }
 
