@@ -23,7 +23,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f6368616eull;  // "zerochan"
 // Bumped whenever the segment's layout changes: ranks of different versions then pass through.
-constexpr uint32_t kVersion = 6;
+constexpr uint32_t kVersion = 7;
 // A child's channel has one slot per parent rank; parents beyond this size never route here.
 constexpr uint32_t kMaxCapacity = 1u << 16;
 // Tries at creating or joining: each retry follows a name that changed under this opener (a

@@ -144,7 +144,7 @@ const std::vector<VarSpec>& specs() {
         "chunks (two slices of each peer, an op larger than a slice going in several; 0 = no "
         "copy-engine reduce-scatter)."},
        [](const char* t, Config* c) { return parse_size(t, &c->rs_scratch_bytes); }},
-      {{"ZEROCTA_RS_CTAS", "count", "0 (the default) or a number of CTAs", "16",
+      {{"ZEROCTA_RS_CTAS", "count", "0 (the default) or a number of CTAs", "32",
         "CTAs of the kernel that sums a routed reduce-scatter's chunks (few: it runs beside "
         "compute)."},
        [](const char* t, Config* c) { return parse_count(t, &c->rs_ctas); }},

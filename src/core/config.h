@@ -28,8 +28,12 @@ constexpr uint64_t kDefaultRsScratchBytes = 64ull << 20;
 // The most ranks whose reduce-scatters auto routes: 2, the count the route is built and first
 // measured for (docs/PERFORMANCE.md, "Reduce-scatter"); larger counts take ZEROCTA_REDUCESCATTER=zerocta.
 constexpr uint64_t kRsAutoMaxRanks = 2;
-// CTAs of the reduce-scatter's summing kernel (chunk_sum.h).
-constexpr uint64_t kDefaultRsCtas = 16;
+// CTAs of the reduce-scatter's summing kernel (chunk_sum.h). On 2 ranks the copy engines bring
+// ~390 GB/s a direction, which the sum turns into ~1.2 TB/s of HBM traffic; beside bf16 GEMMs
+// on one H200 32 CTAs summed at 987 GB/s (16: 550) for a GEMM slowdown within the noise of
+// 16's (1.027x against 1.013x, docs/plots/reduce-scatter-1xH200/sum-beside-gemm-probe.txt).
+// The 2-GPU fixed-work run is to confirm it (docs/PERFORMANCE.md, "Reduce-scatter").
+constexpr uint64_t kDefaultRsCtas = 32;
 
 // A default-constructed Config holds every documented default (no variable set).
 struct Config {

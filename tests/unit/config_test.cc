@@ -257,7 +257,7 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_AUTO_MAX_RANKS", "4"},
       {"ZEROCTA_REDUCESCATTER", "nccl"},
       {"ZEROCTA_RS_SCRATCH", "64M"},
-      {"ZEROCTA_RS_CTAS", "16"},
+      {"ZEROCTA_RS_CTAS", "32"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
       {"ZEROCTA_NCCL_LIBRARY", ""},
