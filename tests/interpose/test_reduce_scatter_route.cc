@@ -139,6 +139,22 @@ TEST(ReduceScatterRouteWith, RanksThatDisagreeOnTheCountBothFail) {
   EXPECT_TRUE(contains(r.err, "ranks issued collectives of different counts")) << r.describe();
 }
 
+// On a child of ncclCommSplit (keys reversed: child ranks differ from the parent's) the route
+// takes its facts, its scratch included, from the child's own channel; the parent routes too.
+TEST(ReduceScatterRouteWith, AChildOfASplitRoutesItsOwn) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route(
+      {"ranks", "3", "split", "r0:DRV_KEY=2", "r1:DRV_KEY=1", "r2:DRV_KEY=0"},
+      rs_env(chan, rdv, {{"DRV_COLOR", "0"}, {"DRV_AG_BYTES", "4096"}}), s);
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_rs.rc"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_rs.wrong"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "child_rs.rs_ce"), 3) << r.describe();
+  }
+}
+
 // A peer's abort (PyTorch's test_abort_pg): rank 1's next reduce-scatter would need rank 0, so it
 // fails at once with ncclRemoteError (NCCL's would wait for ever), while its all-reduce, which
 // NCCL runs, goes on.

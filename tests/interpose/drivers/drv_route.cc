@@ -1006,6 +1006,10 @@ void use_child(ncclComm_t child, const char* made_by) {
   stats(made_by);
   all_gather("child_ag", child, r, n);
   stats("child_ag");
+  if (env_long("DRV_RS", 0) == 1) {
+    reduce_scatter("child_rs", child, r, n);
+    stats("child_rs");
+  }
   out("child.destroy", ncclCommDestroy(child));
   release_kept_graphs();
 }
