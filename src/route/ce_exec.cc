@@ -41,24 +41,6 @@ CUresult stream_op(const CudaDriver& cu, const DirectOp& op, CUstream s, CUevent
   }
 }
 
-// The push stream's consecutive copies from plan[i] on, in one batch (issue_copies); sets
-// *last to the last one's index. Measured on 4 H200s, the same call against one copy per
-// push (docs/PERFORMANCE.md): an in-place op 2-4 us shorter at 64 MiB-1 GiB on 4 ranks.
-CUresult push_batch(const CudaDriver& cu, const std::vector<DirectOp>& plan, size_t i, CUstream s,
-                    size_t* last) {
-  CUdeviceptr dsts[kMaxRanks], srcs[kMaxRanks];
-  size_t sizes[kMaxRanks];
-  size_t n = 0;
-  while (n < kMaxRanks && i + n < plan.size() && plan[i + n].kind == DirectOpKind::kCopy &&
-         plan[i + n].stream == DirectStream::kPush) {
-    dsts[n] = plan[i + n].dst;
-    srcs[n] = plan[i + n].src;
-    sizes[n] = plan[i + n].bytes;
-    ++n;
-  }
-  *last = i + n - 1;
-  return issue_copies(cu, dsts, srcs, sizes, n, s);
-}
 
 }  // namespace
 
@@ -120,7 +102,7 @@ CUresult issue_plan(const CudaDriver& cu, const CUstream streams[kDirectStreams]
       }
       case DirectOpKind::kCopy:
         if (batch_pushes && op.stream == DirectStream::kPush) {
-          r = push_batch(cu, plan, i, s, &i);
+          r = issue_copy_run(cu, plan, i, DirectOpKind::kCopy, s, &i);
           break;
         }
         [[fallthrough]];

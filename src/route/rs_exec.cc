@@ -22,25 +22,6 @@ CUresult launch_sum(const CudaDriver& cu, const RsOp& op, const RsSum& sum, CUst
   return sum.kernels->launch(cu, sum.type, a, sum.ctas, s);
 }
 
-// A stream's consecutive copies from plan[i] on (a slice's pulls from every peer) in one batch
-// (issue_copies); sets *last to the last one's index. One driver call a slice instead of one a
-// peer: the all-gather's pushes measured 2-4 us an op shorter so on 4 H200s (ce_exec.cc); a
-// reduce-scatter has one copy stream, so no batch runs beside another.
-CUresult copy_batch(const CudaDriver& cu, const std::vector<RsOp>& plan, size_t i, CUstream s,
-                    size_t* last) {
-  CUdeviceptr dsts[kMaxRanks], srcs[kMaxRanks];
-  size_t sizes[kMaxRanks];
-  size_t n = 0;
-  while (n < kMaxRanks && i + n < plan.size() && plan[i + n].kind == RsOpKind::kCopy &&
-         plan[i + n].stream == plan[i].stream) {
-    dsts[n] = plan[i + n].dst;
-    srcs[n] = plan[i + n].src;
-    sizes[n] = plan[i + n].bytes;
-    ++n;
-  }
-  *last = i + n - 1;
-  return issue_copies(cu, dsts, srcs, sizes, n, s);
-}
 
 }  // namespace
 
@@ -69,7 +50,7 @@ CUresult issue_rs_plan(const CudaDriver& cu, const CUstream streams[kRsStreams],
         break;
       }
       case RsOpKind::kCopy:
-        r = batch_copies ? copy_batch(cu, plan, i, s, &i)
+        r = batch_copies ? issue_copy_run(cu, plan, i, RsOpKind::kCopy, s, &i)
                          : cu.cuMemcpyAsync(op.dst, op.src, op.bytes, s);
         break;
       case RsOpKind::kSum:
