@@ -31,12 +31,10 @@
 //   ZCTEST_SOAK_REALLOC_EVERY=N (50): every N iterations the buffers are freed and allocated
 //     anew, so they move and the peers' imports of the old ones must go (0: never)
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -47,6 +45,7 @@
 #include "gpu_kernels.h"
 #include "mp_harness.h"
 #include "rank_util.h"
+#include "soak_common.h"
 #include "test_data.h"
 
 namespace zgpu {
@@ -58,30 +57,6 @@ constexpr size_t kMaxOffset = 255;
 constexpr int kMaxOps = 3;
 constexpr int kReplays = 3;
 constexpr int kMaxReports = 20;
-
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() { return mix64(state += 0x9E3779B97F4A7C15ull); }
-  uint64_t below(uint64_t n) { return next() % n; }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  bool chance(double p) { return uniform() < p; }
-};
-
-enum class StreamKind { kLegacy, kPerThread, kNonBlocking, kBlocking };
-const char* stream_name(StreamKind k) {
-  switch (k) {
-    case StreamKind::kLegacy:
-      return "legacy";
-    case StreamKind::kPerThread:
-      return "per-thread";
-    case StreamKind::kNonBlocking:
-      return "user-nonblocking";
-    case StreamKind::kBlocking:
-      return "user-blocking";
-  }
-  return "?";
-}
 
 enum class IterKind { kSingle, kGroup, kGraph };
 const char* iter_name(IterKind k) {
@@ -154,8 +129,6 @@ Config read_config() {
   return c;
 }
 
-size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
 class Soak {
  public:
   Soak(const RankContext& ctx, const Config& cfg)
@@ -164,8 +137,6 @@ class Soak {
         shared_rng_(seed_of({cfg.seed, 0x5AA5})),
         local_rng_(seed_of({cfg.seed, 0x10CA1, static_cast<uint64_t>(ctx.rank)})) {
     comm_ = init_comm(ctx, InitKind::kInitRankConfig);
-    ZG_CUDA(cudaStreamCreateWithFlags(&nonblocking_, cudaStreamNonBlocking));
-    ZG_CUDA(cudaStreamCreateWithFlags(&blocking_, cudaStreamDefault));
     ZG_CUDA(cudaStreamCreateWithFlags(&verify_stream_, cudaStreamNonBlocking));
     // Whatever the split into ops, the regions fit: sum of totals <= max_total plus per-op
     // offsets, guards and alignment.
@@ -182,8 +153,6 @@ class Soak {
     free_user_buffers();
     cudaFree(ref_);
     cudaFree(counts_);
-    cudaStreamDestroy(nonblocking_);
-    cudaStreamDestroy(blocking_);
     cudaStreamDestroy(verify_stream_);
     if (comm_) ncclCommDestroy(comm_);
   }
@@ -241,57 +210,26 @@ class Soak {
 
  private:
   // The buffers the all-gathers read and write (ref_, NCCL's reference output, stays put).
-  bool cumem_buffers() const {
-    return cfg_.alloc == SoakAlloc::kCumem || cfg_.alloc == SoakAlloc::kFabric ||
-           (cfg_.alloc == SoakAlloc::kMixed && ctx_.rank != 0);
+  SoakMemory user_memory() const {
+    if (cfg_.alloc == SoakAlloc::kFabric) return SoakMemory::kCumemFabric;
+    if (cfg_.alloc == SoakAlloc::kCudaMalloc || (cfg_.alloc == SoakAlloc::kMixed && ctx_.rank == 0))
+      return SoakMemory::kCudaMalloc;
+    return SoakMemory::kCumem;
   }
   void allocate_user_buffers() {
-    constexpr size_t kPiece = size_t{20} << 20;  // PyTorch's expandable-segment chunk
-    if (cumem_buffers()) {
-      const bool fabric = cfg_.alloc == SoakAlloc::kFabric;
-      recv_ = cumem_alloc(out_capacity_, kPiece, fabric);
-      send_ = cumem_alloc(send_capacity_, kPiece, fabric);
-    } else {
-      ZG_CUDA(cudaMalloc(&recv_, out_capacity_));
-      ZG_CUDA(cudaMalloc(&send_, send_capacity_));
-    }
+    recv_ = soak_alloc(user_memory(), out_capacity_);
+    send_ = soak_alloc(user_memory(), send_capacity_);
   }
   void free_user_buffers() {
-    if (cumem_buffers()) {
-      cumem_free(recv_);
-      cumem_free(send_);
-    } else {
-      cudaFree(recv_);
-      cudaFree(send_);
-    }
+    soak_free(user_memory(), recv_);
+    soak_free(user_memory(), send_);
     recv_ = send_ = nullptr;
   }
 
-  // Bytes per rank for one op whose total output may not exceed `cap`: log-uniform total,
-  // sometimes snapped next to a power of two, rounded down to whole elements.
+  // One op whose total output may not exceed `cap`.
   void draw_size(OpPlan& op, size_t cap) {
-    const size_t n = static_cast<size_t>(ctx_.nranks);
-    const size_t ts = dtype_size(op.dt);
-    const double total = std::exp(shared_rng_.uniform() * std::log(static_cast<double>(cap)));
-    size_t per_rank = std::max<size_t>(1, static_cast<size_t>(total) / n);
-    if (shared_rng_.chance(0.15)) {
-      size_t p = 1;
-      while (p * 2 <= per_rank) p *= 2;
-      switch (shared_rng_.below(3)) {  // a power of two, or one element either side
-        case 0:
-          per_rank = p > ts ? p - ts : p;
-          break;
-        case 1:
-          per_rank = p;
-          break;
-        default:
-          per_rank = (p + ts) * n <= cap ? p + ts : p;
-          break;
-      }
-    }
-    op.count = std::max<size_t>(1, per_rank / ts);
-    while (op.count > 1 && op.count * ts * n > cap) --op.count;
-    op.per_rank = op.count * ts;
+    op.count = draw_soak_count(shared_rng_, cap, dtype_size(op.dt), ctx_.nranks);
+    op.per_rank = op.count * dtype_size(op.dt);
     op.nranks = ctx_.nranks;
   }
 
@@ -332,19 +270,7 @@ class Soak {
     return plan;
   }
 
-  cudaStream_t stream_of(StreamKind k) const {
-    switch (k) {
-      case StreamKind::kLegacy:
-        return nullptr;  // the legacy default stream (stream 0)
-      case StreamKind::kPerThread:
-        return cudaStreamPerThread;
-      case StreamKind::kNonBlocking:
-        return nonblocking_;
-      case StreamKind::kBlocking:
-        return blocking_;
-    }
-    return nullptr;
-  }
+  cudaStream_t stream_of(StreamKind k) const { return streams_.get(k); }
 
   uint8_t* out_ptr(const OpPlan& op, bool ref) const {
     return static_cast<uint8_t*>(ref ? ref_ : recv_) + op.region + op.out_offset;
@@ -398,7 +324,7 @@ class Soak {
   }
 
   void wait_ops(const IterPlan& plan, const std::string& what) {
-    bool waited[4] = {false, false, false, false};
+    bool waited[kStreamKinds] = {};
     for (const auto& op : plan.ops) {
       const int k = static_cast<int>(op.stream);
       if (waited[k]) continue;
@@ -559,13 +485,12 @@ class Soak {
 
   RankContext ctx_;
   Config cfg_;
-  Rng shared_rng_;
-  Rng local_rng_;
+  SoakRng shared_rng_;
+  SoakRng local_rng_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t nonblocking_ = nullptr;
+  SoakStreams streams_;
   const long delay_rank_ = env_long("ZCTEST_SOAK_DELAY_RANK", -1);
   uint64_t delays_ = 0;
-  cudaStream_t blocking_ = nullptr;
   cudaStream_t verify_stream_ = nullptr;
   void* recv_ = nullptr;
   void* ref_ = nullptr;
@@ -614,12 +539,9 @@ TEST(AllGatherSoak, Randomized) {
          static_cast<unsigned long long>(mismatches));
   uint64_t ce_calls = 0;
   if (r0->shim_loaded) {
-    using RouteNameFn = const char* (*)(zerocta_route_t);
-    auto route_name = reinterpret_cast<RouteNameFn>(dlsym(RTLD_DEFAULT, "zerocta_route_name"));
     printf("soak: zerocta all-gather calls by route on rank 0:");
     for (int r = 0; r < zerocta_route_count; ++r) {
-      const char* name = route_name ? route_name(static_cast<zerocta_route_t>(r)) : nullptr;
-      printf(" %s=%llu", name ? name : std::to_string(r).c_str(),
+      printf(" %s=%llu", shim_route_name(r).c_str(),
              static_cast<unsigned long long>(r0->route_calls[r]));
       if (r != zerocta_route_passthrough) ce_calls += r0->route_calls[r];
     }

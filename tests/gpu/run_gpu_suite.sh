@@ -9,6 +9,10 @@
 #   policy        zerocta_gpu_policy_test: kernel path without the shim, copy engines with it
 #   soak          zerocta_gpu_ag_soak with the shim (ZCTEST_SOAK_ITERS, default 200) and a
 #                 short control run without it (ZCTEST_SUITE_NOSHIM_SOAK_ITERS, default 50)
+#   rs-soak       zerocta_gpu_rs_soak (2 GPUs) with the shim and ZEROCTA_REDUCESCATTER=zerocta
+#                 (ZCTEST_RS_SOAK_OPS, default 10000; every eager op on the copy engines,
+#                 bitwise against NCCL's own result) and a CI-size control run without it
+#                 (ZCTEST_SUITE_NOSHIM_RS_SOAK_OPS, default 400)
 # and torch_smoke.py under torchrun (PyTorch always uses its own NCCL), digests diffed.
 # Logs, digests and gtest XML go to OUTDIR; a PASS/FAIL/SKIP table ends the output and
 # OUTDIR/summary.txt. Exit status 1 if any step failed.
@@ -28,6 +32,8 @@ host_paths "$@"
 NCCL_TORCH_DIR=${ZCTEST_NCCL_TORCH_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib}
 SOAK_ITERS=${ZCTEST_SOAK_ITERS:-200}
 NOSHIM_SOAK_ITERS=${ZCTEST_SUITE_NOSHIM_SOAK_ITERS:-50}
+RS_SOAK_OPS=${ZCTEST_RS_SOAK_OPS:-10000}
+NOSHIM_RS_SOAK_OPS=${ZCTEST_SUITE_NOSHIM_RS_SOAK_OPS:-400}
 ONLY=${ZCTEST_SUITE_ONLY:-}
 
 # Never NVLink multicast on the shared hosts; nothing inherited may change the policy.
@@ -108,7 +114,8 @@ version_code() {
 }
 
 # --- native test binaries, per NCCL --------------------------------------------------------
-for b in zerocta_gpu_collectives_test zerocta_gpu_policy_test zerocta_gpu_ag_soak; do
+for b in zerocta_gpu_collectives_test zerocta_gpu_policy_test zerocta_gpu_ag_soak \
+  zerocta_gpu_rs_soak; do
   [ -x "$BIN/$b" ] || record "build:$b" FAIL "missing $BIN/$b (build first; ZEROCTA_BUILD?)"
 done
 [ -e "$SHIM" ] || record "build:libzerocta.so" FAIL "missing $SHIM"
@@ -172,6 +179,28 @@ for NCCL_DIR in "$NCCL_SYSTEM_DIR" "$NCCL_TORCH_DIR"; do
       run_step "$step" $((900 + 3 * iters)) "${prefix[@]}" "ZCTEST_SOAK_TIMEOUT_S=$((600 + 3 * iters))" \
         "$BIN/zerocta_gpu_ag_soak" "--gtest_output=xml:$OUT/$step.xml"
       grep -h '^soak: iterations=' "$OUT/$step.log" | sed "s/^/    $step /"
+    done
+  fi
+
+  # Reduce-scatter soak: the route forced (every eager op must take it), each result bitwise
+  # against NCCL's own on a communicator the shim never sees; the control run without the shim
+  # checks the test itself, CI size.
+  if selected "rs-soak-$V"; then
+    for mode in noshim shim; do
+      step="rs-soak-$V-$mode"
+      if [ $mode = noshim ]; then
+        ops=$NOSHIM_RS_SOAK_OPS
+        prefix=("${NOSHIM[@]}" ZCTEST_RS_SOAK_CI=1)
+      else
+        ops=$RS_SOAK_OPS
+        prefix=("${WITHSHIM[@]}" ZEROCTA_REDUCESCATTER=zerocta ZCTEST_RS_SOAK_EXPECT_CE=1)
+      fi
+      need "$step" "$BIN/zerocta_gpu_rs_soak" || continue
+      [ $mode = noshim ] || need "$step" "$SHIM" || continue
+      run_step "$step" $((600 + ops / 5)) "${prefix[@]}" "ZCTEST_RS_SOAK_OPS=$ops" \
+        "ZCTEST_RS_SOAK_TIMEOUT_S=$((540 + ops / 5))" \
+        "$BIN/zerocta_gpu_rs_soak" "--gtest_output=xml:$OUT/$step.xml"
+      grep -h '^rs-soak: rank 0 ' "$OUT/$step.log" | sed "s/^/    $step /"
     done
   fi
 done

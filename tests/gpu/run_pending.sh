@@ -65,6 +65,12 @@
 #   soak-cumem-8   the soak on 8 ranks, 7000 iterations
 #   fsdp2-8 (x8f)  FSDP2 comm and compute on 8 ranks, plain against zerocta-run --allgather
 #                  zerocta
+# Part rs (2 GPUs): the reduce-scatter route's soak:
+#   rs-soak        zerocta_gpu_rs_soak under the library, ZEROCTA_REDUCESCATTER=zerocta,
+#                  10 000 ops of float, bfloat16 and half, sum and average, up to 512 MiB of
+#                  input, in and out of place, moved buffers, graph replays; each output bitwise
+#                  against NCCL's own, every eager op on the copy engines
+#   rs-soak-nccl   the same test without the library, CI size: the test's own control
 #
 # Logs go to OUTDIR/PART/; then OUTDIR/PART.tgz holds them all (the device tool brings back few
 # files) and a PASS/FAIL table ends the output. Exit status 1 if a step failed.
@@ -72,8 +78,8 @@ set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|x4|mem4|x8|x8f)$ ]]; then
-  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|x4|mem4|x8|x8f OUTDIR" >&2
+if [ $# -ne 2 ] || ! [[ $1 =~ ^(a|b|c|d|e|rs|x4|mem4|x8|x8f)$ ]]; then
+  echo "usage: ZEROCTA_BUILD=build $0 a|b|c|d|e|rs|x4|mem4|x8|x8f OUTDIR" >&2
   exit 2
 fi
 PART=$1
@@ -171,6 +177,16 @@ case "$PART" in
       ZCTEST_CYCLES_ALLGATHER=auto ZCTEST_CYCLES=1000 ZCTEST_CYCLES_DESTROY_LAG=0 \
       ZCTEST_CYCLES_BUDGET_S=575 "$BIN/zerocta_gpu_cycles_test"
     grep -h '^RELIABILITY cycles' "$OUT/cycles-1000-serial.log" 2>/dev/null | sed "s/^/    /"
+    ;;
+  rs)
+    step rs-soak 420 env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" \
+      ZCTEST_EXPECT_SHIM=1 ZEROCTA_REDUCESCATTER=zerocta ZCTEST_RS_SOAK_EXPECT_CE=1 \
+      ZCTEST_RS_SOAK_OPS=10000 ZCTEST_RS_SOAK_TIMEOUT_S=400 "$BIN/zerocta_gpu_rs_soak"
+    grep -h '^rs-soak: rank' "$OUT/rs-soak.log" 2>/dev/null | sed "s/^/    /"
+    step rs-soak-nccl 120 env LD_LIBRARY_PATH="$NCCL_SYSTEM_DIR:$CUDA_LIB" ZCTEST_EXPECT_SHIM=0 \
+      ZCTEST_RS_SOAK_CI=1 ZCTEST_RS_SOAK_OPS=400 ZCTEST_RS_SOAK_TIMEOUT_S=100 \
+      "$BIN/zerocta_gpu_rs_soak"
+    grep -h '^rs-soak: rank 0 ' "$OUT/rs-soak-nccl.log" 2>/dev/null | sed "s/^/    /"
     ;;
   x4)
     bench bench-4 120 --procs 4 --alloc cumem
