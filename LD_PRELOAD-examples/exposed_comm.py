@@ -14,6 +14,8 @@ not knowledge of what the work belongs to:
   `ncclKernel_AllGather_...`, NCCL's symmetric kernels) is NCCL's: `AllGather` in the name
   makes it all-gather, `ReduceScatter` reduce-scatter, anything else (AllReduce, SendRecv,
   Generic, ...) other communication;
+- a kernel named `zc_chunk_sum_*` is zerocta's reduce-scatter summing the chunks its copy
+  engines brought (ZEROCTA_REDUCESCATTER=auto|zerocta): reduce-scatter;
 - every other kernel is compute, and a stream that runs at least one compute kernel anywhere
   in the trace is a compute stream;
 - a device-to-device or peer copy (category `gpu_memcpy`, named `Memcpy DtoD (...)` or
@@ -25,7 +27,9 @@ not knowledge of what the work belongs to:
 
 Where the heuristics can be wrong: NCCL names a kernel after the first collective of its
 launch, so a group mixing collectives counts under that one; any library's device copies on
-a kernel-free stream (NCCL's own copy-engine collectives included) count as all-gather; FSDP's
+a kernel-free stream (NCCL's own copy-engine collectives included) count as all-gather, and so
+do the copies of zerocta's reduce-scatter route (its chunks move on the all-gather's streams;
+only its summing kernels count as reduce-scatter); FSDP's
 own copy-in and copy-out kernels (casts, foreach copies, split copies) are compute, even on
 its all-gather streams, and hide whatever all-gather overlaps them; and zerocta's route waits
 for its peers with stream memory operations, which are no activity, so a compute stream held
@@ -68,8 +72,14 @@ _NCCL_KERNEL = re.compile(r"(?:void\s+)?(nccl\w*)")
 _DEVICE_COPY = re.compile(r"Memcpy (?:DtoD|PtoP)\b")
 
 
+_ZEROCTA_SUM_KERNEL = re.compile(r"(?:void\s+)?zc_chunk_sum_")
+
+
 def _nccl_class(name):
-    """The class of a kernel by its name if it is NCCL's, else None."""
+    """The class of a kernel by its name if it is NCCL's (or zerocta's reduce-scatter sum),
+    else None."""
+    if _ZEROCTA_SUM_KERNEL.match(name):
+        return "reducescatter"
     m = _NCCL_KERNEL.match(name)
     if not m:
         return None

@@ -38,3 +38,36 @@ preflight() {
     exit 2
   fi
 }
+
+# `pair_routes AG RS BASE` checks the routes of a pair of training runs (run_pair.sh,
+# run_fsdp2.sh) before anything is launched, and stops the script with status 2 and one line
+# when they make no sense. AG and RS: zerocta-run's --allgather and --reducescatter for the
+# second run (auto|zerocta|nccl|off, any case); BASE: what the first run is: plain (no zerocta)
+# or allgather-only (under zerocta-run with the second run's all-gather route and NCCL's
+# reduce-scatters: against both routes, how much of the gain is the reduce-scatter's). Sets the
+# strings pair_ag, pair_rs (lower case), pair_first (the first run's label: plain or BASE),
+# pair_first_name and pair_second_name (what the report calls the runs) and the array
+# pair_first_routes (the first run's zerocta-run route options; empty for plain).
+# shellcheck disable=SC2034  # the pair_* variables are the caller's
+pair_routes() {
+  local ag=${1,,} rs=${2,,} base=${3,,} m
+  for m in "$ag" "$rs"; do
+    [[ " auto zerocta nccl off " == *" $m "* ]] ||
+      { echo "$0: route mode '$m' is not one of auto|zerocta|nccl|off" >&2 && exit 2; }
+  done
+  pair_ag=$ag pair_rs=$rs pair_first=$base pair_first_routes=()
+  pair_second_name="zerocta ag=$ag rs=$rs"
+  case $base in
+    plain) pair_first_name=plain ;;
+    allgather-only)
+      if [[ $ag != auto && $ag != zerocta || $rs != auto && $rs != zerocta ]]; then
+        echo "$0: PAIR_BASE=allgather-only compares with both routes on: needs the all-gather" \
+          "and the reduce-scatter modes auto or zerocta (have ag=$ag rs=$rs)" >&2
+        exit 2
+      fi
+      pair_first_routes=(--allgather "$ag" --reducescatter nccl)
+      pair_first_name="zerocta ag=$ag rs=nccl"
+      ;;
+    *) echo "$0: PAIR_BASE '$3' is not one of plain|allgather-only" >&2 && exit 2 ;;
+  esac
+}

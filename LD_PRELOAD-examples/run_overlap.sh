@@ -6,17 +6,22 @@
 #
 #   kernel        plain tensors, NCCL alone: NCCL's kernel path (what users have today)
 #   nccl-ce       NCCL alone, the application changed: zero-CTA policy + symmetric-memory
-#                 buffers registered as NCCL windows (NCCL's own copy-engine path)
-#   zerocta       plain tensors under zerocta-run --allgather zerocta
+#                 buffers registered as NCCL windows (NCCL's own copy-engine path; its log's
+#                 "Init CE" lines say whether it ran)
+#   zerocta       plain tensors under zerocta-run --allgather zerocta (with --op reducescatter:
+#                 --reducescatter zerocta)
 #
-# With T_k the overlapped time on the kernel path and T_ideal = max(GEMM alone, all-gather
-# alone): recovered = (T_k - T_x) / (T_k - T_ideal) for each variant x (target for zerocta:
-# >= 0.8, and T_zerocta <= T_nccl-ce). Logs and JSON per variant in OUTDIR, the comparison in
+# The collective is the all-gather unless the arguments say --op reducescatter (then also
+# --rs-mib, --rs-dtype bf16|fp32, --redop sum|avg; overlap_172714.py). With T_k the overlapped
+# time on the kernel path and T_ideal = max(GEMM alone, collective alone): recovered =
+# (T_k - T_x) / (T_k - T_ideal) for each variant x (target for zerocta: >= 0.8, and
+# T_zerocta <= T_nccl-ce). Logs and JSON per variant in OUTDIR, the comparison in
 # OUTDIR/overlap-summary.json: per variant the median and (min..max) over OVERLAP_REPEATS
 # rounds (default 3; the variants in rotated order each round, each run its own processes;
 # "recovered" is computed against the kernel run of the same round). Environment:
-# ZEROCTA_BUILD (default <repo>/build), TORCHRUN, PYTHON (python3), OVERLAP_VARIANTS (default
-# "kernel nccl-ce zerocta"), OVERLAP_REPEATS, OVERLAP_TIMEOUT_S (per run, default 300).
+# ZEROCTA_BUILD (default <repo>/build), ZEROCTA_RUN (default <repo>/tools/zerocta-run), TORCHRUN,
+# PYTHON (python3), OVERLAP_VARIANTS (default "kernel nccl-ce zerocta"), OVERLAP_REPEATS,
+# OVERLAP_TIMEOUT_S (per run, default 300), EXAMPLES_MULTICAST_OFF=1 (preflight.sh).
 # Exit status: 0 if every variant ran and its output was correct, 1 otherwise, 2 usage.
 set -euo pipefail
 
@@ -29,7 +34,20 @@ shift 2
 build=${ZEROCTA_BUILD:-$repo/build}
 lib=$build/libzerocta.so
 [[ -f $lib ]] || { echo "$0: $lib not found; build first or set ZEROCTA_BUILD" >&2 && exit 2; }
-zerocta_run=$repo/tools/zerocta-run
+zerocta_run=${ZEROCTA_RUN:-$repo/tools/zerocta-run}
+# The collective, as overlap_172714.py will read it (it takes no abbreviated options).
+op=allgather
+prev=""
+for arg in "$@"; do
+  [[ $prev == --op ]] && op=$arg
+  [[ $arg == --op=* ]] && op=${arg#--op=}
+  prev=$arg
+done
+case $op in
+  allgather) route_option=--allgather ;;
+  reducescatter) route_option=--reducescatter ;;
+  *) echo "$0: --op '$op' is not one of allgather|reducescatter" >&2 && exit 2 ;;
+esac
 torchrun=()  # set by preflight
 # shellcheck disable=SC1091  # preflight.sh sits beside this script
 . "$here/preflight.sh"
@@ -38,7 +56,7 @@ read -r -a variants <<<"${OVERLAP_VARIANTS:-kernel nccl-ce zerocta}"
 [[ ${LD_PRELOAD:-} != *libzerocta* ]] || { echo "$0: unset LD_PRELOAD first (it has libzerocta)" >&2 && exit 2; }
 multicast_off_if_asked  # sets nothing unless EXAMPLES_MULTICAST_OFF=1 (preflight.sh)
 # This script's own ZEROCTA_* knobs stay in this shell: the ranks have no use for them.
-export -n ZEROCTA_BUILD
+export -n ZEROCTA_BUILD ZEROCTA_RUN
 mkdir -p "$outdir"
 outdir=$(cd -- "$outdir" && pwd)
 
@@ -55,11 +73,11 @@ for ((round = 1; round <= repeats; round++)); do
       kernel) ;;
       # NCCL_DEBUG=INFO/INIT: NCCL says "Init CE" when its copy-engine path first runs.
       nccl-ce) extra=(--buffers nccl-windows) envs=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT) ;;
-      zerocta) launcher=("$zerocta_run" --lib "$lib" --allgather zerocta --) ;;
+      zerocta) launcher=("$zerocta_run" --lib "$lib" "$route_option" zerocta --) ;;
       *) echo "$0: unknown variant '$v'" >&2 && exit 2 ;;
     esac
     tag=$v-r$round
-    echo "== overlap/$v (round $round of $repeats)"
+    echo "== overlap/$v $op (round $round of $repeats)"
     rm -f "$outdir/overlap-$tag.json"
     rc=0
     timeout -k 15 "${OVERLAP_TIMEOUT_S:-300}" env ${envs[@]+"${envs[@]}"} \
@@ -78,20 +96,24 @@ for ((round = 1; round <= repeats; round++)); do
   done
 done
 
-"${PYTHON:-python3}" - "$outdir" "$repeats" "${variants[@]}" <<'PY'
+"${PYTHON:-python3}" - "$outdir" "$repeats" "$op" "${variants[@]}" <<'PY'
 import json, os, statistics, sys
-outdir, repeats, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+outdir, repeats, op, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 runs = {v: [] for v in variants}
 for v in variants:
     for r in range(1, repeats + 1):
         path = os.path.join(outdir, "overlap-%s-r%d.json" % (v, r))
         if os.path.exists(path):
             with open(path) as f:
-                runs[v].append(dict(json.load(f), round=r))
+                x = json.load(f)
+            # "comm": the collective's time alone ("ag" in records from before --op).
+            x.setdefault("comm", x.get("ag"))
+            if x.get("op", "allgather") == op:  # not a stale record of the other collective
+                runs[v].append(dict(x, round=r))
 
 def recovered(x, k):
     """(T_kernel - T_x) / (T_kernel - max alone of the kernel run), same round."""
-    gain = k["ovl"] - max(k["gemm"], k["ag"])
+    gain = k["ovl"] - max(k["gemm"], k["comm"])
     return (k["ovl"] - x["ovl"]) / gain if gain > 0 else None
 
 def spread(values):
@@ -101,8 +123,10 @@ def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 kernel_by_round = {x["round"]: x for x in runs.get("kernel", [])}
-summary = {"repeats": repeats, "variants": {}}
-print("\n%-10s %6s %22s %22s %22s %26s" % ("variant", "runs", "GEMM alone (ms)",
+summary = {"repeats": repeats, "op": op, "variants": {}}
+print("\n%s overlapped with the GEMM" % {"allgather": "all-gather",
+                                         "reducescatter": "reduce-scatter"}[op])
+print("%-10s %6s %22s %22s %22s %26s" % ("variant", "runs", "GEMM alone (ms)",
       "overlapped (ms)", "GEMM while ovl (%)", "recovered vs kernel"))
 fmt = lambda s, f: "-" if s is None else (f % s["median"]) + (" (" + f % s["min"] + ".." + f % s["max"] + ")")
 for v in variants:
@@ -110,10 +134,12 @@ for v in variants:
     rec = spread([recovered(x, kernel_by_round[x["round"]]) if x["round"] in kernel_by_round else None
                   for x in xs])
     row = {"runs": len(xs), "gemm": spread([x["gemm"] for x in xs]),
-           "ag": spread([x["ag"] for x in xs]), "ovl": spread([x["ovl"] for x in xs]),
+           "comm": spread([x["comm"] for x in xs]), "ovl": spread([x["ovl"] for x in xs]),
            "gemm_slowdown_pct": spread([100.0 * (x["ovl_gemm"] / x["gemm"] - 1) for x in xs]),
            "recovered": rec, "all_correct": all(x["correct"] for x in xs),
            "routes": sorted({x["route"] for x in xs})}
+    if op == "allgather":
+        row["ag"] = row["comm"]  # the key this summary had before --op
     summary["variants"][v] = row
     print("%-10s %6d %22s %22s %22s %26s%s" % (v, len(xs), fmt(row["gemm"], "%.3f"),
           fmt(row["ovl"], "%.3f"), fmt(row["gemm_slowdown_pct"], "%+.1f"),

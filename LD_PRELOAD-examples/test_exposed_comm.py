@@ -62,6 +62,22 @@ class Classify(unittest.TestCase):
         self.assertEqual(exposed_comm.classify(events), ["allgather", "allgather"])
 
 
+    def test_zerocta_reduce_scatter_sums_are_reduce_scatter_not_compute(self):
+        # zerocta's summing kernel runs on its own (the all-gather's) streams: it neither counts
+        # as compute nor makes the copies beside it a compute stream's.
+        events = [kernel(GEMM, COMPUTE, 0, 4),
+                  kernel("zc_chunk_sum_f32", CE_STREAM, 1, 1),
+                  kernel("zc_chunk_sum_bf16", CE_STREAM, 2, 1),
+                  copy(PEER_COPY, CE_STREAM, 3, 1)]
+        self.assertEqual(exposed_comm.classify(events),
+                         ["compute", "reducescatter", "reducescatter", "allgather"])
+        r = exposed_comm.analyze([kernel("zc_chunk_sum_f32", CE_STREAM, 0, 2),
+                                  kernel(GEMM, COMPUTE, 1, 3)], [(0, 4)])
+        self.assertAlmostEqual(r["reducescatter_us"], 2)
+        self.assertAlmostEqual(r["exposed_reducescatter_us"], 1)
+        self.assertAlmostEqual(r["compute_us"], 3)
+
+
 class Analyze(unittest.TestCase):
     def check(self, events, windows, **expected):
         r = exposed_comm.analyze(events, windows)

@@ -53,6 +53,24 @@ class Fsdp2SummaryTest(unittest.TestCase):
         self.assertEqual(list(s["configs"]), ["fsdp2-comm"])
         self.assertIsNone(s["configs"]["fsdp2-comm"]["median_ratio"])
 
+    def test_what_was_compared_is_kept_and_printed(self):
+        paths = [self.pair("fsdp2-comm-p1", {"match": True, "ratio": 0.97}),
+                 self.pair("fsdp2-comm-p2", {"match": True, "ratio": 0.95})]
+        compared = "zerocta ag=auto rs=auto vs zerocta ag=auto rs=nccl"
+        s = fsdp2_summary.summarize(paths, compared)
+        self.assertEqual(s["compared"], compared)
+        self.assertIn("step-time ratio (%s) median 0.960, largest 0.970" % compared,
+                      fsdp2_summary.line("fsdp2-comm", s["configs"]["fsdp2-comm"], compared))
+        out = os.path.join(self.dir.name, "sweep.json")
+        self.assertEqual(fsdp2_summary.main(["fsdp2_summary.py", "--compared", compared, out]
+                                            + paths), 0)
+        with open(out) as f:
+            self.assertEqual(json.load(f)["compared"], compared)
+        self.assertEqual(fsdp2_summary.main(["fsdp2_summary.py", out] + paths), 0)
+        with open(out) as f:
+            self.assertIsNone(json.load(f)["compared"])
+        self.assertEqual(fsdp2_summary.main(["fsdp2_summary.py", "--compared"]), 2)
+
 
 if __name__ == "__main__":
     unittest.main()

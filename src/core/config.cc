@@ -317,7 +317,8 @@ const std::vector<const char*>& tool_var_names() {
       // their ranks, but a shell that exports one (tests/gpu/run_pending.sh: ZEROCTA_BUILD)
       // hands it to every other process it starts, and that is no misspelt setting.
       "ZEROCTA_BUILD", "ZEROCTA_RUN", "ZEROCTA_RUN_ARGS", "ZEROCTA_FSDP_ALLGATHER",
-      "ZEROCTA_PAIR_ALLGATHER", "ZEROCTA_PAIR_ARGS"};
+      "ZEROCTA_PAIR_ALLGATHER", "ZEROCTA_PAIR_ARGS", "ZEROCTA_FSDP_REDUCESCATTER",
+      "ZEROCTA_PAIR_REDUCESCATTER"};
   return kNames;
 }
 
