@@ -409,7 +409,9 @@ const char* make_streams(CeComm& ce, const CudaDriver& cu) {
 // GPU (push_issuer.h): where ranks in other processes may arrive after this one. Without them
 // (no context of its own could be made) an earlier rank waits for its later ones as before.
 void make_issuer_stream(CeComm& ce, const CudaDriver& cu, int device) {
-  if (!ce.needs.by_extents) return;
+  // The issuer serves the all-gather's deferred pushes only: a process that routes
+  // reduce-scatters alone never pays for its context.
+  if (!ce.needs.by_extents || !route_asked(config().allgather)) return;
   CUcontext own = push_issuer_context(device);
   if (!own) return;
   ScopedContext in(own);

@@ -71,6 +71,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"ThreeRanks", 3, {}}, Case{"FourRanksInPlace", 4, {{"DRV_RS_IN_PLACE", "1"}}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// The push issuer's CUDA context of its own (GPU memory, docs/PERFORMANCE.md) serves the
+// all-gather's deferred pushes: a process that routes reduce-scatters alone never makes it.
+TEST(ReduceScatterRouteWith, ReduceScattersAloneMakeNoPushIssuerContext) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route({"ranks", "2", "basic"}, rs_env(chan, rdv, {}), s);
+  expect_summed(r, chan, 2, 3);
+  EXPECT_FALSE(contains(r.err, "push issuer: a context of its own")) << r.describe();
+}
+
 // All-gathers and reduce-scatters on the route on one communicator, as FSDP2 issues them: the
 // ops share the exchange's numbering and the route's streams.
 TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
