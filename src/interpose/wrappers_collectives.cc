@@ -161,6 +161,8 @@ RouteDecision allgather_route(const std::shared_ptr<CommState>& st, size_t sendc
   in.bytes_valid = ts != 0 && sendcount <= UINT64_MAX / ts / n;
   in.total_bytes = in.bytes_valid ? sendcount * ts * n : 0;
   in.min_bytes = cfg.min_bytes;
+  in.nranks = static_cast<int>(n);
+  in.auto_max_ranks = cfg.auto_max_ranks;
   *total_bytes = in.total_bytes;
   return choose_allgather_route(in);
 }

@@ -38,6 +38,8 @@ RouteDecision choose_allgather_route(const RouteInputs& in) {
     return {RouteKind::kPassthrough,
             in.why_not && *in.why_not ? in.why_not : "the route was not agreed"};
   if (in.mode == RouteMode::kZerocta) return {RouteKind::kCe, "ZEROCTA_ALLGATHER=zerocta"};
+  if (in.auto_max_ranks != 0 && static_cast<uint64_t>(in.nranks) > in.auto_max_ranks)
+    return {RouteKind::kPassthrough, "more ranks than ZEROCTA_AUTO_MAX_RANKS"};
   if (in.total_bytes < in.min_bytes) return {RouteKind::kPassthrough, "below ZEROCTA_MIN_BYTES"};
   return {RouteKind::kCe, "at or above ZEROCTA_MIN_BYTES"};
 }

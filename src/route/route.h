@@ -20,6 +20,10 @@ struct RouteInputs {
   uint64_t total_bytes = 0;  // sendcount * typesize * nranks
   bool bytes_valid = true;   // datatype known and no overflow
   uint64_t min_bytes = 0;
+  // auto routes on up to this many ranks (0 = any): a communicator may have committed for the
+  // reduce-scatter's setting on more ranks than the all-gather's auto takes.
+  int nranks = 0;
+  uint64_t auto_max_ranks = 0;
 };
 
 struct RouteDecision {

@@ -95,6 +95,23 @@ TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
   }
 }
 
+// A communicator committed for the reduce-scatter's sake (zerocta: any count) on more ranks than
+// the all-gather's auto takes (ZEROCTA_AUTO_MAX_RANKS, 4): its all-gathers stay on NCCL.
+TEST(ReduceScatterRouteWith, AutoAllGathersKeepTheirRankLimitOnACommunicatorCommittedForIt) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route(
+      {"ranks", "5", "basic"},
+      rs_env(chan, rdv,
+             {{"ZEROCTA_ALLGATHER", "auto"}, {"DRV_AG", "1"}, {"DRV_RS_REPEAT", "2"},
+              {"FAKE_CUDA_DEVICES", "5"}}),
+      s);
+  expect_summed(r, chan, 5, 2);
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(rnum(r, k, "rs.ag_ce"), 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.ag_pass"), 1) << r.describe();
+  }
+}
+
 // Settings that differ between the ranks: no agreement, NCCL on every rank, no hang.
 TEST(ReduceScatterRouteWith, ARankThatAsksForNcclMakesEveryRankPassThrough) {
   Scratch s, chan, rdv;

@@ -20,12 +20,14 @@ using zc::RouteInputs;
 //  1. only auto and zerocta ask for the copy-engine route;
 //  2. an op whose size is unknown (bad datatype / overflow) or empty: NCCL decides;
 //  3. the route needs the communicator's agreement (every rank joined with equal settings);
-//  4. zerocta then takes every op, auto those from min_bytes up.
+//  4. zerocta then takes every op, auto those on up to auto_max_ranks ranks from min_bytes up.
 RouteKind expected_route(const RouteInputs& in) {
   const bool ours = in.mode == RouteMode::kAuto || in.mode == RouteMode::kZerocta;
   if (!ours || !in.bytes_valid || in.total_bytes == 0 || !in.committed)
     return RouteKind::kPassthrough;
   if (in.mode == RouteMode::kZerocta) return RouteKind::kCe;
+  if (in.auto_max_ranks != 0 && static_cast<uint64_t>(in.nranks) > in.auto_max_ranks)
+    return RouteKind::kPassthrough;
   return in.total_bytes >= in.min_bytes ? RouteKind::kCe : RouteKind::kPassthrough;
 }
 
@@ -39,30 +41,34 @@ TEST(Route, TruthTable) {
   for (RouteMode mode : kModes)
     for (bool committed : {false, true})
       for (uint64_t total : {uint64_t{0}, uint64_t{1}, kMin - 1, kMin, kMin + 1, UINT64_MAX})
-        for (bool bytes_valid : {false, true}) {
-          RouteInputs in;
-          in.mode = mode;
-          in.committed = committed;
-          in.why_not = kWhyNot;
-          in.total_bytes = total;
-          in.bytes_valid = bytes_valid;
-          in.min_bytes = kMin;
-          const RouteDecision d = zc::choose_allgather_route(in);
-          SCOPED_TRACE(std::string("mode ") + zc::to_string(mode) + " committed " +
-                       std::to_string(committed) + " total " + std::to_string(total) +
-                       " bytes_valid " + std::to_string(bytes_valid));
-          EXPECT_EQ(d.route, expected_route(in));
-          ASSERT_NE(d.why, nullptr);
-          EXPECT_GT(strlen(d.why), 0u);
-          // When the only obstacle is the missing agreement, the log says why it is missing.
-          RouteInputs agreed = in;
-          agreed.committed = true;
-          if (!committed && expected_route(agreed) == RouteKind::kCe) {
-            EXPECT_STREQ(d.why, kWhyNot);
+        for (bool bytes_valid : {false, true})
+          for (int nranks : {2, 4, 5}) {
+            RouteInputs in;
+            in.mode = mode;
+            in.committed = committed;
+            in.why_not = kWhyNot;
+            in.total_bytes = total;
+            in.bytes_valid = bytes_valid;
+            in.min_bytes = kMin;
+            in.nranks = nranks;
+            in.auto_max_ranks = 4;  // a communicator committed for another setting's sake
+            const RouteDecision d = zc::choose_allgather_route(in);
+            SCOPED_TRACE(std::string("mode ") + zc::to_string(mode) + " committed " +
+                         std::to_string(committed) + " total " + std::to_string(total) +
+                         " bytes_valid " + std::to_string(bytes_valid) + " nranks " +
+                         std::to_string(nranks));
+            EXPECT_EQ(d.route, expected_route(in));
+            ASSERT_NE(d.why, nullptr);
+            EXPECT_GT(strlen(d.why), 0u);
+            // When the only obstacle is the missing agreement, the log says why it is missing.
+            RouteInputs agreed = in;
+            agreed.committed = true;
+            if (!committed && expected_route(agreed) == RouteKind::kCe) {
+              EXPECT_STREQ(d.why, kWhyNot);
+            }
+            ++cases;
           }
-          ++cases;
-        }
-  EXPECT_EQ(cases, 4 * 2 * 6 * 2);
+  EXPECT_EQ(cases, 4 * 2 * 6 * 2 * 3);
 }
 
 TEST(Route, MinBytesBoundaryIsInclusiveForAuto) {
