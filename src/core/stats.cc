@@ -182,7 +182,8 @@ void print_table(const zerocta_stats_t& s) {
              s.inner_calls);
 }
 
-void print_route(const RouteStats& r) {
+// The all-gather's pairs, mappings and special ops, where there were any.
+void print_route_allgather(const RouteStats& r) {
   if (r.pairs_each_pushes + r.pairs_later_does_both + r.peer_mappings + r.staged_ops +
           r.captured_ops + r.local_group_ops ==
       0)
@@ -203,6 +204,11 @@ void print_route(const RouteStats& r) {
       r.pushes_deferred ? static_cast<double>(r.deferred_claim_micros) /
                               static_cast<double>(r.pushes_deferred)
                         : 0.0);
+}
+
+// Every routed op's host time (all-gathers and reduce-scatters), and NCCL's own call's.
+void print_route(const RouteStats& r) {
+  print_route_allgather(r);
   if (r.host_ops == 0) return;
   const double n = static_cast<double>(r.host_ops);
   const uint64_t sums[kHostPhases] = {r.host_post_micros,      r.host_arrive_micros,
