@@ -5,13 +5,6 @@
 
 namespace zc {
 
-namespace {
-#ifdef ZC_SHARED_GPU_TEST
-constexpr bool kSharedGpuTest = true;
-#else
-constexpr bool kSharedGpuTest = false;
-#endif
-}  // namespace
 
 Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_broken,
                 int local_gpus) {
@@ -66,9 +59,7 @@ Agreement agree(std::vector<MemberFacts> joined, int nranks, uint32_t channel_br
     if (m.problems & kProblemFdService)
       return no("a rank could not reach a peer's fd service (another network namespace?)", true);
   }
-  // NCCL refuses two ranks on one GPU itself; the test build lets them through, so that the
-  // route's driver work runs end to end on one GPU (tests/gpu/rs_one_gpu_test.cc).
-  for (size_t i = 0; i < joined.size() && !kSharedGpuTest; ++i)
+  for (size_t i = 0; i < joined.size() && !kRanksMayShareGpu; ++i)
     for (size_t j = i + 1; j < joined.size(); ++j)
       if (memcmp(joined[i].uuid, joined[j].uuid, sizeof joined[i].uuid) == 0)
         return no("two ranks share one GPU", true);

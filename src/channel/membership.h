@@ -22,6 +22,15 @@
 
 namespace zc {
 
+// Whether ranks of one communicator may share a GPU: never in the library (NCCL refuses them
+// itself); a test build (-DZEROCTA_SHARED_GPU_TEST=ON) lets them, so that the route's driver
+// work runs end to end on one GPU (tests/gpu/rs_one_gpu_test.cc).
+#ifdef ZC_SHARED_GPU_TEST
+constexpr bool kRanksMayShareGpu = true;
+#else
+constexpr bool kRanksMayShareGpu = false;
+#endif
+
 // Local problems a rank found before it joined; any of them means pass-through for all.
 enum MemberProblem : uint32_t {
   kProblemFlags = 1u << 0,      // could not register the channel's flags for its GPU

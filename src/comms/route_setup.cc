@@ -41,12 +41,6 @@ int local_ordinal_of(const CudaDriver& cu, const unsigned char uuid[16]) {
   return -1;
 }
 
-#ifdef ZC_SHARED_GPU_TEST
-constexpr bool kSharedGpuTest = true;
-#else
-constexpr bool kSharedGpuTest = false;
-#endif
-
 // Registers the channel's op region with CUDA, so that this rank's streams can wait on and
 // write its flags (op_exchange.h). Problems are reported, not hidden: they travel in the facts
 // so that every rank passes through.
@@ -115,9 +109,7 @@ uint32_t check_members(const CudaDriver& cu, const JoinPlan& plan, const MemberF
       if (m.pid == mine.pid || nvlink_between(mine.uuid, m.uuid) != NvlinkAnswer::kLinked)
         problems |= kProblemPeerInvisible;
     } else if (ord == plan.device) {
-      // Two ranks on one GPU: NCCL refuses them itself. The test build lets them through, so
-      // that the route's driver work runs end to end on one GPU (tests/gpu/rs_one_gpu_test.cc).
-      if (!kSharedGpuTest) problems |= kProblemP2p;
+      if (!kRanksMayShareGpu) problems |= kProblemP2p;  // two ranks on one GPU (membership.h)
     } else if (cu.cuDeviceGet(&peer, ord) != CUDA_SUCCESS ||
                cu.cuDeviceCanAccessPeer(&can, me, peer) != CUDA_SUCCESS || !can) {
       problems |= kProblemP2p;

@@ -167,6 +167,23 @@ RouteDecision allgather_route(const std::shared_ptr<CommState>& st, size_t sendc
   return choose_allgather_route(in);
 }
 
+// A routed collective once prepared: `route(&to_nccl)` in its NVTX range; where the first rank
+// to arrive sent the op to NCCL (to_nccl, alike on every rank), `forward()`; else counted on the
+// route.
+template <typename Route, typename Forward>
+ncclResult_t on_route_or_forward(zerocta_op_t op, uint64_t total, Route route, Forward forward) {
+  bool to_nccl = false;
+  ncclResult_t r;
+  {
+    NvtxRange range(op, zerocta_route_ce, total);
+    r = route(&to_nccl);
+  }
+  if (r != ncclSuccess) return r;
+  if (to_nccl) return forward();
+  stats_count(op, zerocta_route_ce, total);
+  return ncclSuccess;
+}
+
 ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommState>& st,
                                const void* sendbuff, void* recvbuff, size_t sendcount,
                                ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
@@ -194,19 +211,16 @@ ncclResult_t issue_ce_allgather(const RealNccl& real, const std::shared_ptr<Comm
   if (ncclResult_t r = route_prepare(*st); r != ncclSuccess) return r;
   CUstream s = reinterpret_cast<CUstream>(stream);
   const uint64_t per_rank = sendcount * nccl_type_size(datatype);
-  bool to_nccl = false;
-  ncclResult_t r;
-  {
-    NvtxRange range(zerocta_op_allgather, zerocta_route_ce, total);
-    r = ce_allgather(*st, sendbuff, recvbuff, sendcount, datatype, per_rank, s,
-                     stream_is_capturing(s), chain, &to_nccl);
-  }
-  if (r != ncclSuccess) return r;
-  if (to_nccl)
-    return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                             nccl_ce, total);
-  stats_count(zerocta_op_allgather, zerocta_route_ce, total);
-  return ncclSuccess;
+  return on_route_or_forward(
+      zerocta_op_allgather, total,
+      [&](bool* to_nccl) {
+        return ce_allgather(*st, sendbuff, recvbuff, sendcount, datatype, per_rank, s,
+                            stream_is_capturing(s), chain, to_nccl);
+      },
+      [&] {
+        return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                                 nccl_ce, total);
+      });
 }
 
 // Whether every rank of a committed communicator published a reduce-scatter scratch (the agreed
@@ -265,19 +279,16 @@ ncclResult_t issue_ce_reduce_scatter(const RealNccl& real, const std::shared_ptr
                                      ChainPoint chain) {
   if (ncclResult_t r = route_prepare_reduce_scatter(*st); r != ncclSuccess) return r;
   CUstream s = reinterpret_cast<CUstream>(stream);
-  bool to_nccl = false;
-  ncclResult_t r;
-  {
-    NvtxRange range(zerocta_op_reducescatter, zerocta_route_ce, total);
-    r = ce_reduce_scatter(*st, sendbuff, recvbuff, recvcount, datatype, op, slice, s,
-                          stream_is_capturing(s), chain, &to_nccl);
-  }
-  if (r != ncclSuccess) return r;
-  if (to_nccl)
-    return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
-                                  stream, total);
-  stats_count(zerocta_op_reducescatter, zerocta_route_ce, total);
-  return ncclSuccess;
+  return on_route_or_forward(
+      zerocta_op_reducescatter, total,
+      [&](bool* to_nccl) {
+        return ce_reduce_scatter(*st, sendbuff, recvbuff, recvcount, datatype, op, slice, s,
+                                 stream_is_capturing(s), chain, to_nccl);
+      },
+      [&] {
+        return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op,
+                                      comm, stream, total);
+      });
 }
 
 }  // namespace
