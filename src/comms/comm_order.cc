@@ -106,20 +106,41 @@ void order_after_group_end(ncclResult_t r) {
   for (auto& [st, stream] : grouped) mark_nccl_end(*st, stream);
 }
 
+namespace {
+
+// The previous routed op's end for the streams that start with their own op (see the header).
+// Always, not only where the application's stream differs: a stream's handle tells nothing
+// once streams are destroyed and made again (a new stream may get a freed one's address), and
+// where it is one stream the wait costs the GPU nothing.
+CUresult after_previous_routed_op(CommState& st, const CUstream* streams) {
+  CeComm& ce = *st.ce;
+  if (!ce.routed_before) return CUDA_SUCCESS;
+  const CudaDriver& cu = *cuda_driver();
+  for (DirectStream k : {DirectStream::kPull, DirectStream::kLocal})
+    if (CUresult r = cu.cuStreamWaitEvent(streams[static_cast<int>(k)], ce.events[kEvEnd], 0);
+        r != CUDA_SUCCESS)
+      return r;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 CUresult order_routed_op(CommState& st, const CUstream* streams) {
   CeComm& ce = *st.ce;
   const CudaDriver& cu = *cuda_driver();
+  if (CUresult r = after_previous_routed_op(st, streams); r != CUDA_SUCCESS) return r;
   if (!ce.nccl_pending) return CUDA_SUCCESS;
   for (int k = 1; k < kDirectStreams; ++k)
     if (CUresult r = cu.cuStreamWaitEvent(streams[k], ce.nccl_tail, 0); r != CUDA_SUCCESS) return r;
   ce.nccl_pending = false;
-  ZC_DEBUG(
-      "comm order on rank %d: routed all-gather %llu waits for the op forwarded to NCCL "
-      "before it",
-      st.rank, static_cast<unsigned long long>(ce.seq));
+  ZC_DEBUG("comm order on rank %d: routed op %llu waits for the op forwarded to NCCL before it",
+           st.rank, static_cast<unsigned long long>(ce.seq));
   return CUDA_SUCCESS;
 }
 
-void routed_op_issued(CommState& st) { st.ce->routed_pending = true; }
+void routed_op_issued(CommState& st) {
+  st.ce->routed_pending = true;
+  st.ce->routed_before = true;
+}
 
 }  // namespace zc

@@ -46,11 +46,16 @@ void order_after_nccl_op(const std::shared_ptr<CommState>& st, cudaStream_t stre
 void order_before_group_end();
 void order_after_group_end(ncclResult_t r);
 
-// Before a routed all-gather's plan is issued on `streams` (kDirectStreams, index 0 unused):
-// they wait for the communicator's last forwarded operation, if one came since the previous
-// routed op. Called with st.issue_mu held. CUDA_SUCCESS or the driver's error.
+// Before a routed op's plan is issued on `streams` (kDirectStreams, index 0 unused): they wait
+// for the communicator's last forwarded operation, if one came since the previous routed op;
+// and the pull and local streams for the previous routed op's end. The push stream follows
+// that op by stream order, but the pull stream (a reduce-scatter's sums) and the local one
+// start when their own op starts, which on another application stream may be before the
+// previous op ended: NCCL runs a communicator's ops one after the other, and a program may
+// read one's output in the next. Called with st.issue_mu held. CUDA_SUCCESS or the driver's
+// error.
 CUresult order_routed_op(CommState& st, const CUstream* streams);
-// The routed all-gather was issued (its push stream recorded its end event).
+// The routed op was issued (its push stream recorded its end event).
 void routed_op_issued(CommState& st);
 
 // Forwards `call` to NCCL in the communicator's order (the two calls above around it).

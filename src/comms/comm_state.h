@@ -76,6 +76,9 @@ struct CeComm {
   // since the last forwarded one. Under the comm's issue_mu.
   CUevent nccl_tail = nullptr;
   bool nccl_pending = false, routed_pending = false;
+  // Whether a routed op was issued: the next one's pull and local streams wait for its end
+  // (order_routed_op).
+  bool routed_before = false;
   // Captured ops (captured_ops.h): what their graphs keep alive, and streams and events of
   // their own (a stream joined to a capture stays in it until the capture ends), created at
   // the first captured op.

@@ -6,6 +6,7 @@
 // on fresh inputs; the shim's counters say which route each op took.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <ostream>
 #include <string>
 
@@ -80,8 +81,27 @@ TEST(ReduceScatterRouteWith, ReduceScattersAloneMakeNoPushIssuerContext) {
   EXPECT_FALSE(contains(r.err, "push issuer: a context of its own")) << r.describe();
 }
 
+// The events the stream that runs a process's sums (the fake driver's log: the stream of its
+// zc_chunk_sum launches) waits for, with how often.
+std::map<std::string, int> sum_stream_waits(const RunResult& r, const std::string& pid) {
+  std::string sums;
+  std::map<std::string, int> waits;
+  const std::vector<std::string> lines = r.log_lines();
+  for (const std::string& line : lines)
+    if (contains(line, " pid=" + pid + " ") && contains(line, "cuLaunchKernel fn=zc_chunk_sum"))
+      sums = log_fields(line)["stream"];
+  for (const std::string& line : lines)
+    if (!sums.empty() && contains(line, " pid=" + pid + " ") &&
+        contains(line, "cuStreamWaitEvent stream=" + sums + " "))
+      ++waits[log_fields(line)["event"]];
+  return waits;
+}
+
 // All-gathers and reduce-scatters on the route on one communicator, as FSDP2 issues them: the
-// ops share the exchange's numbering and the route's streams.
+// ops share the exchange's numbering and the route's streams. The driver issues them on two
+// streams of its own, so the stream of a reduce-scatter's sums waits for two events: its op's
+// start and the previous routed op's end (NCCL runs a communicator's ops one after the other;
+// the fake runs every stream operation at once, so only the log can tell).
 TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
   Scratch s, chan, rdv;
   const RunResult r = run_route(
@@ -92,6 +112,10 @@ TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
     EXPECT_EQ(rnum(r, k, "rs.ag_ce"), 3) << r.describe();
+    const std::map<std::string, int> waits = sum_stream_waits(r, pid_of(r, k));
+    ASSERT_EQ(waits.size(), 2u) << "rank " << k << "\n" << r.describe();
+    for (const auto& [event, n] : waits)
+      EXPECT_GE(n, 3) << "rank " << k << ", event " << event << "\n" << r.describe();
   }
 }
 

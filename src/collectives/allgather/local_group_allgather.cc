@@ -204,12 +204,11 @@ ncclResult_t issue_set(const std::vector<PendingOp>& ops, const LocalSet& set) {
       set_ring_flags(ce, r, n, seq, &ce.view);
       ce.plan.clear();
       build_direct_plan(ce.view, &ce.plan);
+      const CUstream user = reinterpret_cast<CUstream>(a.stream);
       ScopedDevice dev(st.device);
       if (!dev.ok()) res = CUDA_ERROR_INVALID_CONTEXT;
       if (res == CUDA_SUCCESS) res = order_routed_op(st, ce.streams);
-      if (res == CUDA_SUCCESS)
-        res = issue_plan(cu, ce.streams, ce.events, reinterpret_cast<CUstream>(a.stream), ce.plan,
-                         true);
+      if (res == CUDA_SUCCESS) res = issue_plan(cu, ce.streams, ce.events, user, ce.plan, true);
       if (res == CUDA_SUCCESS) routed_op_issued(st);
     }
   }
