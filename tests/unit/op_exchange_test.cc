@@ -1,12 +1,12 @@
-// The per-op exchange (src/channel/op_exchange.h) on plain memory: who arrived before whom, the verdict
-// the first rank takes for all, the mode tag and signature checks, the ring, and the pairs'
-// compare-and-swap, from several threads at once.
+// The per-op exchange (src/channel/op_exchange.h) on plain memory: who arrived before whom, the
+// verdict the first rank takes for all, the mode tag and signature checks, the ring, the pairs'
+// compare-and-swap, from several threads at once, and a failure's release of every flag wait.
 #include "op_exchange.h"
-#include "anon_region.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -14,6 +14,9 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "anon_region.h"
+#include "reduce_scatter_plan.h"
 
 namespace zc {
 namespace {
@@ -33,6 +36,29 @@ OpPost post(uint64_t seq, bool reachable = true, uint64_t count = 100,
 }
 
 auto never = [](uint32_t) { return false; };
+
+// Rank `me`'s view of a reduce-scatter whose slices start at `first`, its flags at their host
+// addresses in `x`. Only the plan's flag waits are read: the buffers are never touched.
+RsOpView rs_view(OpExchange& x, uint32_t me, uint64_t first, uint64_t chunk, uint64_t slice) {
+  RsOpView v;
+  v.rank = static_cast<int>(me);
+  v.nranks = static_cast<int>(x.nranks());
+  v.first_slice = first;
+  v.chunk = chunk;
+  v.slice = slice;
+  for (uint32_t p = 0; p < x.nranks(); ++p) {
+    v.landed_in[p] = reinterpret_cast<uint64_t>(x.landed_flag(me, p));
+    v.landed_out[p] = reinterpret_cast<uint64_t>(x.landed_flag(p, me));
+    v.freed[p] = reinterpret_cast<uint64_t>(x.freed_flag(p));
+  }
+  return v;
+}
+
+// Whether a stream's wait on a flag would pass now: the flag, as a wrapping counter, >= value.
+bool wait_passes(const RsOp& w) {
+  const uint32_t flag = __atomic_load_n(reinterpret_cast<uint32_t*>(w.dst), __ATOMIC_ACQUIRE);
+  return static_cast<int32_t>(flag - w.value) >= 0;
+}
 
 TEST(OpExchange, RegionIsWholePagesAndItsFlagsAreDistinct) {
   for (uint32_t n : {2u, 3u, 8u, 64u}) {
@@ -62,6 +88,54 @@ TEST(OpExchange, RegionIsWholePagesAndItsFlagsAreDistinct) {
       EXPECT_LT(f, x.flags_begin() + x.flag_count());
       EXPECT_LE(reinterpret_cast<char*>(f + 1), static_cast<char*>(r.base) + r.bytes);
     }
+  }
+}
+
+// A failure's release (release_all: route_setup.cc, parked_routes.cc) frees the reduce-scatters'
+// streams too: their pushes wait on freed[p] and their sums on landed[me][p], as wrapping
+// counters (reduce_scatter_plan.h). Every rank took the same ops' slices, rank 1 one op more
+// (no rank runs further ahead); rank 0 releases, and every wait in every rank's plans passes.
+// Slices from 0, and from just below 2^32, where the 32-bit flags wrap.
+TEST(OpExchange, ReleaseAllPassesEveryReduceScatterWaitOfEveryRank) {
+  constexpr uint32_t kRanks = 3;
+  constexpr uint64_t kChunk = 4096, kSlice = 1024;  // four slices an op
+  constexpr uint64_t kOps = 2;
+  for (uint64_t earlier : {uint64_t{0}, (uint64_t{1} << 32) - 5}) {
+    Region r(kRanks);
+    std::vector<std::unique_ptr<OpExchange>> x;  // each rank's, over the one region
+    for (uint32_t me = 0; me < kRanks; ++me) x.emplace_back(new OpExchange(r.base, kRanks));
+    // The slices of earlier ops, all summed: their last writes left every flag at `earlier`.
+    for (uint32_t o = 0; o < kRanks; ++o) {
+      x[o]->take_rs_slices(earlier);
+      *x[0]->freed_flag(o) = static_cast<uint32_t>(earlier);
+      for (uint32_t p = 0; p < kRanks; ++p)
+        *x[0]->landed_flag(o, p) = static_cast<uint32_t>(earlier);
+    }
+    std::vector<RsOp> plans;
+    for (uint32_t me = 0; me < kRanks; ++me)
+      for (uint64_t op = 0; op < kOps + (me == 1); ++op)
+        build_reduce_scatter_plan(
+            rs_view(*x[me], me, x[me]->take_rs_slices(rs_slices(kChunk, kSlice)), kChunk, kSlice),
+            &plans);
+    std::set<uint64_t> freed;
+    for (uint32_t o = 0; o < kRanks; ++o)
+      freed.insert(reinterpret_cast<uint64_t>(x[0]->freed_flag(o)));
+    std::vector<RsOp> waits;
+    size_t freed_waits = 0;
+    for (const RsOp& o : plans)
+      if (o.kind == RsOpKind::kWaitGeq) {
+        waits.push_back(o);
+        freed_waits += freed.count(o.dst);
+      }
+    ASSERT_GT(freed_waits, 0u);
+    ASSERT_GT(waits.size(), freed_waits) << "the sums' waits on landed flags";
+    EXPECT_FALSE(std::all_of(waits.begin(), waits.end(), wait_passes)) << "held before";
+    x[0]->release_all(kOps);
+    for (const RsOp& w : waits)
+      EXPECT_TRUE(wait_passes(w)) << "slices from " << earlier << ": a wait for " << w.value
+                                  << " on the " << (freed.count(w.dst) ? "freed" : "landed")
+                                  << " flag at " << w.dst << ", now "
+                                  << *reinterpret_cast<uint32_t*>(w.dst);
   }
 }
 
