@@ -4,21 +4,19 @@
 // order (chunk_sum.cu): a sum of 2-8 chunks, and a pre-multiplied one (an average's scale and
 // another), fp32/fp16/bf16, odd counts, chunks on and off 16-byte boundaries, 1-16 CTAs. Bitwise.
 // Skips without a GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <cuda_runtime.h>
-
-#include "chunk_sum.h"
+#include "chunk_sum_gpu.h"
 #include "chunk_sum_reference.h"
-#include "cuda_driver.h"
 
 namespace zc {
 namespace {
@@ -28,21 +26,16 @@ using namespace chunk_sum_reference;
 class ChunkSum : public ::testing::Test {
  protected:
   void SetUp() override {
-    cu_ = cuda_driver();
-    int n = 0;
-    if (!cu_ || !cu_->kernel_ok || cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
-      GTEST_SKIP() << "no GPU";
-    ASSERT_TRUE(chunk_sum_built()) << "this build carries no kernel";
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaFree(nullptr), cudaSuccess);  // the primary context, current
     const char* why = "";
-    ASSERT_TRUE(kernels_.load(*cu_, &why)) << why;
+    const ChunkSumGpuState state = gpu_.open(&why);
+    if (state == ChunkSumGpuState::kNoGpu) GTEST_SKIP() << "no GPU";
+    ASSERT_TRUE(state == ChunkSumGpuState::kReady) << why;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
   }
   void TearDown() override {
     for (void* p : owned_) cudaFree(p);
     if (stream_) cudaStreamDestroy(stream_);
-    if (cu_) kernels_.unload(*cu_);
+    if (gpu_.cu) gpu_.kernels.unload(*gpu_.cu);
   }
   // `bytes` of device memory, `offset` bytes into a fresh allocation (off 16-byte boundaries
   // where offset is not a multiple of 16), filled with `host` if given.
@@ -51,15 +44,17 @@ class ChunkSum : public ::testing::Test {
     EXPECT_EQ(cudaMalloc(&p, bytes + offset + 16), cudaSuccess);
     owned_.push_back(p);
     uint8_t* at = static_cast<uint8_t*>(p) + offset;
-    if (host) EXPECT_EQ(cudaMemcpy(at, host->data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else EXPECT_EQ(cudaMemset(p, 0xA5, bytes + offset + 16), cudaSuccess);  // poisoned
+    if (host)
+      EXPECT_EQ(cudaMemcpy(at, host->data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      EXPECT_EQ(cudaMemset(p, 0xA5, bytes + offset + 16), cudaSuccess);  // poisoned
     return at;
   }
 
   // One case: nsrc random chunks of `count` elements summed into a poisoned output; bitwise
   // against the reference, and the bytes around the output untouched.
-  void check(const TypeCase& t, size_t count, int nsrc, bool premul, size_t offset,
-             unsigned ctas, std::mt19937* rng) {
+  void check(const TypeCase& t, size_t count, int nsrc, bool premul, size_t offset, unsigned ctas,
+             std::mt19937* rng) {
     const std::string label = std::string(t.name) + " count " + std::to_string(count) + " nsrc " +
                               std::to_string(nsrc) + (premul ? " premul" : " sum") + " offset " +
                               std::to_string(offset) + " ctas " + std::to_string(ctas);
@@ -85,7 +80,7 @@ class ChunkSum : public ::testing::Test {
     a.nsrc = nsrc;
     a.premul = premul;
     a.scale_bits = scale_bits;
-    ASSERT_EQ(kernels_.launch(*cu_, t.type, a, ctas, stream_), CUDA_SUCCESS) << label;
+    ASSERT_EQ(gpu_.kernels.launch(*gpu_.cu, t.type, a, ctas, stream_), CUDA_SUCCESS) << label;
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << label;
     std::vector<uint8_t> got(bytes + 32), want;
     ASSERT_EQ(cudaMemcpy(got.data(), out, bytes + 32, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -103,9 +98,8 @@ class ChunkSum : public ::testing::Test {
     }
   }
 
-  const CudaDriver* cu_ = nullptr;
+  ChunkSumGpu gpu_;
   cudaStream_t stream_ = nullptr;
-  ChunkSumKernels kernels_;
   std::vector<void*> owned_;
 };
 
@@ -128,15 +122,15 @@ TEST_F(ChunkSum, ChunksOffSixteenByteBoundariesGiveTheSameBits) {
 TEST_F(ChunkSum, LaunchRefusesWhatTheKernelCannotTake) {
   ChunkSumArgs a;
   a.nsrc = 0;
-  EXPECT_NE(kernels_.launch(*cu_, ChunkType::kF32, a, 1, stream_), CUDA_SUCCESS);
+  EXPECT_NE(gpu_.kernels.launch(*gpu_.cu, ChunkType::kF32, a, 1, stream_), CUDA_SUCCESS);
   a.nsrc = 1;
   a.premul = 1;  // a pre-multiplied sum of one source has no partial sum to fuse into
-  EXPECT_NE(kernels_.launch(*cu_, ChunkType::kF32, a, 1, stream_), CUDA_SUCCESS);
+  EXPECT_NE(gpu_.kernels.launch(*gpu_.cu, ChunkType::kF32, a, 1, stream_), CUDA_SUCCESS);
   a.premul = 0;
   a.nsrc = kChunkSumMaxSources + 1;
-  EXPECT_NE(kernels_.launch(*cu_, ChunkType::kF32, a, 1, stream_), CUDA_SUCCESS);
+  EXPECT_NE(gpu_.kernels.launch(*gpu_.cu, ChunkType::kF32, a, 1, stream_), CUDA_SUCCESS);
   a.nsrc = 2;
-  EXPECT_NE(kernels_.launch(*cu_, ChunkType::kF32, a, 0, stream_), CUDA_SUCCESS);
+  EXPECT_NE(gpu_.kernels.launch(*gpu_.cu, ChunkType::kF32, a, 0, stream_), CUDA_SUCCESS);
 }
 
 }  // namespace

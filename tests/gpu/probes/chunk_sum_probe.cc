@@ -11,25 +11,14 @@
 #include <cstdio>
 #include <vector>
 
-#include "chunk_sum.h"
-#include "cuda_driver.h"
+#include "chunk_sum_gpu.h"
 
 int main() {
   using namespace zc;
-  const CudaDriver* cu = cuda_driver();
-  int n = 0;
-  if (!cu || !cu->kernel_ok || cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    printf("no GPU\n");
-    return 0;
-  }
-  cudaSetDevice(0);
-  cudaFree(nullptr);
-  ChunkSumKernels k;
-  const char* why = "";
-  if (!k.load(*cu, &why)) {
-    printf("load failed: %s\n", why);
-    return 1;
-  }
+  ChunkSumGpu gpu;
+  if (int exit_code = 0; !open_for_probe(&gpu, &exit_code)) return exit_code;
+  const CudaDriver* cu = gpu.cu;
+  const ChunkSumKernels& k = gpu.kernels;
   constexpr size_t kBytes = size_t{64} << 20;
   std::vector<void*> bufs(9);
   for (void*& b : bufs) {

@@ -17,8 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "chunk_sum.h"
-#include "cuda_driver.h"
+#include "chunk_sum_gpu.h"
 
 namespace {
 
@@ -36,20 +35,10 @@ double median(std::vector<double> v) {
 
 int main() {
   using namespace zc;
-  const CudaDriver* cu = cuda_driver();
-  int n = 0;
-  if (!cu || !cu->kernel_ok || cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    printf("no GPU\n");
-    return 0;
-  }
-  cudaSetDevice(0);
-  cudaFree(nullptr);
-  ChunkSumKernels k;
-  const char* why = "";
-  if (!k.load(*cu, &why)) {
-    printf("load failed: %s\n", why);
-    return 1;
-  }
+  ChunkSumGpu gpu;
+  if (int exit_code = 0; !open_for_probe(&gpu, &exit_code)) return exit_code;
+  const CudaDriver* cu = gpu.cu;
+  const ChunkSumKernels& k = gpu.kernels;
   // The GEMMs' inputs: random bf16 (constant inputs would let the hardware idle).
   const size_t elems = size_t{kDim} * kDim;
   std::vector<__nv_bfloat16> host(elems);
@@ -129,8 +118,8 @@ int main() {
       rate[i].push_back(gbs);
     }
   }
-  printf("RESULT gemms alone: %.2f ms (%d bf16 GEMMs of %d^3), median of %d\n",
-         median(alone_runs), kGemms, kDim, kRuns);
+  printf("RESULT gemms alone: %.2f ms (%d bf16 GEMMs of %d^3), median of %d\n", median(alone_runs),
+         kGemms, kDim, kRuns);
   for (size_t i = 0; i < std::size(kCtas); ++i) {
     auto [lo, hi] = std::minmax_element(slow[i].begin(), slow[i].end());
     printf("RESULT sum ctas %2u: gemms %.3fx alone (%.3f..%.3f), sum %.0f GB/s moved meanwhile\n",
