@@ -15,6 +15,7 @@
 #include "comm_key.h"
 #include "cuda_driver.h"
 #include "membership.h"
+#include "premul_sums.h"
 #include "op_exchange.h"
 #include "chunk_sum.h"
 #include "peer_memory.h"
@@ -129,6 +130,11 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::mutex route_mu;
   std::unique_ptr<Channel> channel;  // from the join; after commit only for its poison word
   std::vector<MemberFacts> members;  // at commit: every rank's facts, in rank order
+  // At commit: whether every member published a reduce-scatter scratch (the route's pushes
+  // need one at every rank; an agreed fact, read by every reduce-scatter's predicate).
+  bool every_rank_has_rs_scratch = false;
+  // The pre-multiplied sums made on it, where the reduce-scatter's route may need their scalars.
+  PreMulSums premul_sums;
   int local_gpus = 0;                // GPUs this process saw at the join (for the verdict's log)
   std::unique_ptr<CeComm> ce;
 

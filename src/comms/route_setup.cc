@@ -16,11 +16,11 @@
 #include "local_aliases.h"
 #include "log.h"
 #include "nvml_links.h"
-#include "rs_scratch.h"
 #include "parked_routes.h"
-#include "push_issuer.h"
 #include "process_info.h"
+#include "push_issuer.h"
 #include "real_nccl.h"
+#include "rs_scratch.h"
 #include "stats.h"
 
 namespace zc {
@@ -201,9 +201,8 @@ void free_route_resources(CommState& st) {
   // One release path: a communicator never prepared has no graphs, so its life ends here.
   std::shared_ptr<CaptureLife> life =
       ce.life ? std::move(ce.life) : std::make_shared<CaptureLife>(nullptr, nullptr, st.device);
-  life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes,
-                  std::move(ce.imports), std::move(ce.ops), std::move(ce.stage),
-                  std::move(ce.rs_scratch));
+  life->hand_over(std::move(st.channel), ce.registered, ce.registered_bytes, std::move(ce.imports),
+                  std::move(ce.ops), std::move(ce.stage), std::move(ce.rs_scratch));
   static_assert(kDirectEvents >= kDirectStreams, "an event of the route's own per stream");
   free_when_drained(std::move(life), ce.streams, ce.events, kDirectStreams, issuer_recorded,
                     st.device, ops, ce.seq);
@@ -263,10 +262,10 @@ ChannelShape channel_shape(uint32_t capacity) {
 }
 
 void route_not_joining(CommState& st, int nranks) {
-  st.route_why = nranks < 2                ? "a communicator of one rank"
-                 : nranks > kMaxRanks      ? "more ranks than the route supports (64)"
+  st.route_why = nranks < 2                      ? "a communicator of one rank"
+                 : nranks > kMaxRanks            ? "more ranks than the route supports (64)"
                  : !any_collective_wants(nranks) ? "more ranks than ZEROCTA_AUTO_MAX_RANKS"
-                                           : "this rank has no current CUDA device";
+                                                 : "this rank has no current CUDA device";
   LogDeviceScope tag(st.device);
   ZC_INFO("route: rank %d/%d dev %d: copy-engine all-gather not engaged: %s", st.rank, nranks,
           st.device, st.route_why);
@@ -331,6 +330,9 @@ void route_freeze(CommState& st, bool on_app_thread) {
   say_decision(st, a);
   if (a.commit) {
     st.members = std::move(a.ranks);
+    st.every_rank_has_rs_scratch =
+        std::all_of(st.members.begin(), st.members.end(),
+                    [](const MemberFacts& m) { return m.rs_scratch.bytes != 0; });
     st.route_why = "";
     st.ce->ops.reset(new OpExchange(st.channel->op_region(), static_cast<uint32_t>(st.nranks)));
     watch_flags(st.ce->ops.get(), st.rank);
@@ -426,7 +428,8 @@ const char* set_up_route(CommState& st, CeComm& ce, const CudaDriver& cu) {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   cu.cuThreadExchangeStreamCaptureMode(&mode);
   ScopedDevice on(st.device);
-  const char* why = on.ok() ? reach_needs(st, ce, cu) : "cannot make the communicator's device current";
+  const char* why =
+      on.ok() ? reach_needs(st, ce, cu) : "cannot make the communicator's device current";
   if (!why) why = make_streams(ce, cu);
   if (!why) make_issuer_stream(ce, cu, st.device);
   cu.cuThreadExchangeStreamCaptureMode(&mode);
@@ -481,11 +484,12 @@ const char* set_up_reduce_scatter(CommState& st, CeComm& ce, const CudaDriver& c
       return why;
     mapped += m.rs_scratch.bytes;
   }
-  ZC_INFO("route: rank %d/%d dev %d: copy-engine reduce-scatter ready: scratch %llu MiB here, "
-          "%llu MiB of its peers' mapped",
-          st.rank, st.nranks, st.device,
-          static_cast<unsigned long long>(ce.rs_scratch->facts().bytes >> 20),
-          static_cast<unsigned long long>(mapped >> 20));
+  ZC_INFO(
+      "route: rank %d/%d dev %d: copy-engine reduce-scatter ready: scratch %llu MiB here, "
+      "%llu MiB of its peers' mapped",
+      st.rank, st.nranks, st.device,
+      static_cast<unsigned long long>(ce.rs_scratch->facts().bytes >> 20),
+      static_cast<unsigned long long>(mapped >> 20));
   ce.rs_prepared = true;
   return nullptr;
 }
@@ -504,9 +508,10 @@ ncclResult_t route_prepare_reduce_scatter(CommState& st) {
     cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode);
     if (!why) return ncclSuccess;
   }
-  ZC_WARN("copy-engine reduce-scatter on rank %d failed to prepare: %s; the communicator is "
-          "poisoned",
-          st.rank, why);
+  ZC_WARN(
+      "copy-engine reduce-scatter on rank %d failed to prepare: %s; the communicator is "
+      "poisoned",
+      st.rank, why);
   route_poison(st, ncclSystemError);
   return ncclSystemError;
 }
@@ -590,11 +595,12 @@ void route_suspend_memory(CommState& st) {
   if (ce->imports) ce->imports->release_idle(*cu);
   ce->stage.reset();
   withdraw_all_exports();
-  ZC_INFO("route: rank %d/%d dev %d: suspended: released %llu of %llu B of peers' memory mapped "
-          "here (the rest is in live CUDA graphs) and the stage",
-          st.rank, st.nranks, st.device,
-          static_cast<unsigned long long>(held - (ce->imports ? ce->imports->held_bytes() : 0)),
-          static_cast<unsigned long long>(held));
+  ZC_INFO(
+      "route: rank %d/%d dev %d: suspended: released %llu of %llu B of peers' memory mapped "
+      "here (the rest is in live CUDA graphs) and the stage",
+      st.rank, st.nranks, st.device,
+      static_cast<unsigned long long>(held - (ce->imports ? ce->imports->held_bytes() : 0)),
+      static_cast<unsigned long long>(held));
 }
 
 void route_teardown(CommState& st) {

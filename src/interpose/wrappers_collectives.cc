@@ -194,8 +194,9 @@ ncclResult_t forward_allgather(const RealNccl& real, const std::shared_ptr<CommS
   return in_comm_order(st, stream, [&] {
     if (needs_detour(nccl_ce, stream))
       return on_side_stream(*st, stream, [&](cudaStream_t side) {
-        return timed_nccl_call(
-            [&] { return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side); });
+        return timed_nccl_call([&] {
+          return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, side);
+        });
       });
     return timed_nccl_call(
         [&] { return real.ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); });
@@ -223,19 +224,11 @@ ncclResult_t issue_ce_allgather(const RealNccl& real, const std::shared_ptr<Comm
       });
 }
 
-// Whether every rank of a committed communicator published a reduce-scatter scratch (the agreed
-// facts).
-bool every_rank_has_scratch(const CommState& st) {
-  for (const MemberFacts& m : st.members)
-    if (m.rs_scratch.bytes == 0) return false;
-  return !st.members.empty();
-}
-
 // The route of a reduce-scatter, from agreed facts and the op's count, datatype and reduction
 // only; *slice: its slices' bytes (reduce_scatter_plan.h), alike on every rank.
 RouteDecision reduce_scatter_route(const std::shared_ptr<CommState>& st, size_t recvcount,
-                                   ncclDataType_t datatype, ncclRedOp_t op, uint64_t* total_bytes,
-                                   uint64_t* slice) {
+                                   ncclDataType_t datatype, const ResolvedRedOp& op,
+                                   uint64_t* total_bytes, uint64_t* slice) {
   const Config& cfg = config();
   const uint64_t ts = nccl_type_size(datatype);
   const uint64_t n = nranks_of(st);
@@ -243,10 +236,11 @@ RouteDecision reduce_scatter_route(const std::shared_ptr<CommState>& st, size_t 
   in.mode = cfg.reducescatter;
   in.committed = st && st->route.load(std::memory_order_acquire) == RouteState::kCommitted;
   in.why_not = st ? st->route_why : "communicator not created through zerocta";
-  in.every_scratch = in.committed && every_rank_has_scratch(*st);
+  in.every_scratch = in.committed && st->every_rank_has_rs_scratch;
   in.nranks = static_cast<int>(n);
   in.datatype = datatype;
-  in.redop = op;
+  in.reduce = op.kind;
+  in.scalar_datatype = op.premul.datatype;
   in.bytes_valid = ts != 0 && recvcount <= UINT64_MAX / ts / n;
   in.total_bytes = in.bytes_valid ? recvcount * ts * n : 0;
   in.min_bytes = cfg.min_bytes;
@@ -274,9 +268,9 @@ ncclResult_t forward_reduce_scatter(const RealNccl& real, const std::shared_ptr<
 // it instead where the first rank to arrive said so (op_exchange.h), on every rank alike.
 ncclResult_t issue_ce_reduce_scatter(const RealNccl& real, const std::shared_ptr<CommState>& st,
                                      const void* sendbuff, void* recvbuff, size_t recvcount,
-                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                     cudaStream_t stream, uint64_t total, uint64_t slice,
-                                     ChainPoint chain) {
+                                     ncclDataType_t datatype, const ResolvedRedOp& op,
+                                     ncclComm_t comm, cudaStream_t stream, uint64_t total,
+                                     uint64_t slice, ChainPoint chain) {
   if (ncclResult_t r = route_prepare_reduce_scatter(*st); r != ncclSuccess) return r;
   CUstream s = reinterpret_cast<CUstream>(stream);
   return on_route_or_forward(
@@ -286,7 +280,7 @@ ncclResult_t issue_ce_reduce_scatter(const RealNccl& real, const std::shared_ptr
                                  stream_is_capturing(s), chain, to_nccl);
       },
       [&] {
-        return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op,
+        return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op.op,
                                       comm, stream, total);
       });
 }
@@ -306,15 +300,15 @@ using namespace zc;
 
 // A forwarded collective, counted, in NCCL's order with the routed all-gathers (comm_order.h),
 // folded into the call chain as LINK says.
-#define ZC_COUNTED_COLLECTIVE(OP, BYTES, LINK, name, params, args)                          \
-  ZC_EXPORT ncclResult_t name params {                                                      \
-    ZC_COLLECTIVE_HEAD(name, args);                                                         \
-    uint64_t bytes = (BYTES);                                                               \
-    stats_count(OP, zerocta_route_passthrough, bytes);                                      \
-    NvtxRange range(OP, zerocta_route_passthrough, bytes);                                  \
-    return chained(st, LINK, in_comm_order(st, stream, [&] {                                \
-                     return timed_nccl_call([&] { return e.real->name args; });             \
-                   }));                                                                     \
+#define ZC_COUNTED_COLLECTIVE(OP, BYTES, LINK, name, params, args)              \
+  ZC_EXPORT ncclResult_t name params {                                          \
+    ZC_COLLECTIVE_HEAD(name, args);                                             \
+    uint64_t bytes = (BYTES);                                                   \
+    stats_count(OP, zerocta_route_passthrough, bytes);                          \
+    NvtxRange range(OP, zerocta_route_passthrough, bytes);                      \
+    return chained(st, LINK, in_comm_order(st, stream, [&] {                    \
+                     return timed_nccl_call([&] { return e.real->name args; }); \
+                   }));                                                         \
   }
 
 // Ops NCCL may run on copy engines (buffers in symmetric windows, zero policy): moved off the
@@ -399,15 +393,17 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
     // Created in this same group: its membership freezes at the group's end, and so the route
     // is chosen there, the same way on every rank.
     const ChainPoint chain = chain_at_call(st, link);
-    g.pending_ops.push_back({[=, &real]() {
-      settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
-      uint64_t total = 0;
-      if (allgather_route(st, sendcount, datatype, &total).route == RouteKind::kCe)
-        return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                                  nccl_ce, total, chain);
-      return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
-                               nccl_ce, total);
-    }, std::nullopt, st->key});
+    g.pending_ops.push_back(
+        {[=, &real]() {
+           settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
+           uint64_t total = 0;
+           if (allgather_route(st, sendcount, datatype, &total).route == RouteKind::kCe)
+             return issue_ce_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm,
+                                       stream, nccl_ce, total, chain);
+           return forward_allgather(real, st, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                                    nccl_ce, total);
+         },
+         std::nullopt, st->key});
     return ncclSuccess;
   }
   uint64_t total = 0;
@@ -438,30 +434,36 @@ ZC_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
 }
 
 ZC_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                         ncclDataType_t datatype, ncclRedOp_t op,
-                                         ncclComm_t comm, cudaStream_t stream) {
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
   ZC_COLLECTIVE_HEAD(ncclReduceScatter,
                      (sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
   const RealNccl& real = *e.real;
-  const ChainLink link{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, op};
+  const ChainLink link{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, agreed_redop(op)};
+  // Resolved now: the application may destroy a pre-multiplied sum once the call returned, and
+  // a group's ops are issued at its end.
+  const ResolvedRedOp rop = resolve_red_op(st ? &st->premul_sums : nullptr, op);
   GroupState& g = group_state();
   if (g.depth > 0 && st && st->route.load() == RouteState::kJoined) {
     // Created in this same group: its membership freezes at the group's end, and so the route
     // is chosen there, the same way on every rank.
     const ChainPoint chain = chain_at_call(st, link);
-    g.pending_ops.push_back({[=, &real]() {
-      settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
-      uint64_t total = 0, slice = 0;
-      if (reduce_scatter_route(st, recvcount, datatype, op, &total, &slice).route == RouteKind::kCe)
-        return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op,
-                                       comm, stream, total, slice, chain);
-      return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
-                                    stream, total);
-    }, std::nullopt, st->key});
+    g.pending_ops.push_back(
+        {[=, &real]() {
+           settle_before_use(st.get());  // freezes it, if NCCL now calls it ready
+           uint64_t total = 0, slice = 0;
+           if (reduce_scatter_route(st, recvcount, datatype, rop, &total, &slice).route ==
+               RouteKind::kCe)
+             return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, rop,
+                                            comm, stream, total, slice, chain);
+           return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op,
+                                         comm, stream, total);
+         },
+         std::nullopt, st->key});
     return ncclSuccess;
   }
   uint64_t total = 0, slice = 0;
-  const RouteDecision d = reduce_scatter_route(st, recvcount, datatype, op, &total, &slice);
+  const RouteDecision d = reduce_scatter_route(st, recvcount, datatype, rop, &total, &slice);
   ZC_DEBUG("ncclReduceScatter %llu B: %s (%s)", static_cast<unsigned long long>(total),
            d.route == RouteKind::kCe ? "copy-engine route" : "NCCL", d.why);
   if (d.route != RouteKind::kCe)
@@ -471,12 +473,14 @@ ZC_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, s
   const ChainPoint chain = chain_at_call(st, link);
   if (g.depth > 0) {  // issued after NCCL's part of the group, in program order
     g.pending_ops.push_back({[=, &real]() {
-      return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
-                                     stream, total, slice, chain);
-    }, std::nullopt, st->key});
+                               return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff,
+                                                              recvcount, datatype, rop, comm,
+                                                              stream, total, slice, chain);
+                             },
+                             std::nullopt, st->key});
     return ncclSuccess;
   }
-  return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op, comm,
+  return issue_ce_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, rop, comm,
                                  stream, total, slice, chain);
 }
 

@@ -9,12 +9,13 @@
 //   - a sum: fp32 `+`, fp16 and bf16 the native add of packed pairs; one rounding each, so the
 //     order of two terms does not matter. More terms are added in source order.
 //   - a pre-multiplied sum (ncclAvg on floating types is one with the scale 1/nranks, rounded to
-//     the element type; ncclRedOpCreatePreMulSum's scale is given in the element type): every
-//     rank multiplies its own input by the scale before it sends it on, and adds it to the
-//     partial sum it received with a fused multiply-add (NCCL's SIMPLE and LL protocols; its
-//     LL128 protocol does not fuse fp16/bf16). So src[0], this rank's own chunk, goes in last
-//     as fma(src[0], scale, partial), and the others are rounded products added in order: on two
-//     ranks fma(mine, s, round(peer * s)), NCCL's SIMPLE result bit for bit.
+//     the element type; ncclRedOpCreatePreMulSum's scale is given in the element type, and each
+//     rank gives its own): every rank multiplies its own input by its scale before it sends it
+//     on, and adds it to the partial sum it received with a fused multiply-add (NCCL's SIMPLE
+//     and LL protocols; its LL128 protocol does not fuse fp16/bf16). So src[0], this rank's own
+//     chunk, goes in last as fma(src[0], s0, partial), and the others are rounded products
+//     added in order: on two ranks fma(mine, s_mine, round(peer * s_peer)), NCCL's SIMPLE
+//     result bit for bit.
 //
 // Arguments travel by value in one struct (no device allocation of ours); the layout is
 // chunk_sum.h's ChunkSumArgs, which that header checks by size.
@@ -34,6 +35,9 @@ struct Args {
   int premul;             // nonzero: a pre-multiplied sum, src[0] this rank's own chunk
   unsigned scale_bits;    // the scale in the element type's bits (fp32: all 32; fp16/bf16: 16)
   unsigned pad;
+  // Source k's own scale, one element in device memory, where set (each rank's scalar of a
+  // pre-multiplied sum made by ncclRedOpCreatePreMulSum); scale_bits where null.
+  const void* scale_at[kMaxSources];
 };
 
 // One element type: how 16-byte vectors of it and single elements are combined.
@@ -44,6 +48,7 @@ template <>
 struct Ops<float> {
   using Vec = float4;
   static __device__ float scale(unsigned bits) { return __uint_as_float(bits); }
+  static __device__ float scale_from(const void* at) { return *static_cast<const float*>(at); }
   // Rounded as written (`_rn`): no multiply and add fused into one rounding.
   static __device__ float mul(float a, float s) { return __fmul_rn(a, s); }
   static __device__ float add(float a, float b) { return __fadd_rn(a, b); }
@@ -72,6 +77,7 @@ struct PackedOps {
     memcpy(&s, &b, sizeof s);
     return s;
   }
+  static __device__ T scale_from(const void* at) { return *static_cast<const T*>(at); }
   static __device__ T mul(T a, T s) { return __hmul_rn(a, s); }
   static __device__ T add(T a, T b) { return __hadd_rn(a, b); }
   static __device__ T fma(T a, T s, T b) { return __hfma(a, s, b); }
@@ -99,23 +105,34 @@ struct Ops<__nv_bfloat16> : PackedOps<__nv_bfloat16, __nv_bfloat162> {};
 // ~27 GB/s of HBM traffic (1 H200: the loads' latency, not the bandwidth, bounds a few CTAs).
 constexpr int kUnroll = 4;
 
+// The scale of every source: each its own where the sources' ranks brought theirs, else one.
+template <typename T>
+struct Scales {
+  using S = decltype(Ops<T>::scale(0u));
+  S s[kMaxSources];
+};
+
 // kUnroll results (vectors or single elements) from the sources: at(k, u) is source k's u-th
-// value, valid where u < n.
-template <typename T, typename X, typename S, typename At>
-__device__ void combine(const Args& a, S s, int n, X* out, At at) {
+// value, valid where u < n. The loop over the sources is unrolled to kMaxSources (guarded by
+// nsrc) so that each source's scale stays in a register.
+template <typename T, typename X, typename At>
+__device__ void combine(const Args& a, const Scales<T>& sc, int n, X* out, At at) {
   using O = Ops<T>;
   X acc[kUnroll], x[kUnroll];
   // Every loop runs kUnroll times, guarded, so that the arrays stay in registers.
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
-    if (u < n) acc[u] = a.premul ? O::mul(at(1, u), s) : at(0, u);
-  for (int k = a.premul ? 2 : 1; k < a.nsrc; ++k) {
+    if (u < n) acc[u] = a.premul ? O::mul(at(1, u), sc.s[1]) : at(0, u);
+#pragma unroll
+  for (int k = 1; k < kMaxSources; ++k) {
+    if (k >= a.nsrc) break;
+    if (a.premul && k == 1) continue;  // the first product above
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (u < n) x[u] = at(k, u);  // the loads first, all in flight
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (u < n) acc[u] = O::add(acc[u], a.premul ? O::mul(x[u], s) : x[u]);
+      if (u < n) acc[u] = O::add(acc[u], a.premul ? O::mul(x[u], sc.s[k]) : x[u]);
   }
   if (a.premul) {
 #pragma unroll
@@ -123,7 +140,7 @@ __device__ void combine(const Args& a, S s, int n, X* out, At at) {
       if (u < n) x[u] = at(0, u);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (u < n) acc[u] = O::fma(x[u], s, acc[u]);
+      if (u < n) acc[u] = O::fma(x[u], sc.s[0], acc[u]);
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
@@ -132,8 +149,8 @@ __device__ void combine(const Args& a, S s, int n, X* out, At at) {
 
 // Elements [0, count) of type X (a vector or T) with this thread's share: kUnroll at a time,
 // strided over the grid.
-template <typename T, typename X, typename S>
-__device__ void sum_range(const Args& a, S s, unsigned long long count) {
+template <typename T, typename X>
+__device__ void sum_range(const Args& a, const Scales<T>& sc, unsigned long long count) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
   const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * blockDim.x +
                                    threadIdx.x;
@@ -142,7 +159,7 @@ __device__ void sum_range(const Args& a, S s, unsigned long long count) {
     int n = 0;
     while (n < kUnroll && base + n * stride < count) ++n;
     X out[kUnroll];
-    combine<T, X>(a, s, n, out, [&](int k, int u) {
+    combine<T, X>(a, sc, n, out, [&](int k, int u) {
       return static_cast<const X*>(a.src[k])[base + u * stride];
     });
 #pragma unroll
@@ -155,21 +172,24 @@ template <typename T>
 __device__ void chunk_sum(const Args& a) {
   using O = Ops<T>;
   using Vec = typename O::Vec;
-  const auto s = O::scale(a.scale_bits);
+  Scales<T> sc;
+#pragma unroll
+  for (int k = 0; k < kMaxSources; ++k)
+    sc.s[k] = k < a.nsrc && a.scale_at[k] ? O::scale_from(a.scale_at[k]) : O::scale(a.scale_bits);
   constexpr unsigned long long kPerVec = sizeof(Vec) / sizeof(T);
   bool aligned = reinterpret_cast<uintptr_t>(a.dst) % sizeof(Vec) == 0;
   for (int k = 0; k < a.nsrc; ++k)
     aligned = aligned && reinterpret_cast<uintptr_t>(a.src[k]) % sizeof(Vec) == 0;
-  if (!aligned) return sum_range<T, T>(a, s, a.count);
+  if (!aligned) return sum_range<T, T>(a, sc, a.count);
   const unsigned long long nvec = a.count / kPerVec;
-  sum_range<T, Vec>(a, s, nvec);
+  sum_range<T, Vec>(a, sc, nvec);
   // The tail, one element at a time: the same operations on single elements give the same
   // bits as on packed pairs.
   Args tail = a;
   const unsigned long long done = nvec * kPerVec;
   for (int k = 0; k < a.nsrc; ++k) tail.src[k] = static_cast<const T*>(a.src[k]) + done;
   tail.dst = static_cast<T*>(a.dst) + done;
-  sum_range<T, T>(tail, s, a.count - done);
+  sum_range<T, T>(tail, sc, a.count - done);
 }
 
 }  // namespace

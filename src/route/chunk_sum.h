@@ -30,8 +30,12 @@ struct ChunkSumArgs {
   int premul = 0;
   unsigned scale_bits = 0;  // the scale in the element type (fp16/bf16: the low 16 bits)
   unsigned pad = 0;
+  // A pre-multiplied sum whose sources have scales of their own (each rank's scalar,
+  // ncclRedOpCreatePreMulSum): source k's, one element in device memory read at the launch's
+  // start, where scale_at[k] is set; scale_bits where it is null.
+  const void* scale_at[kChunkSumMaxSources] = {};
 };
-static_assert(sizeof(ChunkSumArgs) == 8 * kChunkSumMaxSources + 8 + 8 + 4 * 4,
+static_assert(sizeof(ChunkSumArgs) == 2 * 8 * kChunkSumMaxSources + 8 + 8 + 4 * 4,
               "ChunkSumArgs is the kernels' Args, without padding");
 
 // ncclAvg's scale for `nranks` ranks in the element type's bits, as NCCL makes it: 1/n in

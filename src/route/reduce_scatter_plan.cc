@@ -22,6 +22,8 @@ class RsPlanBuilder {
     op(S::kUser, RsOpKind::kRecord, kRsStart);
     op(S::kPush, RsOpKind::kWaitEvent, kRsStart);
     op(S::kReduce, RsOpKind::kWaitEvent, kRsStart);
+    if (v_.scalar_src != 0 && v_.write_scalar)
+      write(S::kPush, rs_own_scalar_word(v_.scratch), v_.scalar_bits);
     for (uint64_t i = 0; i < slices; ++i) {
       const uint64_t g = v_.first_slice + i;
       const uint64_t at = i * v_.slice, bytes = std::min(v_.slice, v_.chunk - at);
@@ -29,6 +31,15 @@ class RsPlanBuilder {
       // Each peer's buffer b is free once it summed the slice two before this one.
       if (g >= kRsBuffers)
         for (int j = 1; j < v_.nranks; ++j) wait(S::kPush, v_.freed[peer(j)], g - 1);
+      // My scalar goes with the op's first slice into each buffer; its later slices there
+      // find it still in place (only this op pushes into the buffer meanwhile).
+      if (v_.scalar_src != 0 && i < kRsBuffers)
+        for (int j = 1; j < v_.nranks; ++j) {
+          RsOp& c = op(S::kPush, RsOpKind::kCopy);
+          c.dst = rs_scalar_word(v_.peer_scratch[peer(j)], b, v_.nranks - j);
+          c.src = v_.scalar_src;
+          c.bytes = v_.scalar_bytes;
+        }
       for (int j = 1; j < v_.nranks; ++j) {
         const int p = peer(j);
         RsOp& c = op(S::kPush, RsOpKind::kCopy);
@@ -45,6 +56,7 @@ class RsPlanBuilder {
       sum.stride = v_.slice;
       sum.nsrc = static_cast<uint8_t>(v_.nranks);
       sum.bytes = bytes;
+      sum.scalars = v_.scalar_src != 0 ? rs_scalar_word(v_.scratch, b, 1) : 0;
       write(S::kReduce, v_.freed[v_.rank], g + 1);
     }
     op(S::kReduce, RsOpKind::kRecord, kRsReduced);
@@ -58,7 +70,8 @@ class RsPlanBuilder {
   int peer(int j) const { return (v_.rank + j) % v_.nranks; }
   // The slot of a scratch's j-th peer (j from 1) in its buffer b.
   uint64_t slot(uint64_t scratch, uint8_t b, int j) const {
-    return scratch + (static_cast<uint64_t>(b) * (v_.nranks - 1) + (j - 1)) * v_.slice;
+    return scratch + kRsHeadBytes +
+           (static_cast<uint64_t>(b) * (v_.nranks - 1) + (j - 1)) * v_.slice;
   }
   RsOp& op(S s, RsOpKind k, uint8_t event = 0) {
     RsOp o{};
@@ -88,7 +101,9 @@ class RsPlanBuilder {
 uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem, int nranks, uint64_t scratch_bytes) {
   if (nranks < 2 || elem == 0) return 0;
   const uint64_t align = std::max(kSliceAlign, elem) / elem * elem;  // whole elements
-  const uint64_t room = scratch_bytes / (static_cast<uint64_t>(kRsBuffers) * (nranks - 1));
+  if (scratch_bytes <= kRsHeadBytes) return 0;
+  const uint64_t room =
+      (scratch_bytes - kRsHeadBytes) / (static_cast<uint64_t>(kRsBuffers) * (nranks - 1));
   const uint64_t most = std::min(kSliceTarget, room) / align * align;
   if (most == 0) return 0;
   const uint64_t slices = std::max<uint64_t>(1, (chunk + most - 1) / most);
@@ -101,7 +116,8 @@ uint64_t rs_slices(uint64_t chunk, uint64_t slice) {
 }
 
 uint64_t rs_scratch_bytes(int nranks, uint64_t slice) {
-  return static_cast<uint64_t>(kRsBuffers) * static_cast<uint64_t>(nranks - 1) * slice;
+  return kRsHeadBytes +
+         static_cast<uint64_t>(kRsBuffers) * static_cast<uint64_t>(nranks - 1) * slice;
 }
 
 void build_reduce_scatter_plan(const RsOpView& v, std::vector<RsOp>* plan) {

@@ -27,6 +27,16 @@
 //
 // The sum's order is fixed: my own chunk first (NCCL's pre-multiplied sums fuse it last,
 // chunk_sum.cu), then the peers me+1, me+2, ... (mod n): peer me+j's slot in my scratch is j-1.
+//
+// A pre-multiplied sum made by ncclRedOpCreatePreMulSum multiplies each rank's input by that
+// rank's own scalar, which only that rank knows (host-immediate, or device-resident and read
+// when the op runs). So each rank pushes its scalar beside its slices: into the head of a
+// peer's scratch, one word per buffer and pusher, copied before the first slice of the op that
+// goes into that buffer (after the wait that frees it, before the landed write), which is where
+// the peer's sums read it. A host-immediate scalar is first written into my own head's word, so
+// that the copy engines have memory to copy it from.
+//   push    [host scalar: write my scalar word]; per slice g of the op's first two: after the
+//           freed waits, copy my scalar into each peer's head, word (g % 2, my slot there)
 // Flags are the op exchange's landed and freed words (op_exchange.h); they compare as wrapping
 // counters. The streams and events are the all-gather's (direct_plan.h): push is its push
 // stream, reduce its pull stream, and kRsEnd its kEvEnd, so that NCCL's order among the
@@ -48,6 +58,22 @@ static_assert(static_cast<int>(RsStream::kPush) == static_cast<int>(DirectStream
 
 // Scratch buffers a slice of every peer: two, so that pushing slice g+1 overlaps summing g.
 constexpr int kRsBuffers = 2;
+// Ranks a reduce-scatter's sum takes (chunk_sum.h's sources).
+constexpr int kRsMaxRanks = 8;
+// The head of every scratch, before its slots: the words of the ranks' scalars (above).
+constexpr uint64_t kRsHeadBytes = 256;
+constexpr uint64_t kRsScalarWordBytes = 8;  // one element of any type the route sums, aligned
+constexpr uint64_t kRsScalarSlotsAt = 64;   // my own scalar's word at 0, the pushed ones from here
+static_assert(kRsScalarSlotsAt + kRsBuffers * kRsMaxRanks * kRsScalarWordBytes <= kRsHeadBytes,
+              "the head holds a word per buffer and peer");
+// My scalar's word in `scratch`'s head, and the word where `scratch`'s j-th peer (j from 1)
+// pushes its scalar for buffer b.
+constexpr uint64_t rs_own_scalar_word(uint64_t scratch) { return scratch; }
+constexpr uint64_t rs_scalar_word(uint64_t scratch, int b, int j) {
+  return scratch + kRsScalarSlotsAt +
+         (static_cast<uint64_t>(b) * kRsMaxRanks + static_cast<uint64_t>(j - 1)) *
+             kRsScalarWordBytes;
+}
 enum RsEvent : uint8_t { kRsStart = kEvStart, kRsReduced = kEvPulled, kRsEnd = kEvEnd };
 constexpr int kRsEvents = kDirectEvents;
 
@@ -55,7 +81,8 @@ enum class RsOpKind : uint8_t {
   kWaitGeq,    // wait until the 32-bit flag at dst, as a wrapping counter, is >= value
   kWrite,      // write value to the 32-bit flag at dst
   kCopy,       // copy bytes from src to dst
-  kSum,        // dst = the sum of src and the nsrc - 1 slots at aux, aux + stride, ...
+  kSum,        // dst = the sum of src and the nsrc - 1 slots at aux, aux + stride, ...;
+               // scalars != 0: their ranks' scalars at scalars, scalars + kRsScalarWordBytes, ...
   kRecord,     // record event `event` on this stream
   kWaitEvent,  // make this stream wait for event `event`
 };
@@ -66,7 +93,7 @@ struct RsOp {
   uint8_t event;
   uint8_t nsrc;
   uint32_t value;
-  uint64_t dst, src, aux, stride, bytes;
+  uint64_t dst, src, aux, stride, bytes, scalars;
 };
 
 // What one rank needs to know to build its plan for one op.
@@ -84,12 +111,20 @@ struct RsOpView {
   uint64_t landed_in[kMaxRanks] = {};
   uint64_t landed_out[kMaxRanks] = {};
   uint64_t freed[kMaxRanks] = {};
+  // A pre-multiplied sum of the ranks' own scalars: where my push stream copies mine from
+  // (`scalar_bytes`, one element), 0 for any other op. `write_scalar`: a host-immediate scalar,
+  // whose bits `scalar_bits` my push stream writes into my head's word first (scalar_src is
+  // then that word).
+  uint64_t scalar_src = 0;
+  uint32_t scalar_bytes = 0;
+  bool write_scalar = false;
+  uint32_t scalar_bits = 0;
 };
 
 // The slice of an op whose output chunk is `chunk` bytes of `elem`-byte elements, on `nranks`
 // ranks whose scratch is `scratch_bytes` each: a pure function of what every rank of the op
-// knows alike. Whole elements, 256-byte aligned, two of every peer fit the scratch; 0 when not
-// even one aligned slice fits.
+// knows alike. Whole elements, 256-byte aligned, two of every peer fit the scratch after its
+// head; 0 when not even one aligned slice fits.
 uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem, int nranks, uint64_t scratch_bytes);
 // The slices of such an op.
 uint64_t rs_slices(uint64_t chunk, uint64_t slice);

@@ -50,8 +50,12 @@ RouteDecision choose_reduce_scatter_route(const RsRouteInputs& in) {
             "ZEROCTA_REDUCESCATTER does not ask for the copy-engine route"};
   if (in.datatype != ncclFloat32 && in.datatype != ncclFloat16 && in.datatype != ncclBfloat16)
     return {RouteKind::kPassthrough, "a datatype the route does not sum (float, half, bfloat16)"};
-  if (in.redop != ncclSum && in.redop != ncclAvg)
-    return {RouteKind::kPassthrough, "a reduction the route does not do (sum, average)"};
+  if (in.reduce == RsReduce::kOther)
+    return {RouteKind::kPassthrough,
+            "a reduction the route does not do (sum, average, pre-multiplied sum)"};
+  if (in.reduce == RsReduce::kPreMulSum && in.scalar_datatype != in.datatype)
+    return {RouteKind::kPassthrough,
+            "a pre-multiplied sum made for another datatype: NCCL answers it"};
   if (!in.bytes_valid) return {RouteKind::kPassthrough, "invalid size: NCCL decides"};
   if (in.total_bytes == 0) return {RouteKind::kPassthrough, "empty reduce-scatter"};
   if (!in.committed)

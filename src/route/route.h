@@ -33,19 +33,23 @@ struct RouteDecision {
 
 RouteDecision choose_allgather_route(const RouteInputs& in);
 
+// What a reduce-scatter's ncclRedOp_t is to the route (premul_sums.h resolves it).
+enum class RsReduce : uint8_t { kSum, kAvg, kPreMulSum, kOther };
+
 // A reduce-scatter's: besides the mode and the agreement, what the route can sum (chunk_sum.h)
 // and where its peers push (rs_scratch.h). A pre-multiplied sum's scalar is each rank's own
-// (ncclRedOpCreatePreMulSum) and the route would need every rank's: those stay on NCCL.
+// (ncclRedOpCreatePreMulSum): the ranks push theirs beside their slices.
 struct RsRouteInputs {
   RouteMode mode = RouteMode::kNccl;
-  bool committed = false;    // every rank agreed on the route for this communicator
-  const char* why_not = "";  // why not, when !committed
+  bool committed = false;      // every rank agreed on the route for this communicator
+  const char* why_not = "";    // why not, when !committed
   bool every_scratch = false;  // every rank published a scratch (the agreed facts)
   int nranks = 0;
-  int datatype = 0;            // ncclDataType_t
-  int redop = 0;               // ncclRedOp_t
-  uint64_t total_bytes = 0;    // recvcount * typesize * nranks: the input
-  bool bytes_valid = true;     // no overflow
+  int datatype = 0;  // ncclDataType_t
+  RsReduce reduce = RsReduce::kSum;
+  int scalar_datatype = 0;   // a pre-multiplied sum's, which NCCL requires to be the op's
+  uint64_t total_bytes = 0;  // recvcount * typesize * nranks: the input
+  bool bytes_valid = true;   // no overflow
   uint64_t min_bytes = 0;
   uint64_t auto_max_ranks = 0;  // auto routes up to this many ranks
   uint64_t slice = 0;           // rs_slice_bytes: 0 when the scratch holds no slice

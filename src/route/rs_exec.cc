@@ -19,9 +19,14 @@ CUresult launch_sum(const CudaDriver& cu, const RsOp& op, const RsSum& sum, CUst
   a.nsrc = op.nsrc;
   a.premul = sum.premul;
   a.scale_bits = sum.scale_bits;
+  if (op.scalars != 0) {
+    a.scale_at[0] = reinterpret_cast<const void*>(sum.own_scale_at);  // null: scale_bits
+    for (int k = 1; k < op.nsrc; ++k)
+      a.scale_at[k] = reinterpret_cast<const void*>(op.scalars + static_cast<uint64_t>(k - 1) *
+                                                                     kRsScalarWordBytes);
+  }
   return sum.kernels->launch(cu, sum.type, a, sum.ctas, s);
 }
-
 
 }  // namespace
 

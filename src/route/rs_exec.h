@@ -1,6 +1,7 @@
 // Issues a reduce-scatter plan (reduce_scatter_plan.h) with CUDA driver calls: the pulls as
-// copies (a slice's in one batch), flag waits and writes as stream memory operations (a stream's consecutive ones in one
-// batch), events, and each slice's sum as one launch of the reduction kernel (chunk_sum.h).
+// copies (a slice's in one batch), flag waits and writes as stream memory operations (a stream's
+// consecutive ones in one batch), events, and each slice's sum as one launch of the reduction
+// kernel (chunk_sum.h).
 #pragma once
 
 #include <cuda.h>
@@ -14,13 +15,17 @@
 namespace zc {
 
 // How an op's slices are summed: the kernels loaded in the op's context, the element type and
-// size, a pre-multiplied sum's scale (chunk_sum.h), and the CTAs each launch gets.
+// size, a pre-multiplied sum's scale (chunk_sum.h), and the CTAs each launch gets. Where the
+// ranks bring scalars of their own (the plan's kSum has `scalars`), this rank's is at
+// `own_scale_at` (a device-resident scalar) or `scale_bits` (host-immediate, own_scale_at 0),
+// and each peer's where the plan says.
 struct RsSum {
   const ChunkSumKernels* kernels = nullptr;
   ChunkType type = ChunkType::kF32;
   uint64_t elem = 4;
   bool premul = false;
   unsigned scale_bits = 0;
+  uint64_t own_scale_at = 0;
   unsigned ctas = 0;
 };
 

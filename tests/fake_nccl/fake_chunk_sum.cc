@@ -1,8 +1,9 @@
 // chunk_sum.cu's arithmetic on the host, bit for bit (the fake driver's launches of its entry
 // points, fake_cuda_kernel.cc). Per element, as chunk_sum.cu's combine():
 //   sum      acc = src[0]; acc = add(acc, src[k]) for k = 1, 2, ... in order
-//   premul   acc = mul(src[1], s); acc = add(acc, mul(src[k], s)) for k = 2, ...;
-//            acc = fma(src[0], s, acc)
+//   premul   acc = mul(src[1], s1); acc = add(acc, mul(src[k], sk)) for k = 2, ...;
+//            acc = fma(src[0], s0, acc)
+// where source k's scale sk is the element at scale_at[k], or scale_bits where that is null.
 // with each add, mul and fma rounded once to the element type, to nearest with ties to even, as
 // the GPU's __fadd_rn/__fmul_rn/__fmaf_rn and __hadd_rn/__hmul_rn/__hfma round. Vectors or
 // single elements make no difference to the bits (chunk_sum.cu), so neither does alignment here.
@@ -127,17 +128,21 @@ using BF16 = Binary16<8, 7>;
 template <typename T>
 void sum_elements(const FakeChunkSumArgs& a) {
   using Bits = typename T::Bits;
-  const Bits s = static_cast<Bits>(a.scale_bits);
+  Bits s[kFakeChunkSumMaxSources];
+  for (int k = 0; k < a.nsrc; ++k) {
+    s[k] = static_cast<Bits>(a.scale_bits);
+    if (a.scale_at[k]) memcpy(&s[k], a.scale_at[k], sizeof(Bits));
+  }
   for (unsigned long long i = 0; i < a.count; ++i) {
     auto at = [&](int k) {
       Bits b;
       memcpy(&b, static_cast<const char*>(a.src[k]) + i * sizeof(Bits), sizeof b);
       return b;
     };
-    Bits acc = a.premul ? T::mul(at(1), s) : at(0);
+    Bits acc = a.premul ? T::mul(at(1), s[1]) : at(0);
     for (int k = a.premul ? 2 : 1; k < a.nsrc; ++k)
-      acc = T::add(acc, a.premul ? T::mul(at(k), s) : at(k));
-    if (a.premul) acc = T::fma(at(0), s, acc);
+      acc = T::add(acc, a.premul ? T::mul(at(k), s[k]) : at(k));
+    if (a.premul) acc = T::fma(at(0), s[0], acc);
     memcpy(static_cast<char*>(a.dst) + i * sizeof(Bits), &acc, sizeof acc);
   }
 }

@@ -20,8 +20,11 @@ struct FakeChunkSumArgs {
   int premul;           // nonzero: a pre-multiplied sum, src[0] this rank's own chunk
   unsigned scale_bits;  // the scale in the element type's bits (fp16/bf16: the low 16)
   unsigned pad;
+  // Source k's own scale (one element in memory, read at the launch) where set; scale_bits
+  // where null.
+  const void* scale_at[kFakeChunkSumMaxSources];
 };
-static_assert(sizeof(FakeChunkSumArgs) == 8 * kFakeChunkSumMaxSources + 8 + 8 + 4 * 4,
+static_assert(sizeof(FakeChunkSumArgs) == 2 * 8 * kFakeChunkSumMaxSources + 8 + 8 + 4 * 4,
               "chunk_sum.cu's Args has no padding");
 
 // The element type of each entry point (zc_chunk_sum_f32, _f16, _bf16).

@@ -110,6 +110,13 @@ std::string args_text(const FakeChunkSumArgs& a) {
                      fake::hex_ptr(a.dst) + " src=";
   for (int k = 0; k < a.nsrc && k < kFakeChunkSumMaxSources; ++k)
     text += (k ? "," : "") + fake::hex_ptr(a.src[k]);
+  bool scales = false;
+  for (int k = 0; k < a.nsrc && k < kFakeChunkSumMaxSources; ++k)
+    scales |= a.scale_at[k] != nullptr;
+  if (!scales) return text;
+  text += " scale_at=";
+  for (int k = 0; k < a.nsrc && k < kFakeChunkSumMaxSources; ++k)
+    text += (k ? "," : "") + fake::hex_ptr(a.scale_at[k]);
   return text;
 }
 

@@ -35,8 +35,8 @@ inline uint16_t round_to_16(double x, int mant, int bias) {
   if (re - 1 > bias) return static_cast<uint16_t>(sign | inf);
   if (re - 1 < 1 - bias) return static_cast<uint16_t>(sign | static_cast<uint16_t>(q));
   const uint16_t biased = static_cast<uint16_t>(re - 1 + bias);
-  const uint16_t frac =
-      static_cast<uint16_t>(static_cast<uint32_t>(std::ldexp(r, -(re - 1) + mant)) & ((1 << mant) - 1));
+  const uint16_t frac = static_cast<uint16_t>(
+      static_cast<uint32_t>(std::ldexp(r, -(re - 1) + mant)) & ((1 << mant) - 1));
   return static_cast<uint16_t>(sign | biased << mant | frac);
 }
 
@@ -57,33 +57,34 @@ struct TypeCase {
   int mant, bias;  // fp16/bf16
 };
 inline const TypeCase kTypes[] = {{ChunkType::kF32, "fp32", 4, 0, 0},
-                           {ChunkType::kF16, "fp16", 2, 10, 15},
-                           {ChunkType::kBF16, "bf16", 2, 7, 127}};
+                                  {ChunkType::kF16, "fp16", 2, 10, 15},
+                                  {ChunkType::kBF16, "bf16", 2, 7, 127}};
 
 // The reference, NCCL's (chunk_sum.cu): a sum adds the sources in order, each sum rounded once;
 // a pre-multiplied sum adds the rounded products of sources 1.. in order and src[0] last with
 // one fused multiply-add. fp32 on the host: IEEE single operations and fmaf round exactly once;
 // fp16/bf16: products and sums are exact in a double for these values, then rounded once.
+// scales[k]: source k's scale (each rank's own scalar), in the element type's bits.
 inline void reference(const TypeCase& t, const std::vector<std::vector<uint8_t>>& src, size_t count,
-               bool premul, uint32_t scale_bits, std::vector<uint8_t>* out) {
+                      bool premul, const std::vector<uint32_t>& scales, std::vector<uint8_t>* out) {
   out->assign(count * t.bytes, 0);
   const size_t n = src.size();
   for (size_t i = 0; i < count; ++i) {
     if (t.type == ChunkType::kF32) {
-      float scale, x[kChunkSumMaxSources] = {};
-      memcpy(&scale, &scale_bits, 4);
+      float scale[kChunkSumMaxSources] = {}, x[kChunkSumMaxSources] = {};
+      for (size_t k = 0; k < n; ++k) memcpy(&scale[k], &scales[k], 4);
       for (size_t k = 0; k < n; ++k) memcpy(&x[k], src[k].data() + 4 * i, 4);
       volatile float acc;  // volatile: each step rounded as written, nothing contracted
       if (!premul) {
         acc = x[0];
         for (size_t k = 1; k < n; ++k) acc = acc + x[k];
       } else {
-        acc = x[1] * scale;
+        acc = x[1] * scale[1];
         for (size_t k = 2; k < n; ++k) {
-          volatile float term = x[k] * scale;
+          volatile float term = x[k] * scale[k];
           acc = acc + term;
         }
-        acc = std::fmaf(x[0], scale, acc);
+        acc = std::fmaf(x[0], scale[0], acc);
       }
       const float r = acc;
       memcpy(out->data() + 4 * i, &r, 4);
@@ -95,19 +96,27 @@ inline void reference(const TypeCase& t, const std::vector<std::vector<uint8_t>>
       return from_16(b, t.mant, t.bias);
     };
     auto round = [&](double v) { return from_16(round_to_16(v, t.mant, t.bias), t.mant, t.bias); };
-    const double scale = from_16(static_cast<uint16_t>(scale_bits), t.mant, t.bias);
+    auto scale = [&](size_t k) {
+      return from_16(static_cast<uint16_t>(scales[k]), t.mant, t.bias);
+    };
     double acc;
     if (!premul) {
       acc = value(0);
       for (size_t k = 1; k < n; ++k) acc = round(acc + value(k));
     } else {
-      acc = round(value(1) * scale);
-      for (size_t k = 2; k < n; ++k) acc = round(acc + round(value(k) * scale));
-      acc = round(value(0) * scale + acc);
+      acc = round(value(1) * scale(1));
+      for (size_t k = 2; k < n; ++k) acc = round(acc + round(value(k) * scale(k)));
+      acc = round(value(0) * scale(0) + acc);
     }
     const uint16_t b = round_to_16(acc, t.mant, t.bias);
     memcpy(out->data() + 2 * i, &b, 2);
   }
+}
+
+// The same with one scale for every source (an average's, or the kernel's scale_bits).
+inline void reference(const TypeCase& t, const std::vector<std::vector<uint8_t>>& src, size_t count,
+                      bool premul, uint32_t scale_bits, std::vector<uint8_t>* out) {
+  reference(t, src, count, premul, std::vector<uint32_t>(src.size(), scale_bits), out);
 }
 
 // Random values of a few magnitudes (sums that cancel, carry and round), in the type's bits.

@@ -53,10 +53,13 @@ class ChunkSum : public ::testing::Test {
 
   // One case: nsrc random chunks of `count` elements summed into a poisoned output; bitwise
   // against the reference, and the bytes around the output untouched.
+  // own_scales: each source's scale of its own, read from device memory (a pre-multiplied
+  // sum of each rank's scalar), source 0's as scale_bits.
   void check(const TypeCase& t, size_t count, int nsrc, bool premul, size_t offset, unsigned ctas,
-             std::mt19937* rng) {
+             std::mt19937* rng, bool own_scales = false) {
     const std::string label = std::string(t.name) + " count " + std::to_string(count) + " nsrc " +
-                              std::to_string(nsrc) + (premul ? " premul" : " sum") + " offset " +
+                              std::to_string(nsrc) + (premul ? " premul" : " sum") +
+                              (own_scales ? " own scales" : "") + " offset " +
                               std::to_string(offset) + " ctas " + std::to_string(ctas);
     std::vector<std::vector<uint8_t>> src;
     ChunkSumArgs a;
@@ -66,13 +69,22 @@ class ChunkSum : public ::testing::Test {
     }
     // A scale as an average's or a pre-multiplied sum's: 1/nsrc, or an arbitrary one.
     const double scale = premul ? (nsrc % 2 ? 1.0 / nsrc : 0.7071067811865476) : 1.0;
-    uint32_t scale_bits;
-    if (t.type == ChunkType::kF32) {
-      const float f = static_cast<float>(scale);
-      memcpy(&scale_bits, &f, 4);
-    } else {
-      scale_bits = round_to_16(scale, t.mant, t.bias);
-    }
+    auto bits_of = [&](double v) -> uint32_t {
+      if (t.type != ChunkType::kF32) return round_to_16(v, t.mant, t.bias);
+      const float f = static_cast<float>(v);
+      uint32_t b;
+      memcpy(&b, &f, 4);
+      return b;
+    };
+    const uint32_t scale_bits = bits_of(scale);
+    std::vector<uint32_t> scales(static_cast<size_t>(nsrc), scale_bits);
+    if (own_scales)
+      for (int k = 1; k < nsrc; ++k) {  // source k's in device memory, one element
+        scales[k] = bits_of(scale * (1.0 + 0.37 * k));
+        std::vector<uint8_t> word(t.bytes);
+        memcpy(word.data(), &scales[k], t.bytes);
+        a.scale_at[k] = device(t.bytes, 0, &word);
+      }
     const size_t bytes = count * t.bytes;
     uint8_t* out = device(bytes + 32, offset, nullptr);
     a.dst = out + 16;
@@ -84,7 +96,7 @@ class ChunkSum : public ::testing::Test {
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << label;
     std::vector<uint8_t> got(bytes + 32), want;
     ASSERT_EQ(cudaMemcpy(got.data(), out, bytes + 32, cudaMemcpyDeviceToHost), cudaSuccess);
-    reference(t, src, count, premul, scale_bits, &want);
+    reference(t, src, count, premul, scales, &want);
     size_t wrong = 0, first = SIZE_MAX;
     for (size_t i = 0; i < bytes; ++i)
       if (got[16 + i] != want[i]) {
@@ -117,6 +129,15 @@ TEST_F(ChunkSum, ChunksOffSixteenByteBoundariesGiveTheSameBits) {
   for (const TypeCase& t : kTypes)
     for (size_t offset : {t.bytes, size_t{8}, size_t{12}})
       for (bool premul : {false, true}) check(t, (1u << 16) + 9, 2, premul, offset, 8, &rng);
+}
+
+// A pre-multiplied sum whose sources bring scales of their own (ncclRedOpCreatePreMulSum's
+// scalar differs by rank), read by the kernel from device memory.
+TEST_F(ChunkSum, SourcesWithScalesOfTheirOwnAreExactlyRounded) {
+  std::mt19937 rng(29);
+  for (const TypeCase& t : kTypes)
+    for (size_t count : {size_t{7}, size_t{(1u << 16) + 5}})
+      for (int nsrc : {2, 3, 8}) check(t, count, nsrc, true, 0, 8, &rng, true);
 }
 
 TEST_F(ChunkSum, LaunchRefusesWhatTheKernelCannotTake) {

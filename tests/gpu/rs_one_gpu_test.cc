@@ -5,7 +5,8 @@
 // show. NCCL refuses two ranks on one GPU, so the ranks meet through the fake NCCL
 // (tests/fake_nccl: rendezvous only; it moves no data) and the library is a test build that lets
 // ranks share a GPU (-DZEROCTA_SHARED_GPU_TEST=ON). Every op is on the route; each rank checks
-// its output against the sum it makes itself (small integers: exact in any order).
+// its output against the sum it makes itself (small integers and scalars of 0.5, 1 and 2: exact
+// in any order).
 //
 //   env FAKE_NCCL_RENDEZVOUS_DIR=DIR FAKE_NCCL_COMM_ID=ID ZEROCTA_REDUCESCATTER=zerocta
 //     LD_LIBRARY_PATH=<a directory holding the fake libnccl.so.2 only>
@@ -35,8 +36,21 @@ float input(int rank, int op, size_t i) {
                             13);
 }
 
+// The reduction: a sum, an average (2 ranks), or a pre-multiplied sum of each rank's own
+// scalar (scalar(): exact in any order), host-immediate or device-resident.
+enum class Red { kSum, kAvg, kPreMulHost, kPreMulDevice };
+const char* red_name(Red r) {
+  return r == Red::kSum          ? "sum"
+         : r == Red::kAvg        ? "avg"
+         : r == Red::kPreMulHost ? "premul-host"
+                                 : "premul-device";
+}
+float scalar(int rank) { return static_cast<float>(1 << (rank % 3)) * 0.5f; }
+
 struct Case {
-  bool bf16, avg, in_place;
+  bool bf16;
+  Red red;
+  bool in_place;
   size_t count;  // elements a rank receives
 };
 
@@ -63,10 +77,12 @@ int run_rank(int rank, int nranks, const ncclUniqueId& id) {
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   std::vector<Case> cases;
   for (bool bf16 : {false, true})
-    for (bool avg : {false, true})
+    for (Red red : {Red::kSum, Red::kAvg, Red::kPreMulHost, Red::kPreMulDevice})
       for (bool in_place : {false, true})
         for (size_t count : {size_t{1}, size_t{1000}, size_t{262147}, size_t{24} << 20})
-          if (!avg || nranks == 2) cases.push_back({bf16, avg, in_place, count});
+          if (red != Red::kAvg || nranks == 2) cases.push_back({bf16, red, in_place, count});
+  void* device_scalar = nullptr;
+  cudaMalloc(&device_scalar, 4);
   int failures = 0, op = 0;
   for (const Case& c : cases) {
     const size_t elem = c.bf16 ? 2 : 4, chunk = c.count * elem;
@@ -108,16 +124,31 @@ int run_rank(int rank, int nranks, const ncclUniqueId& id) {
         store(host.data() + i * elem, input(rank, op, i));
       cudaMemcpyAsync(send, host.data(), total, cudaMemcpyHostToDevice, stream);
       if (!c.in_place) cudaMemsetAsync(recv, 0xff, chunk, stream);
-      const ncclResult_t r =
-          ncclReduceScatter(send, out, c.count, c.bf16 ? ncclBfloat16 : ncclFloat,
-                            c.avg ? ncclAvg : ncclSum, comm, stream);
+      const bool premul = c.red == Red::kPreMulHost || c.red == Red::kPreMulDevice;
+      ncclRedOp_t redop = c.red == Red::kAvg ? ncclAvg : ncclSum;
+      if (premul) {  // made before the call, destroyed right after it, as PyTorch does
+        uint8_t bits[4];
+        store(bits, scalar(rank));
+        const bool dev = c.red == Red::kPreMulDevice;
+        if (dev) cudaMemcpyAsync(device_scalar, bits, elem, cudaMemcpyHostToDevice, stream);
+        const ncclResult_t made =
+            ncclRedOpCreatePreMulSum(&redop, dev ? device_scalar : static_cast<void*>(bits),
+                                     c.bf16 ? ncclBfloat16 : ncclFloat,
+                                     dev ? ncclScalarDevice : ncclScalarHostImmediate, comm);
+        if (rc == ncclSuccess) rc = made;
+      }
+      const ncclResult_t r = ncclReduceScatter(
+          send, out, c.count, c.bf16 ? ncclBfloat16 : ncclFloat, redop, comm, stream);
       if (rc == ncclSuccess) rc = r;
+      if (premul && rc == ncclSuccess) rc = ncclRedOpDestroy(redop, comm);
       cudaMemcpyAsync(got.data(), out, chunk, cudaMemcpyDeviceToHost, stream);
       if (cudaStreamSynchronize(stream) != cudaSuccess) rc = ncclUnhandledCudaError;
       for (size_t i = 0; i < c.count; ++i) {
         float want = 0;
-        for (int p = 0; p < nranks; ++p) want += input(p, op, static_cast<size_t>(rank) * c.count + i);
-        if (c.avg) want *= 0.5f;
+        for (int p = 0; p < nranks; ++p)
+          want += input(p, op, static_cast<size_t>(rank) * c.count + i) *
+                  (c.red == Red::kPreMulHost || c.red == Red::kPreMulDevice ? scalar(p) : 1.0f);
+        if (c.red == Red::kAvg) want *= 0.5f;
         wrong += load(got.data() + i * elem) != want;
       }
     }
@@ -125,13 +156,14 @@ int run_rank(int rank, int nranks, const ncclUniqueId& id) {
     const bool ok = rc == ncclSuccess && wrong == 0 && took_route == 3;
     failures += !ok;
     printf("RESULT rank %d %s %s %s count %zu: rc %d wrong %lld routed %lld/3 %s\n", rank,
-           c.bf16 ? "bf16" : "fp32", c.avg ? "avg" : "sum", c.in_place ? "in-place" : "out-of-place",
+           c.bf16 ? "bf16" : "fp32", red_name(c.red), c.in_place ? "in-place" : "out-of-place",
            c.count, static_cast<int>(rc), wrong, took_route, ok ? "ok" : "FAILED");
     fflush(stdout);
     cudaFree(send);
     if (recv) cudaFree(recv);
   }
   cudaStreamDestroy(stream);
+  cudaFree(device_scalar);
   if (ncclCommDestroy(comm) != ncclSuccess) ++failures;
   return failures == 0 ? 0 : 1;
 }

@@ -18,12 +18,11 @@ namespace {
 
 // The reduce-scatter's route on, the all-gathers' off; `ops` ops of `count` elements.
 Env rs_env(const Scratch& chan, const Scratch& rdv, const Env& more) {
-  return with(route_env(chan, rdv, unique_id_text()),
-              with({{"ZEROCTA_ALLGATHER", "nccl"},
-                    {"ZEROCTA_REDUCESCATTER", "zerocta"},
-                    {"DRV_AG", "0"},
-                    {"DRV_RS", "1"}},
-                   more));
+  return with(route_env(chan, rdv, unique_id_text()), with({{"ZEROCTA_ALLGATHER", "nccl"},
+                                                            {"ZEROCTA_REDUCESCATTER", "zerocta"},
+                                                            {"DRV_AG", "0"},
+                                                            {"DRV_RS", "1"}},
+                                                           more));
 }
 
 // Every rank of `r` ran its ops without error, every byte right, `routed` of them on the route.
@@ -59,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"Sum", 2, {}}, Case{"InPlace", 2, {{"DRV_RS_IN_PLACE", "1"}}},
         Case{"Average", 2, {{"DRV_RS_OP", "avg"}}},
-        Case{"Bf16AverageInPlace", 2,
+        Case{"Bf16AverageInPlace",
+             2,
              {{"DRV_RS_TYPE", "bf16"}, {"DRV_RS_OP", "avg"}, {"DRV_RS_IN_PLACE", "1"}}},
         // New buffers for every op, the old ones freed first.
         Case{"FreshBuffers", 2, {{"DRV_RS_FRESH", "1"}}},
@@ -69,7 +69,22 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"ManySlices", 2, {{"DRV_RS_COUNT", "5000000"}, {"ZEROCTA_RS_SCRATCH", "8M"}}},
         // An odd count: chunks off every alignment, a short last slice.
         Case{"OddCount", 2, {{"DRV_RS_COUNT", "262147"}, {"ZEROCTA_RS_SCRATCH", "1M"}}},
-        Case{"ThreeRanks", 3, {}}, Case{"FourRanksInPlace", 4, {{"DRV_RS_IN_PLACE", "1"}}}),
+        Case{"ThreeRanks", 3, {}}, Case{"FourRanksInPlace", 4, {{"DRV_RS_IN_PLACE", "1"}}},
+        // Pre-multiplied sums of each rank's own scalar (0.5, 1, 2), made before each call
+        // and destroyed right after it: host-immediate, device-resident, or some of each.
+        Case{"PreMulSumHostScalars", 2, {{"DRV_RS_OP", "premul"}}},
+        Case{"PreMulSumDeviceScalarsBf16",
+             2,
+             {{"DRV_RS_OP", "premul"}, {"DRV_RS_SCALAR", "device"}, {"DRV_RS_TYPE", "bf16"}}},
+        Case{"PreMulSumMixedScalarsManySlices",
+             3,
+             {{"DRV_RS_OP", "premul"},
+              {"DRV_RS_SCALAR", "mixed"},
+              {"DRV_RS_COUNT", "300001"},
+              {"ZEROCTA_RS_SCRATCH", "1M"}}},
+        Case{"PreMulSumGrouped",
+             2,
+             {{"DRV_RS_OP", "premul"}, {"DRV_RS_SCALAR", "mixed"}, {"DRV_RS_GROUP", "1"}}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // The push issuer's CUDA context of its own (GPU memory, docs/PERFORMANCE.md) serves the
@@ -104,10 +119,11 @@ std::map<std::string, int> sum_stream_waits(const RunResult& r, const std::strin
 // the fake runs every stream operation at once, so only the log can tell).
 TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
   Scratch s, chan, rdv;
-  const RunResult r = run_route(
-      {"ranks", "2", "basic"},
-      rs_env(chan, rdv, {{"ZEROCTA_ALLGATHER", "zerocta"}, {"DRV_AG", "1"}, {"DRV_AG_REPEAT", "3"}}),
-      s);
+  const RunResult r =
+      run_route({"ranks", "2", "basic"},
+                rs_env(chan, rdv,
+                       {{"ZEROCTA_ALLGATHER", "zerocta"}, {"DRV_AG", "1"}, {"DRV_AG_REPEAT", "3"}}),
+                s);
   expect_summed(r, chan, 2, 3);
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(rnum(r, k, "ag.data_ok"), 1) << r.describe();
@@ -123,12 +139,13 @@ TEST(ReduceScatterRouteWith, AllGathersOnTheSameCommunicator) {
 // the all-gather's auto takes (ZEROCTA_AUTO_MAX_RANKS, 4): its all-gathers stay on NCCL.
 TEST(ReduceScatterRouteWith, AutoAllGathersKeepTheirRankLimitOnACommunicatorCommittedForIt) {
   Scratch s, chan, rdv;
-  const RunResult r = run_route(
-      {"ranks", "5", "basic"},
-      rs_env(chan, rdv,
-             {{"ZEROCTA_ALLGATHER", "auto"}, {"DRV_AG", "1"}, {"DRV_RS_REPEAT", "2"},
-              {"FAKE_CUDA_DEVICES", "5"}}),
-      s);
+  const RunResult r = run_route({"ranks", "5", "basic"},
+                                rs_env(chan, rdv,
+                                       {{"ZEROCTA_ALLGATHER", "auto"},
+                                        {"DRV_AG", "1"},
+                                        {"DRV_RS_REPEAT", "2"},
+                                        {"FAKE_CUDA_DEVICES", "5"}}),
+                                s);
   expect_summed(r, chan, 5, 2);
   for (int k = 0; k < 5; ++k) {
     EXPECT_EQ(rnum(r, k, "rs.ag_ce"), 0) << r.describe();
@@ -139,8 +156,8 @@ TEST(ReduceScatterRouteWith, AutoAllGathersKeepTheirRankLimitOnACommunicatorComm
 // Settings that differ between the ranks: no agreement, NCCL on every rank, no hang.
 TEST(ReduceScatterRouteWith, ARankThatAsksForNcclMakesEveryRankPassThrough) {
   Scratch s, chan, rdv;
-  const RunResult r = run_route({"ranks", "2", "basic", "r1:ZEROCTA_REDUCESCATTER=nccl"},
-                                rs_env(chan, rdv, {}), s);
+  const RunResult r =
+      run_route({"ranks", "2", "basic", "r1:ZEROCTA_REDUCESCATTER=nccl"}, rs_env(chan, rdv, {}), s);
   expect_clean_pair(r, chan);
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(rnum(r, k, "rs.rc"), 0) << r.describe();
@@ -164,8 +181,8 @@ TEST(ReduceScatterRouteWith, AutoRoutesFromTheMinimumOnTwoRanks) {
       rs_env(chan2, rdv2, {{"ZEROCTA_REDUCESCATTER", "auto"}, {"ZEROCTA_MIN_BYTES", "8000"}}), s2);
   expect_summed(at, chan2, 2, 3);
   Scratch s3, chan3, rdv3;
-  const RunResult three =
-      run_route({"ranks", "3", "basic"}, rs_env(chan3, rdv3, {{"ZEROCTA_REDUCESCATTER", "auto"}}), s3);
+  const RunResult three = run_route({"ranks", "3", "basic"},
+                                    rs_env(chan3, rdv3, {{"ZEROCTA_REDUCESCATTER", "auto"}}), s3);
   expect_clean_pair(three, chan3, 3);
   for (int k = 0; k < 3; ++k) EXPECT_EQ(rnum(three, k, "rs.rs_ce"), 0) << three.describe();
 }
@@ -193,9 +210,9 @@ TEST(ReduceScatterRouteWith, RanksThatDisagreeOnTheCountBothFail) {
 // takes its facts, its scratch included, from the child's own channel; the parent routes too.
 TEST(ReduceScatterRouteWith, AChildOfASplitRoutesItsOwn) {
   Scratch s, chan, rdv;
-  const RunResult r = run_route(
-      {"ranks", "3", "split", "r0:DRV_KEY=2", "r1:DRV_KEY=1", "r2:DRV_KEY=0"},
-      rs_env(chan, rdv, {{"DRV_COLOR", "0"}, {"DRV_AG_BYTES", "4096"}}), s);
+  const RunResult r =
+      run_route({"ranks", "3", "split", "r0:DRV_KEY=2", "r1:DRV_KEY=1", "r2:DRV_KEY=0"},
+                rs_env(chan, rdv, {{"DRV_COLOR", "0"}, {"DRV_AG_BYTES", "4096"}}), s);
   EXPECT_FALSE(r.timed_out) << r.describe();
   for (int k = 0; k < 3; ++k) {
     EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();
@@ -210,9 +227,8 @@ TEST(ReduceScatterRouteWith, AChildOfASplitRoutesItsOwn) {
 // NCCL runs, goes on.
 TEST(ReduceScatterRouteWith, AnOpAfterAPeersAbortFailsAtOnce) {
   Scratch s, chan, rdv;
-  const RunResult r =
-      run_route({"ranks", "2", "peerabort"},
-                rs_env(chan, rdv, {{"ZEROCTA_ALLGATHER", "zerocta"}}), s);
+  const RunResult r = run_route({"ranks", "2", "peerabort"},
+                                rs_env(chan, rdv, {{"ZEROCTA_ALLGATHER", "zerocta"}}), s);
   EXPECT_FALSE(r.timed_out) << r.describe();
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(rnum(r, k, "exit"), 0) << r.describe();

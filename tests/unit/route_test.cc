@@ -11,10 +11,10 @@
 
 namespace {
 
-using zc::RouteKind;
-using zc::RouteMode;
 using zc::RouteDecision;
 using zc::RouteInputs;
+using zc::RouteKind;
+using zc::RouteMode;
 
 // The documented rules, as a decision list:
 //  1. only auto and zerocta ask for the copy-engine route;
@@ -31,8 +31,8 @@ RouteKind expected_route(const RouteInputs& in) {
   return in.total_bytes >= in.min_bytes ? RouteKind::kCe : RouteKind::kPassthrough;
 }
 
-constexpr RouteMode kModes[] = {RouteMode::kAuto, RouteMode::kZerocta,
-                                    RouteMode::kNccl, RouteMode::kOff};
+constexpr RouteMode kModes[] = {RouteMode::kAuto, RouteMode::kZerocta, RouteMode::kNccl,
+                                RouteMode::kOff};
 constexpr uint64_t kMin = 16ull << 20;
 
 TEST(Route, TruthTable) {
@@ -130,15 +130,16 @@ TEST(Route, NcclTypeSizes) {
 
 using zc::RsRouteInputs;
 
-// Its documented rules, as a decision list: auto or zerocta; float, half or bfloat16; sum or
-// average; a known, non-empty size; the agreement; 2 to 8 ranks (the kernel's sources), every
-// rank with a scratch that holds a slice; then zerocta takes every op, auto those on up to
-// auto_max_ranks ranks from min_bytes up.
+// Its documented rules, as a decision list: auto or zerocta; float, half or bfloat16; sum,
+// average or a pre-multiplied sum made for the op's datatype; a known, non-empty size; the
+// agreement; 2 to 8 ranks (the kernel's sources), every rank with a scratch that holds a slice;
+// then zerocta takes every op, auto those on up to auto_max_ranks ranks from min_bytes up.
 RouteKind expected_rs_route(const RsRouteInputs& in) {
   const bool ours = in.mode == RouteMode::kAuto || in.mode == RouteMode::kZerocta;
-  const bool type = in.datatype == ncclFloat32 || in.datatype == ncclFloat16 ||
-                    in.datatype == ncclBfloat16;
-  const bool op = in.redop == ncclSum || in.redop == ncclAvg;
+  const bool type =
+      in.datatype == ncclFloat32 || in.datatype == ncclFloat16 || in.datatype == ncclBfloat16;
+  const bool op = in.reduce == zc::RsReduce::kSum || in.reduce == zc::RsReduce::kAvg ||
+                  (in.reduce == zc::RsReduce::kPreMulSum && in.scalar_datatype == in.datatype);
   if (!ours || !type || !op || !in.bytes_valid || in.total_bytes == 0 || !in.committed ||
       in.nranks < 2 || in.nranks > 8 || !in.every_scratch || in.slice == 0)
     return RouteKind::kPassthrough;
@@ -152,32 +153,36 @@ TEST(ReduceScatterRoute, TruthTable) {
   int cases = 0;
   for (RouteMode mode : kModes)
     for (int datatype : {ncclFloat32, ncclFloat16, ncclBfloat16, ncclFloat64, ncclInt32})
-      for (int redop : {ncclSum, ncclAvg, ncclProd, ncclMax, ncclNumOps})  // ncclNumOps: premul
-        for (bool committed : {false, true})
-          for (bool every_scratch : {false, true})
-            for (int nranks : {1, 2, 3, 8, 9})
-              for (uint64_t bytes : {uint64_t{0}, kMin - 1, kMin})
-                for (uint64_t slice : {uint64_t{0}, uint64_t{4096}}) {
-                  RsRouteInputs in;
-                  in.mode = mode;
-                  in.committed = committed;
-                  in.why_not = committed ? "" : "not agreed (test reason)";
-                  in.every_scratch = every_scratch;
-                  in.nranks = nranks;
-                  in.datatype = datatype;
-                  in.redop = redop;
-                  in.total_bytes = bytes;
-                  in.min_bytes = kMin;
-                  in.auto_max_ranks = 2;
-                  in.slice = slice;
-                  const RouteDecision d = zc::choose_reduce_scatter_route(in);
-                  ASSERT_EQ(d.route, expected_rs_route(in))
-                      << "mode " << static_cast<int>(mode) << " type " << datatype << " op "
-                      << redop << " committed " << committed << " scratch " << every_scratch
-                      << " ranks " << nranks << " bytes " << bytes << " slice " << slice;
-                  ASSERT_NE(d.why, nullptr);
-                  ASSERT_GT(std::strlen(d.why), 0u);
-                  ++cases;
-                }
-  EXPECT_EQ(cases, 4 * 5 * 5 * 2 * 2 * 5 * 3 * 2);
+      for (zc::RsReduce reduce :
+           {zc::RsReduce::kSum, zc::RsReduce::kAvg, zc::RsReduce::kPreMulSum, zc::RsReduce::kOther})
+        for (int scalar_datatype : {ncclFloat32, ncclBfloat16})  // a pre-multiplied sum's
+          for (bool committed : {false, true})
+            for (bool every_scratch : {false, true})
+              for (int nranks : {1, 2, 3, 8, 9})
+                for (uint64_t bytes : {uint64_t{0}, kMin - 1, kMin})
+                  for (uint64_t slice : {uint64_t{0}, uint64_t{4096}}) {
+                    RsRouteInputs in;
+                    in.mode = mode;
+                    in.committed = committed;
+                    in.why_not = committed ? "" : "not agreed (test reason)";
+                    in.every_scratch = every_scratch;
+                    in.nranks = nranks;
+                    in.datatype = datatype;
+                    in.reduce = reduce;
+                    in.scalar_datatype = scalar_datatype;
+                    in.total_bytes = bytes;
+                    in.min_bytes = kMin;
+                    in.auto_max_ranks = 2;
+                    in.slice = slice;
+                    const RouteDecision d = zc::choose_reduce_scatter_route(in);
+                    ASSERT_EQ(d.route, expected_rs_route(in))
+                        << "mode " << static_cast<int>(mode) << " type " << datatype << " op "
+                        << static_cast<int>(reduce) << " scalar " << scalar_datatype
+                        << " committed " << committed << " scratch " << every_scratch << " ranks "
+                        << nranks << " bytes " << bytes << " slice " << slice;
+                    ASSERT_NE(d.why, nullptr);
+                    ASSERT_GT(std::strlen(d.why), 0u);
+                    ++cases;
+                  }
+  EXPECT_EQ(cases, 4 * 5 * 4 * 2 * 2 * 2 * 5 * 3 * 2);
 }

@@ -23,7 +23,9 @@ constexpr const char* kName = "copy-engine reduce-scatter";
 constexpr size_t kMismatchDetailChars = 256;
 
 ChunkType chunk_type(ncclDataType_t t) {
-  return t == ncclFloat16 ? ChunkType::kF16 : t == ncclBfloat16 ? ChunkType::kBF16 : ChunkType::kF32;
+  return t == ncclFloat16    ? ChunkType::kF16
+         : t == ncclBfloat16 ? ChunkType::kBF16
+                             : ChunkType::kF32;
 }
 
 // My post for the op: no buffer (peers reach only my scratch, known since the join). A captured
@@ -36,11 +38,24 @@ void post_for(const CommState& st, size_t count, ncclDataType_t type, ncclRedOp_
   p->mode = capturing ? OpMode::kCaptured : OpMode::kEager;
   p->count = count;
   p->datatype = type;
-  p->redop = op;
+  p->redop = agreed_redop(op);
   p->pid = static_cast<int32_t>(getpid());
   p->calls = chain.calls;
   p->chain = chain.hash;
   p->reach = capturing ? 0u : uint32_t{kReachPointer} | kReachExtents;
+}
+
+// A pre-multiplied sum's scalar in the view: where my push stream copies it from to my peers
+// (a device-resident one from where it lives, a host-immediate one from my head's word after
+// writing it there), or nothing for any other reduction.
+void set_scalar(const ResolvedRedOp& op, uint64_t elem, RsOpView* v) {
+  v->scalar_src = 0;
+  v->write_scalar = false;
+  if (op.kind != RsReduce::kPreMulSum) return;
+  v->scalar_bytes = static_cast<uint32_t>(elem);
+  v->write_scalar = !op.premul.on_device;
+  v->scalar_bits = op.premul.host_bits;
+  v->scalar_src = op.premul.on_device ? op.premul.device_scalar : rs_own_scalar_word(v->scratch);
 }
 
 // The op's view for its plan: my buffers, my scratch and the peers', the flags as my streams
@@ -66,14 +81,20 @@ void build_view(CommState& st, const void* send, void* recv, uint64_t chunk, uin
   }
 }
 
-// How the op's slices are summed: ncclAvg is NCCL's pre-multiplied sum by 1/n (chunk_sum.h).
-RsSum sum_for(const CeComm& ce, ncclDataType_t type, ncclRedOp_t op, int nranks) {
+// How the op's slices are summed: ncclAvg is NCCL's pre-multiplied sum by 1/n (chunk_sum.h); a
+// pre-multiplied sum of the application's has this rank's scalar, and its peers' where the
+// plan put them.
+RsSum sum_for(const CeComm& ce, ncclDataType_t type, const ResolvedRedOp& op, int nranks) {
   RsSum s;
   s.kernels = ce.rs_kernels;
   s.type = chunk_type(type);
   s.elem = nccl_type_size(type);
-  s.premul = op == ncclAvg;
-  s.scale_bits = s.premul ? chunk_avg_scale_bits(s.type, nranks) : 0;
+  s.premul = op.kind == RsReduce::kAvg || op.kind == RsReduce::kPreMulSum;
+  if (op.kind == RsReduce::kAvg) s.scale_bits = chunk_avg_scale_bits(s.type, nranks);
+  if (op.kind == RsReduce::kPreMulSum) {
+    s.scale_bits = op.premul.host_bits;
+    s.own_scale_at = op.premul.on_device ? op.premul.device_scalar : 0;
+  }
   const uint64_t ctas = config().rs_ctas;
   s.ctas = static_cast<unsigned>(ctas != 0 ? ctas : kDefaultRsCtas);
   return s;
@@ -82,7 +103,7 @@ RsSum sum_for(const CeComm& ce, ncclDataType_t type, ncclRedOp_t op, int nranks)
 }  // namespace
 
 ncclResult_t ce_reduce_scatter(CommState& st, const void* sendbuff, void* recvbuff,
-                               size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                               size_t recvcount, ncclDataType_t datatype, const ResolvedRedOp& op,
                                uint64_t slice, CUstream stream, bool capturing, ChainPoint chain,
                                bool* to_nccl) {
   *to_nccl = false;
@@ -106,7 +127,7 @@ ncclResult_t ce_reduce_scatter(CommState& st, const void* sendbuff, void* recvbu
   };
   ++ce.seq;
   OpPost& mine = ce.rs_post;
-  post_for(st, recvcount, datatype, op, capturing, chain, &mine);
+  post_for(st, recvcount, datatype, op.op, capturing, chain, &mine);
   lap(&host.post);
   const uint32_t me = static_cast<uint32_t>(st.rank);
   auto give_up = [&st](uint32_t spins) {
@@ -131,6 +152,7 @@ ncclResult_t ce_reduce_scatter(CommState& st, const void* sendbuff, void* recvbu
     return fail(ncclInvalidUsage, "ranks disagree on the op", "a captured op was routed");
   const uint64_t chunk = recvcount * nccl_type_size(datatype);
   build_view(st, sendbuff, recvbuff, chunk, slice, ce.ops->take_rs_slices(rs_slices(chunk, slice)));
+  set_scalar(op, nccl_type_size(datatype), &ce.rs_view);
   ce.rs_plan.clear();
   build_reduce_scatter_plan(ce.rs_view, &ce.rs_plan);
   // NCCL's order among the communicator's ops (comm_order.h): the route's streams are the

@@ -7,6 +7,7 @@
 
 #include "call_chain.h"
 #include "comm_state.h"
+#include "premul_sums.h"
 
 namespace zc {
 
@@ -17,9 +18,10 @@ namespace zc {
 // (`capturing`) is never routed: its post sends the op to NCCL if it decides, and a rank
 // capturing where another runs eagerly is an error (as NCCL's would hang). `slice`: the op's
 // slice (rs_slice_bytes), from what every rank knows alike. Any failure after the post poisons
-// the communicator and returns the error.
+// the communicator and returns the error. `op`: the reduction as resolved at the application's
+// call (a pre-multiplied sum with this rank's scalar).
 ncclResult_t ce_reduce_scatter(CommState& st, const void* sendbuff, void* recvbuff,
-                               size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                               size_t recvcount, ncclDataType_t datatype, const ResolvedRedOp& op,
                                uint64_t slice, CUstream stream, bool capturing, ChainPoint chain,
                                bool* to_nccl);
 

@@ -1,5 +1,5 @@
-// Scenarios of the copy-engine route's set-up (src/comms/route_setup.h), run under LD_PRELOAD of the
-// shim with the fake NCCL and the fake CUDA driver (FAKE_CUDA_CE=1: memory really shared
+// Scenarios of the copy-engine route's set-up (src/comms/route_setup.h), run under LD_PRELOAD of
+// the shim with the fake NCCL and the fake CUDA driver (FAKE_CUDA_CE=1: memory really shared
 // between processes, tests/fake_nccl/fake_cuda_mem.cc). Checked by test_route_setup.cc.
 // Results are "key=value" lines on stdout; the verdict is the test's.
 //
@@ -121,13 +121,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -237,8 +237,8 @@ void stats(const std::string& tag) {
       static_cast<long long>(s.counters[zerocta_op_allgather][zerocta_route_nccl_ce].calls));
   out(tag + ".rs_ce",
       static_cast<long long>(s.counters[zerocta_op_reducescatter][zerocta_route_ce].calls));
-  out(tag + ".rs_pass",
-      static_cast<long long>(s.counters[zerocta_op_reducescatter][zerocta_route_passthrough].calls));
+  out(tag + ".rs_pass", static_cast<long long>(
+                            s.counters[zerocta_op_reducescatter][zerocta_route_passthrough].calls));
   out(tag + ".created", static_cast<long long>(s.comms_created));
   out(tag + ".ce_ready", static_cast<long long>(s.comms_ce_ready));
   out(tag + ".pool_bytes", static_cast<long long>(s.pool_bytes));
@@ -276,8 +276,8 @@ std::array<uint8_t, kPatternPeriod> pattern_period(int rank, int replay) {
 // one allocation, or with DRV_AG_CHUNK=BYTES allocations of that size mapped back to back in one
 // reserved range, as PyTorch's expandable segments lay out a tensor (20 MiB each there).
 // DRV_AG_MEM=fabric: the same exportable as FABRIC handles only (as PyTorch's segments on an
-// IMEX node). DRV_AG_MEM=host: host memory, which no peer's copy engine reaches (a device pointer is a host
-// pointer in the fake, so NCCL's fake and this driver still read it alike).
+// IMEX node). DRV_AG_MEM=host: host memory, which no peer's copy engine reaches (a device pointer
+// is a host pointer in the fake, so NCCL's fake and this driver still read it alike).
 class Buffer {
  public:
   Buffer(size_t bytes, int device, const std::vector<int>& access) : bytes_(bytes) {
@@ -358,7 +358,9 @@ struct Gather {
   }
   // DRV_AG_IN_PLACE=1: the op sends this rank's slot of the receive buffer (FSDP2's way).
   static bool in_place() { return env_long("DRV_AG_IN_PLACE", 0) == 1; }
-  uint8_t* sent() const { return in_place() ? &recv[static_cast<size_t>(rank) * send.size()] : send.data(); }
+  uint8_t* sent() const {
+    return in_place() ? &recv[static_cast<size_t>(rank) * send.size()] : send.data();
+  }
   // This rank's pattern (of a replay) into what it sends, poison into the rest of the receive
   // buffer.
   void fill(int replay = -1) {
@@ -604,22 +606,56 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
 }
 
 // Reduce-scatters (DRV_RS=1, after the all-gathers): DRV_RS_REPEAT (default 3) ops of
-// DRV_RS_COUNT (default 1000) elements a rank of DRV_RS_TYPE (float or bf16), DRV_RS_OP (sum or
-// avg), DRV_RS_IN_PLACE=1 (the output is the rank's chunk of its input, as FSDP2 has it),
-// DRV_RS_FRESH=1 (new buffers for every op, the old ones freed first), DRV_RS_GROUP=1 (each op
-// in a group of its own). The inputs are small integers, new for every op, so that every order of
-// the sum (and a 2-rank average) is exact: each rank checks its output against the sum it makes
-// itself. Prints <tag>.rc (the first failure), <tag>.data_ok, <tag>.wrong (elements wrong) and
-// <tag>.async (ncclCommGetAsyncError after the ops).
+// DRV_RS_COUNT (default 1000) elements a rank of DRV_RS_TYPE (float or bf16), DRV_RS_OP (sum,
+// avg, or premul: a pre-multiplied sum of each rank's own scalar, rs_scalar(), made before each
+// call and destroyed right after it as PyTorch does, its scalar host-immediate or device-resident
+// as DRV_RS_SCALAR says: host, device, or mixed = odd ranks device), DRV_RS_IN_PLACE=1 (the output
+// is the rank's chunk of its input, as FSDP2 has it), DRV_RS_FRESH=1 (new buffers for every op, the
+// old ones freed first), DRV_RS_GROUP=1 (each op in a group of its own). The inputs are small
+// integers, new for every op, so that every order of the sum (and a 2-rank average) is exact: each
+// rank checks its output against the sum it makes itself. Prints <tag>.rc (the first failure),
+// <tag>.data_ok, <tag>.wrong (elements wrong) and <tag>.async (ncclCommGetAsyncError after the
+// ops).
 float rs_input(int rank, long op, size_t i) {
   return static_cast<float>((static_cast<size_t>(rank) * 5 + static_cast<size_t>(op) * 3 + i * 7) %
                             13);
+}
+
+// Rank r's scalar of a pre-multiplied sum: 0.5, 1 or 2, so that every sum stays exact.
+float rs_scalar(int rank) { return static_cast<float>(1 << (rank % 3)) * 0.5f; }
+
+// Makes this rank's pre-multiplied sum for `type` (bf16: the float's top half, exact here), its
+// scalar in `device_scalar` where DRV_RS_SCALAR puts it on the device.
+ncclRedOp_t make_premul(ncclComm_t c, int r, bool bf16, uint8_t* device_scalar) {
+  const std::string where = env_str("DRV_RS_SCALAR", "host");
+  const bool on_device = where == "device" || (where == "mixed" && r % 2 == 1);
+  const float f = rs_scalar(r);
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  const uint16_t top = static_cast<uint16_t>(bits >> 16);
+  const void* value = bf16 ? static_cast<const void*>(&top) : &bits;
+  void* scalar = const_cast<void*>(value);
+  if (on_device) {
+    memcpy(device_scalar, value, bf16 ? 2 : 4);
+    scalar = device_scalar;
+  }
+  ncclRedOp_t op = ncclSum;
+  const ncclResult_t res =
+      ncclRedOpCreatePreMulSum(&op, scalar, bf16 ? ncclBfloat16 : ncclFloat,
+                               on_device ? ncclScalarDevice : ncclScalarHostImmediate, c);
+  if (res != ncclSuccess) {
+    out("premul_create_failed", res);
+    _exit(4);
+  }
+  return op;
 }
 
 void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
   const size_t count = static_cast<size_t>(env_long("DRV_RS_COUNT", 1000));
   const bool bf16 = env_str("DRV_RS_TYPE", "float") == "bf16";
   const bool avg = env_str("DRV_RS_OP", "sum") == "avg";
+  const bool premul = env_str("DRV_RS_OP", "sum") == "premul";
+  Buffer device_scalar(4, g_device, std::vector<int>{g_device});
   const bool in_place = env_long("DRV_RS_IN_PLACE", 0) == 1;
   const bool fresh_each = env_long("DRV_RS_FRESH", 0) == 1;
   const bool grouped = env_long("DRV_RS_GROUP", 0) == 1;
@@ -664,9 +700,13 @@ void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
     uint8_t* out = in_place ? send->data() + static_cast<size_t>(r) * chunk : recv->data();
     if (!in_place) memset(out, 0xee, chunk);
     if (grouped) ncclGroupStart();
+    const ncclRedOp_t redop = premul ? make_premul(c, r, bf16, device_scalar.data())
+                              : avg  ? ncclAvg
+                                     : ncclSum;
     ncclResult_t res = ncclReduceScatter(send->data(), out, count, bf16 ? ncclBfloat16 : ncclFloat,
-                                         avg ? ncclAvg : ncclSum, c,
-                                         reinterpret_cast<cudaStream_t>(stream));
+                                         redop, c, reinterpret_cast<cudaStream_t>(stream));
+    const ncclResult_t destroyed = premul ? ncclRedOpDestroy(redop, c) : ncclSuccess;
+    if (rc == ncclSuccess) rc = destroyed;
     if (grouped) {
       const ncclResult_t end = ncclGroupEnd();
       if (res == ncclSuccess) res = end;
@@ -675,7 +715,8 @@ void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
     if (rc == ncclSuccess) rc = res;
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
-      for (int p = 0; p < n; ++p) want += rs_input(p, op, static_cast<size_t>(r) * count + i);
+      for (int p = 0; p < n; ++p)
+        want += rs_input(p, op, static_cast<size_t>(r) * count + i) * (premul ? rs_scalar(p) : 1);
       if (avg) want *= 0.5f;
       wrong += load(out + i * elem) != want;
     }
@@ -795,9 +836,9 @@ void end_comm(ncclComm_t c, const std::string& tag) {
     setenv("FAKE_CUDA_DELAY", "cuStreamSynchronize:5000,cuCtxSynchronize:5000", 1);
     const auto t0 = std::chrono::steady_clock::now();
     out(tag + ".abort", ncclCommAbort(c));
-    out(tag + ".abort_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::steady_clock::now() - t0)
-                               .count());
+    out(tag + ".abort_ms",
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
     out(tag + ".parked_hostreg", fake_cuda_live("hostreg"));
     unsetenv("FAKE_CUDA_BUSY_EVENTS");
     unsetenv("FAKE_CUDA_DELAY");
@@ -924,9 +965,9 @@ void rank_ahead_of_an_aborting_peer(ncclComm_t c, int rank, int nranks, long ahe
   for (; i < ahead && rc == ncclSuccess; ++i) rc = g.issue(c);
   out("ahead.rc", rc);
   out("ahead.failed_at", rc == ncclSuccess ? -1 : i - 1);
-  out("ahead.ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::steady_clock::now() - t0)
-                      .count());
+  out("ahead.ms",
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
   out("ahead.abort", ncclCommAbort(c));
 }
 
@@ -992,7 +1033,8 @@ void rank_two_comms(int rank, int nranks) {
   out("two.rc", rc);
   out("two.data_ok", a.data_ok() && b.data_ok(kSecondPattern));
   stats("two");
-  out("two.destroy", ncclCommDestroy(first) == ncclSuccess && ncclCommDestroy(second) == ncclSuccess);
+  out("two.destroy",
+      ncclCommDestroy(first) == ncclSuccess && ncclCommDestroy(second) == ncclSuccess);
 }
 
 // A split's or shrink's child: its rank and size, stats after `made_by`, one all-gather on it,
@@ -1053,8 +1095,9 @@ void rank_shrink(int rank, int nranks) {
   }
   if (!me_excluded) {
     ncclComm_t child = nullptr;
-    out("shrink.rc", ncclCommShrink(c, excluded.data(), static_cast<int>(excluded.size()), &child,
-                                    nullptr, abort_parent ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
+    out("shrink.rc",
+        ncclCommShrink(c, excluded.data(), static_cast<int>(excluded.size()), &child, nullptr,
+                       abort_parent ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
     if (abort_parent) {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t poll = ncclCommGetAsyncError(c, &state);
@@ -1202,8 +1245,8 @@ void rank_cycles(int rank, int nranks) {
 int grouped_ranks(int first, int local, int n);  // below, with the single-process scenarios
 
 int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
-  void* shared = mmap(nullptr, sizeof(RankBarrier), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* shared =
+      mmap(nullptr, sizeof(RankBarrier), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) return 3;
   g_barrier = new (shared) RankBarrier;
   g_nranks = nranks;
@@ -1244,8 +1287,7 @@ int run_ranks(int nranks, const std::string& scenario, int argc, char** argv) {
       else if (scenario == "grouped") {  // this process drives DRV_LOCAL_RANKS ranks
         const int local = static_cast<int>(env_long("DRV_LOCAL_RANKS", 2));
         grouped_ranks(rank * local, local, nranks * local);
-      }
-      else
+      } else
         out("unknown_scenario", scenario);
       out("done", 1);
       _exit(0);
