@@ -10,15 +10,23 @@
 // Every iteration all ranks draw from a shared generator: one reduce-scatter, a group of 2-3,
 // or a CUDA graph capturing 1-3 (grouped or not) that is replayed 3 times with fresh inputs
 // before each replay; and per op a datatype the route sums (float, bfloat16, half), a reduction
-// (sum, average) and a receive count whose input is log-uniform from 1 element a rank to
-// ZCTEST_RS_SOAK_MAX_BYTES (some next to powers of two). Each rank then chooses on its own: in
-// place (recv = send + rank * recvcount * size) or not, the stream (legacy, per-thread, a
-// blocking or a non-blocking stream of its own), offsets of a few elements into its buffers,
-// a delay of up to 2 ms before an op (so that either rank lags), and, now and then, new buffers
-// (the old ones freed first) from cudaMalloc or from cuMem in expandable-segment pieces.
-// Inputs are fresh finite values every op (regenerable from a seed by any rank, so the float64
-// reference needs no exchange), outputs and the bytes beside every buffer are poisoned with
-// NaNs first, and the input must be left as it was.
+// (sum, average, or a pre-multiplied sum: see below) and a receive count whose input is
+// log-uniform from 1 element a rank to ZCTEST_RS_SOAK_MAX_BYTES (some next to powers of two).
+// Each rank then chooses on its own: in place (recv = send + rank * recvcount * size) or not,
+// the stream (legacy, per-thread, a blocking or a non-blocking stream of its own), offsets of a
+// few elements into its buffers, a delay of up to 2 ms before an op (so that either rank lags),
+// and, now and then, new buffers (the old ones freed first) from cudaMalloc or from cuMem in
+// expandable-segment pieces. Inputs are fresh finite values every op (regenerable from a seed
+// by any rank, so the float64 reference needs no exchange), outputs and the bytes beside every
+// buffer are poisoned with NaNs first, and the input must be left as it was.
+//
+// A pre-multiplied sum is PyTorch's: every rank makes the op with ncclRedOpCreatePreMulSum
+// right before the call, with a scalar of its own, on the communicator under test and on the
+// reference alike, and destroys it as soon as the call has returned (in a group: before the
+// group ends). Rank q's scalar is kPreMulScalars[(pick + q) % 5], pick drawn per op alike on
+// every rank (so any rank knows every rank's scalar and up to 5 ranks all differ), rounded to
+// the type; it resides on the host (ncclScalarHostImmediate) or, drawn alike on every rank, in
+// a device buffer of the soak's that outlives the op (ncclScalarDevice).
 //
 // Routes: with ZCTEST_RS_SOAK_EXPECT_CE=1 (the default when the shim is preloaded with
 // ZEROCTA_REDUCESCATTER=zerocta) every eager reduce-scatter must have taken the copy-engine
@@ -37,6 +45,8 @@
 //     bound is)
 //   ZCTEST_RS_SOAK_MOVE_EVERY=N (25): a rank moves its buffers before about one iteration in N
 //     (0: never)
+//   ZCTEST_RS_SOAK_PREMUL (1): 0 draws no pre-multiplied sums (a library that leaves them to
+//     NCCL then still passes ZCTEST_RS_SOAK_EXPECT_CE=1)
 //   ZCTEST_RS_SOAK_TIMEOUT_S (600 + ops / 5)  ZCTEST_RS_SOAK_VERBOSE=1: every op's plan
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -85,7 +95,24 @@ constexpr RoutedType kRoutedTypes[] = {{ncclFloat32, RsElem::kF32, "float32"},
                                        {ncclBfloat16, RsElem::kBF16, "bfloat16"},
                                        {ncclFloat16, RsElem::kF16, "float16"}};
 constexpr int kTypes = static_cast<int>(sizeof kRoutedTypes / sizeof kRoutedTypes[0]);
-constexpr ncclRedOp_t kRoutedOps[] = {ncclSum, ncclAvg};
+
+// The reductions the soak draws (RsRed's order): NCCL's two built-in ones the route sums, and,
+// last (ZCTEST_RS_SOAK_PREMUL=0 leaves it out), a pre-multiplied sum made per call (kNoRedOp
+// here: the op is the call's own).
+constexpr ncclRedOp_t kNoRedOp = ncclMaxRedOp;
+struct RoutedRed {
+  RsRed kind;
+  ncclRedOp_t nccl;
+  const char* name;
+};
+constexpr RoutedRed kRoutedReds[] = {{RsRed::kSum, ncclSum, "sum"},
+                                     {RsRed::kAvg, ncclAvg, "avg"},
+                                     {RsRed::kPreMulSum, kNoRedOp, "premul"}};
+constexpr int kReds = static_cast<int>(sizeof kRoutedReds / sizeof kRoutedReds[0]);
+// A pre-multiplied sum's scalars: exact in every type but 1/3, which each type rounds.
+constexpr double kPreMulScalars[] = {0.5, 0.25, 1.5, 3.0, 1.0 / 3.0};
+constexpr int kPreMulScalarCount =
+    static_cast<int>(sizeof kPreMulScalars / sizeof kPreMulScalars[0]);
 
 enum class IterKind { kSingle, kGroup, kGraph };
 const char* iter_name(IterKind k) {
@@ -94,8 +121,10 @@ const char* iter_name(IterKind k) {
 
 struct OpPlan {
   // Alike on every rank.
-  int type = 0;  // into kRoutedTypes
-  ncclRedOp_t redop = ncclSum;
+  int type = 0;                   // into kRoutedTypes
+  int red = 0;                    // into kRoutedReds
+  int scalar_pick = 0;            // pre-multiplied sum: rank q's scalar is entry pick + q
+  bool scalar_on_device = false;  // pre-multiplied sum: ncclScalarDevice, else HostImmediate
   size_t recvcount = 0;
   // This rank's own.
   bool in_place = false;
@@ -107,6 +136,32 @@ struct OpPlan {
   size_t recv_region = 0;
   size_t elem() const { return rs_elem_bytes(kRoutedTypes[type].elem); }
   size_t chunk_bytes() const { return recvcount * elem(); }
+  bool premul() const { return kRoutedReds[red].kind == RsRed::kPreMulSum; }
+  // Rank q's scalar of a pre-multiplied sum, in the type's bits.
+  uint32_t scalar_bits(int q) const {
+    return rs_scalar_bits(kRoutedTypes[type].elem,
+                          kPreMulScalars[(scalar_pick + q) % kPreMulScalarCount]);
+  }
+  // Rank q's scalar as the bytes NCCL reads for the type (4 or 2): the returned value's own,
+  // so it must outlive their use.
+  struct ScalarValue {
+    uint32_t bits32;
+    uint16_t bits16;
+    void* bytes(size_t elem) { return elem == 4 ? static_cast<void*>(&bits32) : &bits16; }
+  };
+  ScalarValue scalar_value(int q) const {
+    const uint32_t bits = scalar_bits(q);
+    return {bits, static_cast<uint16_t>(bits)};
+  }
+  // The reduction as the float64 reference applies it, every rank's scalar included.
+  RsReduction reduction(int nranks) const {
+    RsReduction r;
+    r.kind = kRoutedReds[red].kind;
+    if (premul())
+      for (int q = 0; q < nranks; ++q)
+        r.scale[q] = rs_to_double(kRoutedTypes[type].elem, scalar_bits(q));
+    return r;
+  }
 };
 
 struct IterPlan {
@@ -124,6 +179,7 @@ struct Config {
   long move_every;
   bool expect_ce;
   bool bitwise;
+  bool premul;
   long watchdog_s;
   bool verbose;
 };
@@ -142,6 +198,7 @@ Config read_config() {
       shim_get_stats() != nullptr && mode != nullptr && std::string(mode) == "zerocta";
   c.expect_ce = env_long("ZCTEST_RS_SOAK_EXPECT_CE", asked ? 1 : 0) != 0;
   c.bitwise = env_long("ZCTEST_RS_SOAK_BITWISE", c.nranks == 2 ? 1 : 0) != 0;
+  c.premul = env_long("ZCTEST_RS_SOAK_PREMUL", 1) != 0;
   c.watchdog_s = env_long("ZCTEST_RS_SOAK_WATCHDOG_S", 120);
   c.verbose = env_long("ZCTEST_RS_SOAK_VERBOSE", 0) != 0;
   return c;
@@ -149,7 +206,7 @@ Config read_config() {
 
 // What a rank leaves for the parent in its shared block. Counts of ops, not of elements.
 struct TypeSummary {
-  uint64_t ops[2];         // by kRoutedOps
+  uint64_t ops[kReds];     // by kRoutedReds
   double max_out_error;    // |output - float64|
   double max_nccl_error;   // |NCCL's output - float64|
   double max_out_vs_nccl;  // |output - NCCL's output|
@@ -171,6 +228,14 @@ double from_ordered_bits(unsigned long long bits) {
   return d;
 }
 
+// How a pre-multiplied sum is made and dropped: through the public symbols (the shim's where it
+// is preloaded) on the communicator under test, through NCCL's own on the reference.
+struct PreMulApi {
+  decltype(&ncclRedOpCreatePreMulSum) create = nullptr;
+  decltype(&ncclRedOpDestroy) destroy = nullptr;
+};
+const PreMulApi kPublicPreMul = {ncclRedOpCreatePreMulSum, ncclRedOpDestroy};
+
 // NCCL's own entry points, from the libnccl.so.2 this process loaded (the test links it):
 // dlsym on that library's handle finds its definitions, never the preloaded shim's, so the
 // reference communicator is one the shim never sees and its results are NCCL's alone.
@@ -179,6 +244,7 @@ struct RealNccl {
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
   decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  PreMulApi premul;
 };
 
 template <typename Fn>
@@ -199,6 +265,8 @@ RealNccl load_real_nccl() {
   find_real(lib, "ncclReduceScatter", &r.reduce_scatter);
   find_real(lib, "ncclCommGetAsyncError", &r.comm_get_async_error);
   find_real(lib, "ncclCommDestroy", &r.comm_destroy);
+  find_real(lib, "ncclRedOpCreatePreMulSum", &r.premul.create);
+  find_real(lib, "ncclRedOpDestroy", &r.premul.destroy);
   // With the shim preloaded the public name is the shim's: a reference through it would
   // compare the shim with itself.
   if (shim_get_stats() != nullptr &&
@@ -288,6 +356,7 @@ class RsSoak {
     ZG_CUDA(cudaMalloc(&ref_send_, send_capacity_));
     ZG_CUDA(cudaMalloc(&ref_recv_, recv_capacity_));
     ZG_CUDA(cudaMalloc(&checks_, sizeof(RsOpCheck) * kMaxOps));
+    ZG_CUDA(cudaMalloc(&scalars_, sizeof(uint32_t) * 2 * kMaxOps));
     allocate_user_buffers();
   }
 
@@ -297,6 +366,7 @@ class RsSoak {
     cudaFree(ref_send_);
     cudaFree(ref_recv_);
     cudaFree(checks_);
+    cudaFree(scalars_);
     cudaStreamDestroy(ref_stream_);
     cudaStreamDestroy(verify_stream_);
     if (comm_) ncclCommDestroy(comm_);
@@ -308,10 +378,10 @@ class RsSoak {
     if (ctx_.rank == 0) {
       printf(
           "rs-soak: seed=%llu ops=%ld nranks=%d max_input_bytes=%zu nccl=%d zerocta=%s "
-          "expect_ce=%d bitwise=%d\n",
+          "expect_ce=%d bitwise=%d premul=%d\n",
           static_cast<unsigned long long>(cfg_.seed), cfg_.ops, ctx_.nranks, cfg_.max_input,
           real_nccl_version(), shim_get_stats() ? "yes" : "no", cfg_.expect_ce ? 1 : 0,
-          cfg_.bitwise ? 1 : 0);
+          cfg_.bitwise ? 1 : 0, cfg_.premul ? 1 : 0);
       fflush(stdout);
     }
     uint64_t next_progress = 1000;
@@ -394,6 +464,11 @@ class RsSoak {
   size_t input_bytes(const OpPlan& op) const {
     return op.chunk_bytes() * static_cast<size_t>(ctx_.nranks);
   }
+  // Op j's device-resident scalar (the reference's apart): written on the op's stream before
+  // every run, read by the op when it runs, never freed while the soak runs.
+  void* device_scalar(size_t j, bool ref) const {
+    return static_cast<uint8_t*>(scalars_) + (ref ? kMaxOps + j : j) * sizeof(uint32_t);
+  }
 
   // --- plans -----------------------------------------------------------------------------
 
@@ -412,7 +487,11 @@ class RsSoak {
     plan.ops.resize(static_cast<size_t>(nops));
     for (OpPlan& op : plan.ops) {
       op.type = static_cast<int>(shared_rng_.below(kTypes));
-      op.redop = kRoutedOps[shared_rng_.below(2)];
+      op.red = static_cast<int>(shared_rng_.below(cfg_.premul ? kReds : kReds - 1));
+      if (op.premul()) {
+        op.scalar_pick = static_cast<int>(shared_rng_.below(kPreMulScalarCount));
+        op.scalar_on_device = shared_rng_.chance(0.5);
+      }
       op.recvcount = draw_soak_count(shared_rng_, cfg_.max_input / static_cast<size_t>(nops),
                                      op.elem(), ctx_.nranks);
     }
@@ -447,7 +526,13 @@ class RsSoak {
 
   std::string describe(long it, const IterPlan& plan, size_t j, int replay) const {
     const OpPlan& op = plan.ops[j];
-    char buf[640];
+    char redop[96];
+    snprintf(redop, sizeof redop, "%s", kRoutedReds[op.red].name);
+    if (op.premul())
+      snprintf(redop, sizeof redop, "premul(own scalar %.9g on the %s)",
+               rs_to_double(kRoutedTypes[op.type].elem, op.scalar_bits(ctx_.rank)),
+               op.scalar_on_device ? "device" : "host");
+    char buf[704];
     snprintf(buf, sizeof buf,
              "op=%llu iteration=%ld kind=%s%s%s op_in_iteration=%zu/%zu replay=%d rank=%d "
              "dtype=%s redop=%s recvcount=%zu input_bytes=%zu in_place=%d stream=%s "
@@ -457,18 +542,17 @@ class RsSoak {
              plan.kind != IterKind::kGraph                      ? ""
              : plan.capture_mode == cudaStreamCaptureModeGlobal ? "(capture global)"
                                                                 : "(capture thread-local)",
-             j + 1, plan.ops.size(), replay, ctx_.rank, kRoutedTypes[op.type].name,
-             op.redop == ncclAvg ? "avg" : "sum", op.recvcount, input_bytes(op),
-             op.in_place ? 1 : 0, stream_name(op.stream), op.send_offset, op.recv_offset,
-             op.delay_us, memory_name(memory_));
+             j + 1, plan.ops.size(), replay, ctx_.rank, kRoutedTypes[op.type].name, redop,
+             op.recvcount, input_bytes(op), op.in_place ? 1 : 0, stream_name(op.stream),
+             op.send_offset, op.recv_offset, op.delay_us, memory_name(memory_));
     return buf;
   }
 
   // --- one iteration ---------------------------------------------------------------------
 
-  // Poisons the op's buffers (and the bytes beside them), then writes this rank's fresh input:
-  // the op's on `stream`, the reference's alike on its own stream.
-  void prepare(const OpPlan& op, uint64_t seed, cudaStream_t stream) {
+  // Poisons op j's buffers (and the bytes beside them), then writes this rank's fresh input and
+  // a device-resident scalar: the op's on `stream`, the reference's alike on its own stream.
+  void prepare(const OpPlan& op, size_t j, uint64_t seed, cudaStream_t stream) {
     const RsElem t = kRoutedTypes[op.type].elem;
     const size_t count = op.recvcount * static_cast<size_t>(ctx_.nranks);
     for (const bool ref : {false, true}) {
@@ -481,22 +565,57 @@ class RsSoak {
             cudaMemsetAsync(recv_base, kNanPoison, op.recv_offset + op.chunk_bytes() + kGuard, s));
       }
       rs_fill_input(send_ptr(op, ref), t, count, seed, ctx_.rank, s);
+      if (op.premul() && op.scalar_on_device) {
+        // Pageable source: CUDA copies it before the call returns.
+        OpPlan::ScalarValue v = op.scalar_value(ctx_.rank);
+        ZG_CUDA(cudaMemcpyAsync(device_scalar(j, ref), v.bytes(op.elem()), op.elem(),
+                                cudaMemcpyHostToDevice, s));
+      }
     }
     ZG_CUDA(cudaGetLastError());
+  }
+
+  // Op j's reduction for one call on `comm`: ncclSum or ncclAvg, or a pre-multiplied sum made
+  // now with this rank's scalar (NCCL copies a host one at once; a device one is op j's slot).
+  ncclRedOp_t make_redop(const PreMulApi& api, ncclComm_t comm, const OpPlan& op, size_t j,
+                         bool ref, const std::string& what) const {
+    if (!op.premul()) return kRoutedReds[op.red].nccl;
+    OpPlan::ScalarValue v = op.scalar_value(ctx_.rank);
+    void* scalar = op.scalar_on_device ? device_scalar(j, ref) : v.bytes(op.elem());
+    ncclRedOp_t redop = kNoRedOp;
+    const ncclResult_t res =
+        api.create(&redop, scalar, kRoutedTypes[op.type].nccl,
+                   op.scalar_on_device ? ncclScalarDevice : ncclScalarHostImmediate, comm);
+    if (res != ncclSuccess)
+      fail(what + (ref ? ": the reference's" : ":") + " ncclRedOpCreatePreMulSum returned " +
+           ncclGetErrorString(res));
+    return redop;
+  }
+  // Drops what make_redop made, as soon as the call that used it has returned (PyTorch's way).
+  void drop_redop(const PreMulApi& api, ncclComm_t comm, const OpPlan& op, ncclRedOp_t redop,
+                  bool ref, const std::string& what) const {
+    if (!op.premul()) return;
+    const ncclResult_t res = api.destroy(redop, comm);
+    if (res != ncclSuccess)
+      fail(what + (ref ? ": the reference's" : ":") + " ncclRedOpDestroy returned " +
+           ncclGetErrorString(res));
   }
 
   // The reduce-scatters through the public symbols: the shim's where it is preloaded.
   void issue(const IterPlan& plan, bool eager, const std::string& what) {
     if (plan.grouped) ZG_NCCL(ncclGroupStart());
-    for (const OpPlan& op : plan.ops) {
+    for (size_t j = 0; j < plan.ops.size(); ++j) {
+      const OpPlan& op = plan.ops[j];
       cudaStream_t s = streams_.get(op.stream);
       if (eager && op.delay_us > 0) launch_delay(op.delay_us, s);
+      const ncclRedOp_t redop = make_redop(kPublicPreMul, comm_, op, j, false, what);
       const ncclResult_t res =
           ncclReduceScatter(send_ptr(op, false), recv_ptr(op, false), op.recvcount,
-                            kRoutedTypes[op.type].nccl, op.redop, comm_, s);
+                            kRoutedTypes[op.type].nccl, redop, comm_, s);
       if (res != ncclSuccess)
         fail(what + ": ncclReduceScatter returned " + ncclGetErrorString(res) +
              "; last error: " + ncclGetLastError(comm_));
+      drop_redop(kPublicPreMul, comm_, op, redop, false, what);
     }
     if (plan.grouped) {
       const ncclResult_t res = ncclGroupEnd();
@@ -508,12 +627,15 @@ class RsSoak {
 
   // NCCL's result for the same inputs, on the reference communicator.
   void issue_reference(const IterPlan& plan, const std::string& what) {
-    for (const OpPlan& op : plan.ops) {
+    for (size_t j = 0; j < plan.ops.size(); ++j) {
+      const OpPlan& op = plan.ops[j];
+      const ncclRedOp_t redop = make_redop(real_.premul, ref_comm_, op, j, true, what);
       const ncclResult_t res =
           real_.reduce_scatter(send_ptr(op, true), recv_ptr(op, true), op.recvcount,
-                               kRoutedTypes[op.type].nccl, op.redop, ref_comm_, ref_stream_);
+                               kRoutedTypes[op.type].nccl, redop, ref_comm_, ref_stream_);
       if (res != ncclSuccess)
         fail(what + ": the reference ncclReduceScatter returned " + ncclGetErrorString(res));
+      drop_redop(real_.premul, ref_comm_, op, redop, true, what);
     }
   }
 
@@ -540,7 +662,7 @@ class RsSoak {
     std::vector<uint64_t> seeds;
     for (size_t j = 0; j < plan.ops.size(); ++j) {
       seeds.push_back(seed_of({cfg_.seed, static_cast<uint64_t>(it), j, 0}));
-      prepare(plan.ops[j], seeds[j], streams_.get(plan.ops[j].stream));
+      prepare(plan.ops[j], j, seeds[j], streams_.get(plan.ops[j].stream));
     }
     const uint64_t ce_before = shim_calls(zerocta_route_ce);
     issue(plan, true, what);
@@ -580,7 +702,7 @@ class RsSoak {
       for (size_t j = 0; j < plan.ops.size(); ++j) {
         seeds.push_back(
             seed_of({cfg_.seed, static_cast<uint64_t>(it), j, static_cast<uint64_t>(replay + 1)}));
-        prepare(plan.ops[j], seeds[j], s);
+        prepare(plan.ops[j], j, seeds[j], s);
       }
       ZG_CUDA(cudaGraphLaunch(exec, s));
       issue_reference(plan, what + " replay " + std::to_string(replay));
@@ -603,7 +725,7 @@ class RsSoak {
       RsOpCheck* c = checks_ + j;
       rs_reset_check(c, verify_stream_);
       rs_check_output(recv_ptr(op, false), recv_ptr(op, true), t, op.recvcount, mine, ctx_.nranks,
-                      op.redop == ncclAvg, seeds[j], c, verify_stream_);
+                      op.reduction(ctx_.nranks), seeds[j], c, verify_stream_);
       rs_check_input_kept(send_ptr(op, false), t, op.recvcount * n, op.in_place ? mine : 0,
                           op.in_place ? mine + op.recvcount : 0, seeds[j], ctx_.rank, c,
                           verify_stream_);
@@ -634,7 +756,7 @@ class RsSoak {
              const RsOpCheck& c) {
     const OpPlan& op = plan.ops[j];
     TypeSummary& ts = types_[op.type];
-    ++ts.ops[op.redop == ncclAvg ? 1 : 0];
+    ++ts.ops[op.red];
     ts.max_out_error = std::max(ts.max_out_error, from_ordered_bits(c.max_out_error));
     ts.max_nccl_error = std::max(ts.max_nccl_error, from_ordered_bits(c.max_nccl_error));
     ts.max_out_vs_nccl = std::max(ts.max_out_vs_nccl, from_ordered_bits(c.max_out_vs_nccl));
@@ -697,10 +819,9 @@ class RsSoak {
         cudaMemcpy(&nccl, recv_ptr(op, true) + at, op.elem(), cudaMemcpyDeviceToHost) !=
             cudaSuccess)
       return "element " + std::to_string(index) + " (could not be read back)";
-    double sum = 0;
-    for (int q = 0; q < ctx_.nranks; ++q)
-      sum += rs_to_double(t, rs_input_bits(t, seed, q, ctx_.rank * op.recvcount + index));
-    if (op.redop == ncclAvg) sum /= ctx_.nranks;
+    double magnitude = 0;
+    const double sum = rs_reference(t, seed, ctx_.nranks, ctx_.rank * op.recvcount + index,
+                                    op.reduction(ctx_.nranks), &magnitude);
     char buf[256];
     snprintf(buf, sizeof buf, "element %llu: got 0x%0*x (%.9g) nccl 0x%0*x (%.9g) float64 %.17g",
              index, static_cast<int>(2 * op.elem()), got, rs_to_double(t, got),
@@ -751,6 +872,7 @@ class RsSoak {
   void* ref_send_ = nullptr;  // the reference's, cudaMalloc, never moved
   void* ref_recv_ = nullptr;
   RsOpCheck* checks_ = nullptr;
+  void* scalars_ = nullptr;  // device-resident scalars: kMaxOps for comm_, then ref_comm_'s
   size_t send_capacity_ = 0;
   size_t recv_capacity_ = 0;
   uint64_t ops_ = 0, eager_ops_ = 0, replayed_ops_ = 0, captured_calls_ = 0;
@@ -782,11 +904,12 @@ void print_rank_summary(int rank, const RsSoakResult& r) {
   for (int t = 0; t < kTypes; ++t) {
     const TypeSummary& s = r.types[t];
     printf(
-        "rs-soak: rank %d %-8s ops=%llu (sum %llu, avg %llu) max|zerocta-float64|=%.6g "
-        "max|nccl-float64|=%.6g max|zerocta-nccl|=%.6g\n",
-        rank, kRoutedTypes[t].name, static_cast<unsigned long long>(s.ops[0] + s.ops[1]),
+        "rs-soak: rank %d %-8s ops=%llu (sum %llu, avg %llu, premul %llu) "
+        "max|zerocta-float64|=%.6g max|nccl-float64|=%.6g max|zerocta-nccl|=%.6g\n",
+        rank, kRoutedTypes[t].name, static_cast<unsigned long long>(s.ops[0] + s.ops[1] + s.ops[2]),
         static_cast<unsigned long long>(s.ops[0]), static_cast<unsigned long long>(s.ops[1]),
-        s.max_out_error, s.max_nccl_error, s.max_out_vs_nccl);
+        static_cast<unsigned long long>(s.ops[2]), s.max_out_error, s.max_nccl_error,
+        s.max_out_vs_nccl);
   }
   if (r.shim_loaded) {
     printf("rs-soak: rank %d zerocta reduce-scatter calls by route:", rank);
@@ -801,6 +924,8 @@ TEST(ReduceScatterSoak, Randomized) {
   const Config cfg = read_config();
   if (cfg.nranks < 2) GTEST_SKIP() << "needs at least 2 ranks";
   ZG_REQUIRE_GPUS(cfg.nranks);
+  ASSERT_LE(cfg.nranks, kRsMaxRanks)
+      << "the float64 reference sums " << kRsMaxRanks << " ranks at most (ZCTEST_RS_SOAK_NRANKS)";
   RunOptions options = default_run_options(static_cast<int>(600 + cfg.ops / 5));
   options.total_timeout_s =
       static_cast<int>(env_long("ZCTEST_RS_SOAK_TIMEOUT_S", options.total_timeout_s));

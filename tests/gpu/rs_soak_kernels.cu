@@ -1,5 +1,9 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cfloat>
 #include <climits>
+#include <cstring>
 
 #include "rs_soak_kernels.h"
 
@@ -52,27 +56,19 @@ __global__ void fill_kernel(Bits* dst, RsElem t, size_t count, uint64_t seed, in
 
 template <typename Bits>
 __global__ void check_output_kernel(const Bits* out, const Bits* nccl_out, RsElem t, size_t count,
-                                    uint64_t first_index, int nranks, bool average, uint64_t seed,
-                                    double unit, double tiny, RsOpCheck* c) {
+                                    uint64_t first_index, int nranks, RsReduction red,
+                                    uint64_t seed, double unit, double tiny, RsOpCheck* c) {
   unsigned long long max_out = 0, max_nccl = 0, max_between = 0;
   RS_FOR_EACH(j, count) {
-    // The exact sum: up to 8 terms of 24 significant bits within 6 binades fit in 53 bits.
-    double sum = 0, magnitude = 0;
-    for (int q = 0; q < nranks; ++q) {
-      const double v = rs_to_double(t, rs_input_bits(t, seed, q, first_index + j));
-      sum += v;
-      magnitude += fabs(v);
-    }
-    if (average) {
-      sum /= nranks;
-      magnitude /= nranks;
-    }
+    double magnitude = 0;
+    const double sum = rs_reference(t, seed, nranks, first_index + j, red, &magnitude);
     const uint32_t o = out[j], r = nccl_out[j];
     if (o != r) note(&c->differ_from_nccl, &c->first_differ_from_nccl, j);
     const double od = rs_to_double(t, o), rd = rs_to_double(t, r);
     const double out_error = fabs(od - sum), nccl_error = fabs(rd - sum);
-    // Each of the nranks - 1 additions (and a pre-multiplication) rounds once, by at most the
-    // unit roundoff of the partial sum; twice that leaves room for either order.
+    // Each of the nranks - 1 additions and each pre-multiplication (average: by the rounded
+    // 1/n; pre-multiplied sum: by each rank's scalar) rounds once, by at most the unit roundoff
+    // of the partial sum or product; twice that leaves room for either order.
     const double bound = 2.0 * nranks * unit * magnitude + tiny;
     if (!(out_error <= bound)) note(&c->out_beyond_bound, &c->first_out_beyond_bound, j);
     if (!(nccl_error <= bound)) note(&c->nccl_beyond_bound, &c->first_nccl_beyond_bound, j);
@@ -104,6 +100,24 @@ __global__ void poison_kernel(const uint8_t* p, size_t len, uint8_t value, unsig
 
 }  // namespace
 
+uint32_t rs_scalar_bits(RsElem t, double value) {
+  const float f = static_cast<float>(value);
+  if (t == RsElem::kF32) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+  }
+  uint16_t bits;
+  if (t == RsElem::kF16) {
+    const __half h = __float2half_rn(f);
+    memcpy(&bits, &h, sizeof bits);
+  } else {
+    const __nv_bfloat16 h = __float2bfloat16_rn(f);
+    memcpy(&bits, &h, sizeof bits);
+  }
+  return bits;
+}
+
 void rs_reset_check(RsOpCheck* device_check, cudaStream_t stream) {
   static const RsOpCheck initial = {0, ULLONG_MAX, 0, ULLONG_MAX, 0, ULLONG_MAX, 0, ULLONG_MAX,
                                     0, ULLONG_MAX, 0, 0,          0};
@@ -122,18 +136,18 @@ void rs_fill_input(void* dst, RsElem t, size_t count, uint64_t seed, int src, cu
 }
 
 void rs_check_output(const void* out, const void* nccl_out, RsElem t, size_t count,
-                     uint64_t first_index, int nranks, bool average, uint64_t seed,
+                     uint64_t first_index, int nranks, const RsReduction& red, uint64_t seed,
                      RsOpCheck* device_check, cudaStream_t stream) {
   if (count == 0) return;
   const double unit = unit_roundoff(t), tiny = smallest_subnormal(t);
   if (t == RsElem::kF32) {
     check_output_kernel<<<grid_for(count), kThreads, 0, stream>>>(
         static_cast<const uint32_t*>(out), static_cast<const uint32_t*>(nccl_out), t, count,
-        first_index, nranks, average, seed, unit, tiny, device_check);
+        first_index, nranks, red, seed, unit, tiny, device_check);
   } else {
     check_output_kernel<<<grid_for(count), kThreads, 0, stream>>>(
         static_cast<const uint16_t*>(out), static_cast<const uint16_t*>(nccl_out), t, count,
-        first_index, nranks, average, seed, unit, tiny, device_check);
+        first_index, nranks, red, seed, unit, tiny, device_check);
   }
 }
 

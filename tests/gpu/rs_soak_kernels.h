@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -83,6 +84,44 @@ ZG_HOST_DEVICE inline double rs_to_double(RsElem t, uint32_t bits) {
   return sign ? -magnitude : magnitude;
 }
 
+// How an op reduces the ranks' inputs: NCCL's sum, its average, or a pre-multiplied sum
+// (ncclRedOpCreatePreMulSum), where each rank's input is multiplied by that rank's own scalar.
+enum class RsRed : uint8_t { kSum, kAvg, kPreMulSum };
+
+// Ranks the float64 reference sums exactly (see rs_reference).
+constexpr int kRsMaxRanks = 8;
+
+struct RsReduction {
+  RsRed kind = RsRed::kSum;
+  double scale[kRsMaxRanks] = {};  // kPreMulSum: rank q's scalar, as the element type holds it
+};
+
+// The scalar `value` in the element type's bits (fp16/bf16: the low 16), rounded to float and
+// then to the type, to nearest even each time, as NCCL rounds ncclAvg's 1/n.
+uint32_t rs_scalar_bits(RsElem t, double value);
+
+// Output element `index` of an op seeded with `seed` in float64: the reduction of input element
+// `index` of ranks 0 .. nranks - 1 (nranks <= kRsMaxRanks). Exact for the sum: up to 8 terms of
+// 24 significant bits within 6 binades fit in 53 bits; a product with a scalar of the type is
+// exact too, their sum within a rounding of float64. *magnitude gets the sum of the terms'
+// magnitudes (reduced alike), the scale of the rounding an element type's sum may add.
+ZG_HOST_DEVICE inline double rs_reference(RsElem t, uint64_t seed, int nranks, uint64_t index,
+                                          const RsReduction& red, double* magnitude) {
+  double sum = 0, total = 0;
+  for (int q = 0; q < nranks; ++q) {
+    double v = rs_to_double(t, rs_input_bits(t, seed, q, index));
+    if (red.kind == RsRed::kPreMulSum) v *= red.scale[q];
+    sum += v;
+    total += fabs(v);
+  }
+  if (red.kind == RsRed::kAvg) {
+    sum /= nranks;
+    total /= nranks;
+  }
+  *magnitude = total;
+  return sum;
+}
+
 // What the checks of one op found. Offsets are element indices into the checked range (bytes
 // for the poison), ~0 when none; maxima are the bits of non-negative doubles (ordered as the
 // doubles are), +infinity for a NaN.
@@ -100,12 +139,12 @@ void rs_reset_check(RsOpCheck* device_check, cudaStream_t stream);
 // dst[i] = rs_input_bits(t, seed, src, i) for i < count.
 void rs_fill_input(void* dst, RsElem t, size_t count, uint64_t seed, int src, cudaStream_t stream);
 
-// One rank's output of a reduce-scatter: `count` elements at `out`, the sum (or, `average`,
-// the mean) over the `nranks` ranks of input elements first_index .. first_index + count - 1.
-// Compares `out` with NCCL's output `nccl_out` bit for bit, and both with the exact sum in
-// float64 within the rounding of a sum of nranks terms in the element type.
+// One rank's output of a reduce-scatter: `count` elements at `out`, the reduction `red` over
+// the `nranks` ranks of input elements first_index .. first_index + count - 1. Compares `out`
+// with NCCL's output `nccl_out` bit for bit, and both with rs_reference within the rounding of
+// a sum of nranks terms in the element type.
 void rs_check_output(const void* out, const void* nccl_out, RsElem t, size_t count,
-                     uint64_t first_index, int nranks, bool average, uint64_t seed,
+                     uint64_t first_index, int nranks, const RsReduction& red, uint64_t seed,
                      RsOpCheck* device_check, cudaStream_t stream);
 
 // Checks that the `count` input elements of rank `src` at `in` are still as rs_fill_input

@@ -11,8 +11,8 @@
 #include "kernels.h"
 #include "nccl_ranks.h"
 #include "peer_push.h"
-#include "rs_kernels.h"
 #include "push_steps.h"
+#include "rs_kernels.h"
 #include "shim_stats.h"
 #include "timing.h"
 
@@ -273,7 +273,7 @@ void run_nccl_contention(const Options& o, PathId path, int worker_rank, int nra
     std::vector<Placement> place;
     for (int i = 0; i < nr.size(); ++i)
       place.push_back(place_buffers(op, in_place, nr.rank(i), shape, send[i], recv[i]));
-    nr.collective(op, place, shape.count, o.dtype.nccl, streams, o.nccl_redop());
+    nr.collective(op, place, shape.count, o.dtype.nccl, streams, o.reduction());
   };
   run_contention(c);
   nr.check_async_error();

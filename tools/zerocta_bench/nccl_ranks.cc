@@ -85,6 +85,9 @@ NcclRanks::NcclRanks(const Options& o, PathId path, int worker_rank, int nranks,
   }
   check_shim(path, shim_);
   const ncclUniqueId id = unique_id(ranks_.front().rank == 0, every, ch);
+  std::vector<int> local;
+  for (const Rank& k : ranks_) local.push_back(k.rank);
+  scalars_ = std::make_unique<DeviceScalars>(o.reduction(), o.dtype.nccl, local, nranks);
 
   // The init time is the communicators' alone: the CUDA contexts exist (cudaFree(0)) and every
   // process starts together, so no process's start-up is counted by its peers.
@@ -198,7 +201,7 @@ void NcclRanks::register_windows(size_t bytes) {
 
 void NcclRanks::collective(CollOp op, const std::vector<Placement>& place, size_t count,
                            ncclDataType_t type, const std::vector<cudaStream_t>& streams,
-                           ncclRedOp_t redop) {
+                           RedOp redop) {
   LocalGroup group(size() > 1);
   for (int i = 0; i < size(); ++i) {
     if (size() > 1) set_device(i);
@@ -209,12 +212,18 @@ void NcclRanks::collective(CollOp op, const std::vector<Placement>& place, size_
       case CollOp::kAllGather:
         ZCB_NCCL(ncclAllGather(send, recv, count, type, comm, streams[i]));
         break;
-      case CollOp::kAllReduce:
-        ZCB_NCCL(ncclAllReduce(send, recv, count, type, redop, comm, streams[i]));
+      case CollOp::kAllReduce: {
+        const CallRedOp red(kPublicPreMulCalls, redop, type, rank(i), nranks_, comm,
+                            scalars_->get(i));
+        ZCB_NCCL(ncclAllReduce(send, recv, count, type, red.get(), comm, streams[i]));
         break;
-      case CollOp::kReduceScatter:
-        ZCB_NCCL(ncclReduceScatter(send, recv, count, type, redop, comm, streams[i]));
+      }
+      case CollOp::kReduceScatter: {
+        const CallRedOp red(kPublicPreMulCalls, redop, type, rank(i), nranks_, comm,
+                            scalars_->get(i));
+        ZCB_NCCL(ncclReduceScatter(send, recv, count, type, red.get(), comm, streams[i]));
         break;
+      }
       case CollOp::kBroadcast:
         ZCB_NCCL(ncclBroadcast(send, recv, count, type, kBroadcastRoot, comm, streams[i]));
         break;

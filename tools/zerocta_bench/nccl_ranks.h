@@ -18,6 +18,7 @@
 #include "coll_op.h"
 #include "cumem_buffer.h"
 #include "options.h"
+#include "premul_op.h"
 #include "shim_stats.h"
 
 namespace zcb {
@@ -48,10 +49,11 @@ class NcclRanks {
   void free_buffers();
 
   // One collective on every local rank, nccl-tests' arguments (count as CollShape::count,
-  // root kBroadcastRoot, `redop` for the reductions: ncclSum, or --redop's for reduce-scatters);
-  // place[i] and streams[i] belong to local rank i.
+  // root kBroadcastRoot, `redop` for the reductions: Options::reduction(), a pre-multiplied sum
+  // made and destroyed around each rank's call, premul_op.h); place[i] and streams[i] belong
+  // to local rank i.
   void collective(CollOp op, const std::vector<Placement>& place, size_t count, ncclDataType_t type,
-                  const std::vector<cudaStream_t>& streams, ncclRedOp_t redop = ncclSum);
+                  const std::vector<cudaStream_t>& streams, RedOp redop = RedOp::kSum);
   // fatal() if a communicator reports an asynchronous error.
   void check_async_error();
 
@@ -85,6 +87,7 @@ class NcclRanks {
   double windows_ms_ = 0;
   Channel* ch_;
   ShimProbe shim_;
+  std::unique_ptr<DeviceScalars> scalars_;  // --redop premul-dev's, one per local rank
 };
 
 // The NCCL calls of a window registration, as a table so that the self-test can stand in for

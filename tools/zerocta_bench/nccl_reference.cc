@@ -19,6 +19,7 @@ struct NcclReference::Api {
                                  ncclComm_t, cudaStream_t);
   ncclResult_t (*comm_finalize)(ncclComm_t);
   ncclResult_t (*comm_destroy)(ncclComm_t);
+  PreMulCalls premul;
 };
 
 namespace {
@@ -41,12 +42,12 @@ void resolve(void* lib, const char* name, Fn* out) {
   *out = reinterpret_cast<Fn>(sym);
 }
 
-#define ZCB_REAL_NCCL(call)                                                                  \
-  do {                                                                                       \
-    ncclResult_t r_ = (call);                                                                \
-    if (r_ != ncclSuccess)                                                                   \
-      ::zcb::fatal("reference %s failed: %s (%d) (%s:%d)", #call, ncclGetErrorString(r_),    \
-                   static_cast<int>(r_), __FILE__, __LINE__);                                \
+#define ZCB_REAL_NCCL(call)                                                               \
+  do {                                                                                    \
+    ncclResult_t r_ = (call);                                                             \
+    if (r_ != ncclSuccess)                                                                \
+      ::zcb::fatal("reference %s failed: %s (%d) (%s:%d)", #call, ncclGetErrorString(r_), \
+                   static_cast<int>(r_), __FILE__, __LINE__);                             \
   } while (0)
 
 }  // namespace
@@ -69,13 +70,20 @@ const NcclReference::Api* real_nccl_api() {
   resolve(lib, "ncclReduceScatter", &api.reduce_scatter);
   resolve(lib, "ncclCommFinalize", &api.comm_finalize);
   resolve(lib, "ncclCommDestroy", &api.comm_destroy);
+  resolve(lib, "ncclRedOpCreatePreMulSum", &api.premul.create);
+  resolve(lib, "ncclRedOpDestroy", &api.premul.destroy);
   done = true;
   return &api;
 }
 }  // namespace
 
-NcclReference::NcclReference(const std::vector<int>& ranks, int nranks, Channel* ch)
-    : api_(real_nccl_api()), ranks_(ranks), comms_(ranks.size(), nullptr) {
+NcclReference::NcclReference(const std::vector<int>& ranks, int nranks, RedOp red,
+                             ncclDataType_t type, Channel* ch)
+    : api_(real_nccl_api()),
+      ranks_(ranks),
+      nranks_(nranks),
+      comms_(ranks.size(), nullptr),
+      scalars_(red, type, ranks, nranks) {
   const bool every = static_cast<int>(ranks.size()) == nranks;
   ncclUniqueId id;
   if (ranks.front() == 0) {
@@ -102,13 +110,15 @@ NcclReference::NcclReference(const std::vector<int>& ranks, int nranks, Channel*
 
 void NcclReference::reduce_scatter(const std::vector<const void*>& send,
                                    const std::vector<void*>& recv, size_t count,
-                                   ncclDataType_t type, ncclRedOp_t op,
+                                   ncclDataType_t type, RedOp red,
                                    const std::vector<cudaStream_t>& streams) {
   const bool group = comms_.size() > 1;
   if (group) ZCB_REAL_NCCL(api_->group_start());
   for (size_t i = 0; i < comms_.size(); ++i) {
     if (group) ZCB_CUDA(cudaSetDevice(ranks_[i]));
-    ZCB_REAL_NCCL(api_->reduce_scatter(send[i], recv[i], count, type, op, comms_[i], streams[i]));
+    const CallRedOp op(api_->premul, red, type, ranks_[i], nranks_, comms_[i], scalars_.get(i));
+    ZCB_REAL_NCCL(
+        api_->reduce_scatter(send[i], recv[i], count, type, op.get(), comms_[i], streams[i]));
   }
   if (group) ZCB_REAL_NCCL(api_->group_end());
 }

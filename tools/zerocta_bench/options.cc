@@ -1,5 +1,6 @@
 #include "options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -215,8 +216,8 @@ const std::vector<PathId>& sweep_path_set(CollOp op) {
       PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
       PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kCeiling};
   static const std::vector<PathId> reduce_scatter = {
-      PathId::kNcclKernel, PathId::kNcclPolicy, PathId::kZeroctaPolicy, PathId::kZerocta,
-      PathId::kZeroctaAuto, PathId::kBareCe,    PathId::kSumKernel};
+      PathId::kNcclKernel,  PathId::kNcclPolicy, PathId::kZeroctaPolicy, PathId::kZerocta,
+      PathId::kZeroctaAuto, PathId::kBareCe,     PathId::kSumKernel};
   static const std::vector<PathId> other = {PathId::kNcclKernel, PathId::kNcclPolicy,
                                             PathId::kZeroctaPolicy, PathId::kZerocta,
                                             PathId::kZeroctaAuto};
@@ -229,15 +230,14 @@ const std::vector<PathId>& contention_path_set(CollOp op) {
   static const std::vector<PathId> all_gather = {
       PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy, PathId::kNcclCe,
       PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kBareCe};
-  static const std::vector<PathId> reduce_scatter = {
-      PathId::kNcclKernel, PathId::kNcclPolicy,  PathId::kZeroctaPolicy,
-      PathId::kZerocta,    PathId::kZeroctaAuto, PathId::kBareCe};
+  static const std::vector<PathId> reduce_scatter = {PathId::kNcclKernel,    PathId::kNcclPolicy,
+                                                     PathId::kZeroctaPolicy, PathId::kZerocta,
+                                                     PathId::kZeroctaAuto,   PathId::kBareCe};
   return op == CollOp::kReduceScatter ? reduce_scatter : all_gather;
 }
 
 std::vector<PathId> default_contention_paths(CollOp op) {
-  if (op == CollOp::kReduceScatter)
-    return {PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe};
+  if (op == CollOp::kReduceScatter) return {PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe};
   return {PathId::kNcclKernel, PathId::kNcclCe, PathId::kZerocta, PathId::kBareCe};
 }
 
@@ -245,11 +245,52 @@ bool contention_supports(CollOp op) {
   return op == CollOp::kAllGather || op == CollOp::kReduceScatter;
 }
 
-const char* redop_name(RedOp r) { return r == RedOp::kAvg ? "avg" : "sum"; }
-ncclRedOp_t redop_nccl(RedOp r) { return r == RedOp::kAvg ? ncclAvg : ncclSum; }
+namespace {
+struct RedOpName {
+  RedOp op;
+  const char* name;
+  const char* reference;  // the float64 reference of maxdiff
+};
+constexpr RedOpName kRedOps[] = {
+    {RedOp::kSum, "sum", "sum"},
+    {RedOp::kAvg, "avg", "mean"},
+    {RedOp::kPreMul, "premul", "sum of each rank's input times its scalar"},
+    {RedOp::kPreMulDev, "premul-dev", "sum of each rank's input times its scalar"},
+};
+}  // namespace
+
+const char* redop_name(RedOp r) {
+  for (const RedOpName& n : kRedOps)
+    if (n.op == r) return n.name;
+  return "?";
+}
+
+const char* redop_reference_name(RedOp r) {
+  for (const RedOpName& n : kRedOps)
+    if (n.op == r) return n.reference;
+  return "?";
+}
+
+bool parse_redop(const std::string& name, RedOp* out) {
+  for (const RedOpName& n : kRedOps)
+    if (name == n.name) {
+      *out = n.op;
+      return true;
+    }
+  return false;
+}
 
 bool reducescatter_dtype_ok(ncclDataType_t t) {
   return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16;
+}
+
+std::vector<PathId> sweep_path_set(CollOp op, RedOp red) {
+  std::vector<PathId> set = sweep_path_set(op);
+  // sum-kernel launches the route's kernel with one scale for every source; the scalars of a
+  // pre-multiplied sum differ by rank.
+  if (op == CollOp::kReduceScatter && redop_is_premul(red))
+    set.erase(std::remove(set.begin(), set.end(), PathId::kSumKernel), set.end());
+  return set;
 }
 
 std::vector<PathId> default_sweep_paths(CollOp op) {
@@ -257,7 +298,8 @@ std::vector<PathId> default_sweep_paths(CollOp op) {
   return {PathId::kNcclKernel, PathId::kNcclPolicy, PathId::kZeroctaPolicy};
 }
 
-const char* const kMulticastOffEnv[2] = {"NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"};
+const char* const kMulticastOffEnv[2] = {"NCCL_NVLS_ENABLE=0",
+                                         "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"};
 
 int check_gpu_count(const Options& o, int visible, const std::string& no_gpu_reason,
                     std::string* message) {
@@ -273,8 +315,8 @@ int check_gpu_count(const Options& o, int visible, const std::string& no_gpu_rea
   const int nranks = o.ngpus > 0 ? o.ngpus : visible;
   if (nranks > visible) {
     *message = "zerocta-bench: " + (o.ranks_option.empty() ? std::string("-g") : o.ranks_option) +
-               " " + std::to_string(nranks) + " but only " +
-               std::to_string(visible) + " GPU(s) visible";
+               " " + std::to_string(nranks) + " but only " + std::to_string(visible) +
+               " GPU(s) visible";
     if (visible == 0) *message += " (" + no_gpu_reason + ")";
     return kExitUsage;
   }
@@ -429,8 +471,9 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
       if (!parse_int(v, 1, 1024, &n)) return bad(v, a == "--procs" ? "ranks >= 1" : "GPUs >= 1");
       const std::string which = a == "--procs" ? "--procs" : "-g";
       if (!o->ranks_option.empty() && o->ranks_option != which) {
-        *error = "-g (GPUs of one thread, in one process, as nccl-tests) and --procs (a process "
-                 "per rank) exclude each other";
+        *error =
+            "-g (GPUs of one thread, in one process, as nccl-tests) and --procs (a process "
+            "per rank) exclude each other";
         return false;
       }
       o->ranks_option = which;
@@ -473,12 +516,7 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
                    "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2");
     } else if (a == "--redop") {
       if (!need(&v)) return false;
-      if (v == "sum")
-        o->redop = RedOp::kSum;
-      else if (v == "avg")
-        o->redop = RedOp::kAvg;
-      else
-        return bad(v, "sum|avg");
+      if (!parse_redop(v, &o->redop)) return bad(v, "sum|avg|premul|premul-dev");
       redop_given = v != "sum";
     } else if (a == "--rs-ctas") {
       if (!need(&v)) return false;
@@ -625,31 +663,37 @@ bool parse_options(int argc, char** argv, Options* o, bool* help, std::string* e
   // The path list depends on the op, which may come after --paths on the command line.
   if (o->paths_text.empty())
     o->paths = default_sweep_paths(o->op);
-  else if (!parse_path_list(o->paths_text, sweep_path_set(o->op),
-                            std::string("to --op ") + op_name(o->op), &o->paths, error))
+  else if (!parse_path_list(o->paths_text, sweep_path_set(o->op, o->reduction()),
+                            std::string("to --op ") + op_name(o->op) +
+                                (redop_is_premul(o->reduction())
+                                     ? std::string(" --redop ") + redop_name(o->redop)
+                                     : std::string()),
+                            &o->paths, error))
     return false;
   if (o->contention_paths_text.empty())
     o->contention_paths = default_contention_paths(o->contention_op());
   else if (!parse_path_list(o->contention_paths_text, contention_path_set(o->contention_op()),
-                            std::string("to --contention with --op ") +
-                                op_name(o->contention_op()),
+                            std::string("to --contention with --op ") + op_name(o->contention_op()),
                             &o->contention_paths, error))
     return false;
   add_contention_floor(&o->contention_paths);
   if (o->contention && !contention_supports(o->op)) {
-    *error = std::string("--contention measures all-gathers and reduce-scatters; run it without "
-                         "--op ") +
+    *error = std::string(
+                 "--contention measures all-gathers and reduce-scatters; run it without "
+                 "--op ") +
              op_name(o->op) + " (or with --op allgather or reducescatter)";
     return false;
   }
   if (o->op == CollOp::kReduceScatter && !reducescatter_dtype_ok(o->dtype.nccl)) {
-    *error = std::string("--op reducescatter takes --dtype float, bf16 or half (random inputs "
-                         "checked against NCCL's own result), not ") +
+    *error = std::string(
+                 "--op reducescatter takes --dtype float, bf16 or half (random inputs "
+                 "checked against NCCL's own result), not ") +
              o->dtype.name;
     return false;
   }
   if (redop_given && o->op != CollOp::kReduceScatter) {
-    *error = "--redop avg applies to --op reducescatter only (all-reduces sum)";
+    *error = "--redop " + std::string(redop_name(o->redop)) +
+             " applies to --op reducescatter only (all-reduces sum)";
     return false;
   }
   if (o->is_worker() && (o->worker_mode.empty() || o->worker_nranks <= 0 || o->worker_in_fd < 0 ||
@@ -712,12 +756,18 @@ and broadcast the buffer, reducescatter total input bytes):
   -d TYPE     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2
               (default float; also --dtype; reducescatter: float, bf16 or half only)
 Reduce-scatter options:
-  --redop R   sum (default) or avg (ncclAvg)
+  --redop R   sum (default), avg (ncclAvg), premul or premul-dev: a pre-multiplied sum
+              (ncclRedOpCreatePreMulSum, made before and destroyed right after every call on
+              each communicator, as PyTorch does), rank r of n multiplying its input by
+              (r+1)/(n+1) rounded to the type; premul passes the scalar from the host
+              (ncclScalarHostImmediate), premul-dev in device memory (ncclScalarDevice); no
+              sum-kernel path
   --rs-ctas N CTAs of the sum-kernel row's reduction kernel (default 16)
   The reduce-scatter's #wrong compares every path's output bitwise with NCCL's own kernel
   result on the same random inputs (computed in each rank's process on communicators of the
   real libnccl, which the shim never sees); the maxdiff column is the largest |output -
-  float64 sum (avg: mean) of the inputs|.
+  float64 reference|: the inputs' exact sum (avg: mean; premul, premul-dev: the sum of each
+  input times its rank's scalar).
 Other options:
   --paths LIST           comma list of the paths above, "all" (every path --op can run) or
                          "none"

@@ -68,10 +68,18 @@ std::vector<PathId> default_contention_paths(CollOp op);
 // True for the ops --contention can measure: all-gathers and reduce-scatters.
 bool contention_supports(CollOp op);
 
-// The reduction of the reduce-scatter (--redop): NCCL's sum or average.
-enum class RedOp { kSum, kAvg };
+// The reduction of the reduce-scatter (--redop): NCCL's sum or average, or a pre-multiplied sum
+// (ncclRedOpCreatePreMulSum) whose scalar differs by rank (premul_op.h), held on the host
+// (ncclScalarHostImmediate) or in device memory (ncclScalarDevice).
+enum class RedOp { kSum, kAvg, kPreMul, kPreMulDev };
 const char* redop_name(RedOp r);
-ncclRedOp_t redop_nccl(RedOp r);
+bool parse_redop(const std::string& name, RedOp* out);
+// True for the pre-multiplied sums, which are made per call on each communicator.
+inline bool redop_is_premul(RedOp r) { return r == RedOp::kPreMul || r == RedOp::kPreMulDev; }
+// What the float64 reference of maxdiff is for `r`, for the banners: "sum", "mean", ...
+const char* redop_reference_name(RedOp r);
+// sweep_path_set(op) for reduction `red`: without sum-kernel for the pre-multiplied sums.
+std::vector<PathId> sweep_path_set(CollOp op, RedOp red);
 // True for the data types of --op reducescatter: float, half and bfloat16 (the route's).
 bool reducescatter_dtype_ok(ncclDataType_t t);
 
@@ -120,7 +128,7 @@ struct Options {
   int warmups = 5;
   bool check = true;
   DataType dtype{"float", ncclFloat, 4};
-  // --redop (reduce-scatter only): sum or avg. All-reduces always sum.
+  // --redop (reduce-scatter only): sum, avg, premul or premul-dev. All-reduces always sum.
   RedOp redop = RedOp::kSum;
   // --rs-ctas: CTAs of the sum-kernel floor's reduction kernel.
   int rs_ctas = 16;
@@ -156,7 +164,7 @@ struct Options {
   // Contention study.
   bool contention = false;
   std::vector<PathId> contention_paths;  // always ends with bare-ce, the floor
-  std::string contention_paths_text;      // --contention-paths as given; resolved once --op is known
+  std::string contention_paths_text;     // --contention-paths as given; resolved once --op is known
   ContentionMode contention_mode = ContentionMode::kFixed;
   int contention_ops = 40;  // fixed mode: all-gathers per overlapped run (and alone)
   int repeats = 5;          // runs of the whole contention path set, order rotated each time
@@ -196,11 +204,9 @@ struct Options {
   CollOp contention_op() const {
     return op == CollOp::kReduceScatter ? CollOp::kReduceScatter : CollOp::kAllGather;
   }
-  // The reduction of a reduce-scatter (sum or avg); the other reductions always sum.
-  ncclRedOp_t nccl_redop() const {
-    return op == CollOp::kReduceScatter ? redop_nccl(redop) : ncclSum;
-  }
-  // The redop column: "sum"/"avg" for the reductions, "none" else.
+  // The reduction of a reduce-scatter (--redop); the other reductions always sum.
+  RedOp reduction() const { return op == CollOp::kReduceScatter ? redop : RedOp::kSum; }
+  // The redop column: --redop's name for reduce-scatters, "sum" for all-reduces, "none" else.
   const char* redop_label() const {
     return !op_reduces(op) ? "none" : op == CollOp::kReduceScatter ? redop_name(redop) : "sum";
   }

@@ -45,8 +45,9 @@ std::string wrong_str(int64_t w) { return w < 0 ? "N/A" : std::to_string(w); }
 std::string path_description(PathId p, CollOp op) {
   const std::string call = op_nccl_call(op);
   const bool rs = op == CollOp::kReduceScatter;
-  const std::string forwards =
-      path_routes_op(PathId::kZerocta, op) ? "" : std::string(" (forwards ") + op_name(op) + " to NCCL)";
+  const std::string forwards = path_routes_op(PathId::kZerocta, op)
+                                   ? ""
+                                   : std::string(" (forwards ") + op_name(op) + " to NCCL)";
   const auto shim_env = [&](const char* mode) {
     return std::string("ZEROCTA_ALLGATHER=") + mode +
            (rs ? std::string(", ZEROCTA_REDUCESCATTER=") + mode : std::string());
@@ -66,8 +67,7 @@ std::string path_description(PathId p, CollOp op) {
       return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, " + shim_env("zerocta") +
              forwards;
     case PathId::kZeroctaAuto:
-      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, " + shim_env("auto") +
-             forwards;
+      return "nccl-kernel's program under LD_PRELOAD=libzerocta.so, " + shim_env("auto") + forwards;
     case PathId::kCeiling:
       return "bare peer writes, one cudaMemcpyBatchAsync per GPU, one process, no protocol "
              "but 3+ GPUs kept in step by events (per-GPU time, max)";
@@ -283,20 +283,21 @@ void print_path_banner(FILE* f, const PathResult& r, const BenchReport& b) {
   fprintf(f, "# dtype %s  redop %s", b.o->dtype.name, b.o->redop_label());
   if (b.o->op == CollOp::kReduceScatter) {
     if (r.path == PathId::kBareCe)
-      fprintf(f, "  check: the pushed chunks compared bitwise with their hash pattern (no sum, "
-                 "no maxdiff)");
+      fprintf(f,
+              "  check: the pushed chunks compared bitwise with their hash pattern (no sum, "
+              "no maxdiff)");
     else if (r.path == PathId::kSumKernel)
       fprintf(f,
               "  check: random finite inputs, #wrong = elements that differ bitwise from the "
               "kernel's adds redone in order on the device, maxdiff = largest |output - float64 "
               "%s|; %d CTAs",
-              b.o->redop == RedOp::kAvg ? "mean" : "sum", b.o->rs_ctas);
+              redop_reference_name(b.o->redop), b.o->rs_ctas);
     else
       fprintf(f,
               "  check: random finite inputs per rank and size, #wrong = elements that differ "
               "bitwise from NCCL's own kernel result on the same inputs, maxdiff = largest "
               "|output - float64 %s|",
-              b.o->redop == RedOp::kAvg ? "mean" : "sum");
+              redop_reference_name(b.o->redop));
   }
   fprintf(f, "\n");
   const int procs = path_process_count(r.path, b.o->one_process, b.nranks);
@@ -329,11 +330,13 @@ void print_table_header(FILE* f, bool with_routes, bool with_maxdiff) {
           "#\n# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
           "in-place          \n",
           "", "", "", "", "");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s%s  %9s%s\n",
+  fprintf(f,
+          "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %8s  %8s%s  %9s%s\n",
           "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
           "algbw", "busbw", "#wrong", "oop-med", "ip-med", with_maxdiff ? "    maxdiff" : "",
           "first-op", with_routes ? "  route" : "");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %8s  %8s%s  %9s\n",
+  fprintf(f,
+          "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %8s  %8s%s  %9s\n",
           "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
           "(GB/s)", "", "(us)", "(us)", with_maxdiff ? "           " : "", "(ms)");
   fflush(f);
@@ -345,7 +348,9 @@ std::string format_row(const RowAgg& row, CollOp op, const char* type_name, bool
   int n = snprintf(buf, sizeof(buf), "%12llu  %12llu  %8s  %6s  %6i",
                    static_cast<unsigned long long>(row.bytes),
                    static_cast<unsigned long long>(row.count), type_name,
-                   !op_reduces(op) ? "none" : *redop ? redop : "sum",
+                   !op_reduces(op) ? "none"
+                   : *redop        ? redop
+                                   : "sum",
                    op == CollOp::kBroadcast ? kBroadcastRoot : -1);
   for (const PlaceAgg* p : {&row.oop, &row.ip})
     n += snprintf(buf + n, sizeof(buf) - n, "  %7s  %6.2f  %6.2f  %5s",

@@ -17,8 +17,7 @@ constexpr unsigned kMaxBlocks = 132 * 8;
 // splitmix64 of (seed, rank, element): 24 random bits -> uniform in [-1, 1).
 __device__ __forceinline__ float rs_uniform(uint64_t seed, int rank, uint64_t e) {
   uint64_t x = (seed ^ 0x52534E4F49534521ull) ^
-               (static_cast<uint64_t>(rank) * 0xD1B54A32D192ED03ull) ^
-               (e * 0x9E3779B97F4A7C15ull);
+               (static_cast<uint64_t>(rank) * 0xD1B54A32D192ED03ull) ^ (e * 0x9E3779B97F4A7C15ull);
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 27;
@@ -69,6 +68,11 @@ struct RsNum<__half> : RsHalfNum<__half, make_half, wide_half> {};
 template <>
 struct RsNum<__nv_bfloat16> : RsHalfNum<__nv_bfloat16, make_bf16, wide_bf16> {};
 
+// Rank r's pre-multiplied-sum scalar before it is rounded to the element type (premul_scalar_bits).
+__host__ __device__ float premul_scalar_float(int rank, int nranks) {
+  return static_cast<float>((rank + 1.0) / (nranks + 1.0));
+}
+
 template <typename T>
 __global__ void fill_random(T* dst, uint64_t n, uint64_t seed, int rank) {
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -87,8 +91,14 @@ __global__ void check_rs(RsCheck c, unsigned long long* wrong, unsigned long lon
        j += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const T o = out[j];
     const uint64_t e = c.base + j;
-    double exact = 0;  // exact: every input is a multiple of 2^-24 below 1 in magnitude
-    for (int r = 0; r < c.nranks; ++r) exact += N::wide(N::make(rs_uniform(c.seed, r, e)));
+    // Exact: every input is a multiple of 2^-24 below 1 in magnitude; premul: each product with
+    // a scalar of the type is exact, their sum within float64's rounding.
+    double exact = 0;
+    for (int r = 0; r < c.nranks; ++r) {
+      double v = N::wide(N::make(rs_uniform(c.seed, r, e)));
+      if (c.premul) v *= N::wide(N::make(premul_scalar_float(r, c.nranks)));
+      exact += v;
+    }
     if (c.avg) exact /= c.nranks;
     double d = fabs(N::wide(o) - exact);
     if (!(d <= DBL_MAX)) d = INFINITY;
@@ -112,11 +122,11 @@ __global__ void check_rs(RsCheck c, unsigned long long* wrong, unsigned long lon
   }
   // Every lane gets here (no early return).
   const unsigned sum = __reduce_add_sync(0xffffffffu, local);
-  for (int off = 16; off > 0; off /= 2) worst = fmax(worst, __shfl_down_sync(0xffffffffu, worst, off));
+  for (int off = 16; off > 0; off /= 2)
+    worst = fmax(worst, __shfl_down_sync(0xffffffffu, worst, off));
   if ((threadIdx.x & 31) == 0) {
     if (sum) atomicAdd(wrong, static_cast<unsigned long long>(sum));
-    if (worst > 0)
-      atomicMax(maxdiff, static_cast<unsigned long long>(__double_as_longlong(worst)));
+    if (worst > 0) atomicMax(maxdiff, static_cast<unsigned long long>(__double_as_longlong(worst)));
   }
 }
 
@@ -143,27 +153,8 @@ bool with_float_type(ncclDataType_t type, F f) {
   }
 }
 
-}  // namespace
-
-bool launch_fill_random(void* dst, uint64_t n, ncclDataType_t type, uint64_t seed, int rank,
-                        cudaStream_t stream) {
-  return with_float_type(type, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    if (n > 0)
-      fill_random<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), n, seed, rank);
-  });
-}
-
-bool launch_check_rs(const RsCheck& c, unsigned long long* d_wrong, unsigned long long* d_maxdiff,
-                     cudaStream_t stream) {
-  return with_float_type(c.type, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    if (c.count > 0) check_rs<T><<<blocks_for(c.count), kThreads, 0, stream>>>(c, d_wrong, d_maxdiff);
-  });
-}
-
-unsigned avg_scale_bits(ncclDataType_t type, int n) {
-  const float s = 1.0f / static_cast<float>(n > 0 ? n : 1);
+// `s` rounded to `type` (to nearest even), in its bits.
+unsigned type_bits(ncclDataType_t type, float s) {
   unsigned bits = 0;
   if (type == ncclFloat16) {
     const __half h = __float2half_rn(s);
@@ -179,6 +170,34 @@ unsigned avg_scale_bits(ncclDataType_t type, int n) {
     memcpy(&bits, &s, sizeof bits);
   }
   return bits;
+}
+
+}  // namespace
+
+bool launch_fill_random(void* dst, uint64_t n, ncclDataType_t type, uint64_t seed, int rank,
+                        cudaStream_t stream) {
+  return with_float_type(type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (n > 0)
+      fill_random<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), n, seed, rank);
+  });
+}
+
+bool launch_check_rs(const RsCheck& c, unsigned long long* d_wrong, unsigned long long* d_maxdiff,
+                     cudaStream_t stream) {
+  return with_float_type(c.type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (c.count > 0)
+      check_rs<T><<<blocks_for(c.count), kThreads, 0, stream>>>(c, d_wrong, d_maxdiff);
+  });
+}
+
+unsigned avg_scale_bits(ncclDataType_t type, int n) {
+  return type_bits(type, 1.0f / static_cast<float>(n > 0 ? n : 1));
+}
+
+unsigned premul_scalar_bits(ncclDataType_t type, int rank, int nranks) {
+  return type_bits(type, premul_scalar_float(rank, nranks));
 }
 
 }  // namespace zcb

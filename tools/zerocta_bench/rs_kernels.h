@@ -1,7 +1,8 @@
 // The reduce-scatter's test data and check (rs_kernels.cu, built by nvcc): random finite inputs
 // in the op's data type (float, half, bfloat16), and a kernel that compares an output bitwise
 // with the expected bits (NCCL's own result, or the reduction kernel's adds redone in order)
-// and measures its largest distance from the exact float64 sum (or mean) of every rank's input.
+// and measures its largest distance from the float64 reduction of every rank's input (the sum, the
+// mean, or the sum of each input times its rank's scalar).
 // Every rank's input is a hash of (seed, rank, element), so any GPU can regenerate all of them:
 // nothing is copied between GPUs or to the host.
 #pragma once
@@ -28,7 +29,8 @@ struct RsCheck {
   int nranks = 0;
   ncclDataType_t type = ncclFloat32;
   uint64_t seed = 0;
-  bool avg = false;  // the mean, else the sum
+  bool avg = false;     // the mean, else the sum
+  bool premul = false;  // the sum of each rank's input times its premul_scalar_bits
   // The bits out must have: `ref` (NCCL's result), else with in_order the reduction kernel's
   // arithmetic redone element by element (src/route/chunk_sum.cu: sources 0, 1, ... in order;
   // avg: a pre-multiplied sum with scale_bits, source 0 fused last), else none (no count).
@@ -47,5 +49,10 @@ bool launch_check_rs(const RsCheck& c, unsigned long long* d_wrong, unsigned lon
 // The scale of an average over n ranks in the bits of `type` (1/n rounded to the type), as the
 // sum-kernel floor passes it to the reduction kernel.
 unsigned avg_scale_bits(ncclDataType_t type, int n);
+
+// Rank `rank`'s scalar of the pre-multiplied sum of --redop premul and premul-dev in the bits of
+// `type` (half, bfloat16: the low 16): (rank + 1) / (nranks + 1), rounded to float, then to the
+// type, to nearest even each time; the check multiplies by the same.
+unsigned premul_scalar_bits(ncclDataType_t type, int rank, int nranks);
 
 }  // namespace zcb

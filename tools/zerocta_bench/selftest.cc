@@ -6,6 +6,7 @@
 // M failed" and exits non-zero on any failure.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -22,8 +23,10 @@
 #include "launcher.h"
 #include "nccl_ranks.h"
 #include "options.h"
+#include "premul_op.h"
 #include "reduce_pattern.h"
 #include "report.h"
+#include "rs_kernels.h"
 #include "timing.h"
 
 namespace zcb {
@@ -852,19 +855,118 @@ void test_spin_barrier() {
 
 }  // namespace
 
+namespace {
+
+// --redop premul and premul-dev: reduce-scatters only, their names in the columns, and no
+// sum-kernel path (its kernel takes one scale for every rank).
+void test_premul_options() {
+  Options p, d;
+  EXPECT(parse({"--op", "reducescatter", "--redop", "premul"}, &p));
+  EXPECT(p.reduction() == RedOp::kPreMul && std::string(p.redop_label()) == "premul");
+  EXPECT(parse({"--redop=premul-dev", "--op=reducescatter", "--paths", "all"}, &d));
+  EXPECT(d.reduction() == RedOp::kPreMulDev && std::string(d.redop_label()) == "premul-dev");
+  EXPECT(d.paths.size() == 6 &&
+         std::find(d.paths.begin(), d.paths.end(), PathId::kSumKernel) == d.paths.end());
+  EXPECT(redop_is_premul(RedOp::kPreMul) && redop_is_premul(RedOp::kPreMulDev) &&
+         !redop_is_premul(RedOp::kAvg) && !redop_is_premul(RedOp::kSum));
+  EXPECT(std::string(redop_reference_name(RedOp::kPreMulDev)).find("scalar") != std::string::npos);
+  std::string err;
+  Options b1, b2, b3;
+  EXPECT(
+      !parse({"--op", "reducescatter", "--redop", "premul", "--paths", "sum-kernel"}, &b1, &err) &&
+      err.find("does not apply to --op reducescatter --redop premul") != std::string::npos);
+  EXPECT(!parse({"--op", "allreduce", "--redop", "premul-dev"}, &b2, &err) &&
+         err.find("--redop premul-dev applies to --op reducescatter") != std::string::npos);
+  EXPECT(!parse({"--op", "reducescatter", "--redop", "premulsum"}, &b3, &err) &&
+         err.find("premul-dev") != std::string::npos);
+}
+
+// Rank r of n: (r + 1) / (n + 1) rounded to float, then to the type.
+void test_premul_scalars() {
+  EXPECT(premul_scalar_bits(ncclFloat32, 0, 2) == 0x3EAAAAABu);  // 1/3
+  EXPECT(premul_scalar_bits(ncclFloat32, 1, 2) == 0x3F2AAAABu);  // 2/3
+  EXPECT(premul_scalar_bits(ncclFloat32, 2, 3) == 0x3F400000u);  // 3/4, exact
+  EXPECT(premul_scalar_bits(ncclFloat16, 0, 2) == 0x3555u);
+  EXPECT(premul_scalar_bits(ncclFloat16, 1, 2) == 0x3955u);
+  EXPECT(premul_scalar_bits(ncclBfloat16, 0, 2) == 0x3EABu);
+  EXPECT(premul_scalar_bits(ncclBfloat16, 1, 2) == 0x3F2Bu);
+}
+
+// A stand-in for NCCL's two calls: what they were given, and the scalar's bytes as they were
+// during the create call (a host scalar must not be needed after it).
+struct PreMulLog {
+  int creates = 0, destroys = 0;
+  void* scalar = nullptr;
+  unsigned char bytes[4] = {};
+  ncclDataType_t type = ncclFloat32;
+  ncclScalarResidence_t residence = ncclScalarDevice;
+  ncclComm_t comm = nullptr;
+  ncclRedOp_t destroyed = ncclSum;
+};
+PreMulLog g_premul;
+constexpr ncclRedOp_t kFakePreMulOp = static_cast<ncclRedOp_t>(ncclNumOps + 3);
+ncclResult_t fake_premul_create(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
+                                ncclScalarResidence_t residence, ncclComm_t comm) {
+  ++g_premul.creates;
+  g_premul.scalar = scalar;
+  if (residence == ncclScalarHostImmediate)
+    memcpy(g_premul.bytes, scalar, type == ncclFloat32 ? 4 : 2);
+  g_premul.type = type;
+  g_premul.residence = residence;
+  g_premul.comm = comm;
+  *op = kFakePreMulOp;
+  return ncclSuccess;
+}
+ncclResult_t fake_premul_destroy(ncclRedOp_t op, ncclComm_t comm) {
+  ++g_premul.destroys;
+  g_premul.destroyed = op;
+  EXPECT(comm == g_premul.comm);
+  return ncclSuccess;
+}
+
+// CallRedOp: sum and avg make nothing; premul makes the op with this rank's scalar from the
+// host, premul-dev with the device pointer, and either is destroyed when the call's scope ends.
+void test_premul_call_lifetime() {
+  const PreMulCalls fake = {fake_premul_create, fake_premul_destroy};
+  ncclComm_t comm = reinterpret_cast<ncclComm_t>(&g_premul);  // never dereferenced
+  {
+    const CallRedOp sum(fake, RedOp::kSum, ncclFloat32, 0, 2, comm, nullptr);
+    const CallRedOp avg(fake, RedOp::kAvg, ncclFloat32, 0, 2, comm, nullptr);
+    EXPECT(sum.get() == ncclSum && avg.get() == ncclAvg);
+  }
+  EXPECT(g_premul.creates == 0 && g_premul.destroys == 0);
+  {
+    const CallRedOp host(fake, RedOp::kPreMul, ncclFloat16, 1, 2, comm, nullptr);
+    EXPECT(host.get() == kFakePreMulOp && g_premul.creates == 1 && g_premul.destroys == 0);
+    EXPECT(g_premul.residence == ncclScalarHostImmediate && g_premul.type == ncclFloat16);
+    uint16_t bits = 0;
+    memcpy(&bits, g_premul.bytes, sizeof bits);
+    EXPECT(bits == premul_scalar_bits(ncclFloat16, 1, 2));
+  }
+  EXPECT(g_premul.destroys == 1 && g_premul.destroyed == kFakePreMulOp);
+  int device_slot = 0;  // stands for the device memory: only its address is passed
+  {
+    const CallRedOp dev(fake, RedOp::kPreMulDev, ncclBfloat16, 0, 2, comm, &device_slot);
+    EXPECT(g_premul.residence == ncclScalarDevice && g_premul.scalar == &device_slot);
+  }
+  EXPECT(g_premul.creates == 2 && g_premul.destroys == 2);
+}
+
+}  // namespace
+
 // --op reducescatter: data types, reductions, the floors' paths, contention, the workers'
 // ZEROCTA_REDUCESCATTER, the redop and maxdiff columns and the JSON fields.
 void test_reduce_scatter() {
   Options d;
   EXPECT(parse({"--op", "reducescatter"}, &d));
   EXPECT(d.redop == RedOp::kSum && d.dtype.nccl == ncclFloat32 && d.rs_ctas == 16);
-  EXPECT(std::string(d.redop_label()) == "sum" && d.nccl_redop() == ncclSum);
+  EXPECT(std::string(d.redop_label()) == "sum" && d.reduction() == RedOp::kSum);
   EXPECT(d.paths.size() == 3);  // the default is still the policy comparison
   Options a;
-  EXPECT(parse({"--dtype", "bf16", "--redop", "avg", "--rs-ctas", "8", "--op", "reducescatter"},
-               &a));
+  EXPECT(
+      parse({"--dtype", "bf16", "--redop", "avg", "--rs-ctas", "8", "--op", "reducescatter"}, &a));
   EXPECT(a.dtype.nccl == ncclBfloat16 && std::string(a.dtype.name) == "bf16");
-  EXPECT(a.redop == RedOp::kAvg && a.nccl_redop() == ncclAvg && a.rs_ctas == 8);
+  EXPECT(a.redop == RedOp::kAvg && a.reduction() == RedOp::kAvg && a.rs_ctas == 8);
   EXPECT(std::string(a.redop_label()) == "avg");
   Options h;
   EXPECT(parse({"--op=reducescatter", "--dtype=half"}, &h) && h.dtype.nccl == ncclFloat16);
@@ -879,7 +981,7 @@ void test_reduce_scatter() {
          err.find("does not apply") != std::string::npos);
   EXPECT(!parse({"--op", "reducescatter", "--paths", "ceiling"}, &b6));
   Options allop;  // all-reduces keep summing, whatever --redop says by default
-  EXPECT(parse({"--op", "allreduce"}, &allop) && allop.nccl_redop() == ncclSum &&
+  EXPECT(parse({"--op", "allreduce"}, &allop) && allop.reduction() == RedOp::kSum &&
          std::string(allop.redop_label()) == "sum");
   Options bc;
   EXPECT(parse({"--op", "broadcast"}, &bc) && std::string(bc.redop_label()) == "none");
@@ -915,13 +1017,14 @@ void test_reduce_scatter() {
   // and its size follow --op (the total input, 256 MiB per rank by default).
   Options c;
   EXPECT(parse({"--contention", "--op", "reducescatter"}, &c));
-  EXPECT(c.contention_op() == CollOp::kReduceScatter && c.contention_paths ==
-         std::vector<PathId>({PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe}));
+  EXPECT(c.contention_op() == CollOp::kReduceScatter &&
+         c.contention_paths ==
+             std::vector<PathId>({PathId::kNcclKernel, PathId::kZerocta, PathId::kBareCe}));
   EXPECT(c.contention_total_bytes(2) == (512ull << 20));
   Options c2;  // the list before --op: resolved once the op is known
   EXPECT(parse({"--contention-paths", "zerocta-auto,nccl-kernel", "--op", "reducescatter"}, &c2));
-  EXPECT(c2.contention_paths == std::vector<PathId>({PathId::kNcclKernel, PathId::kZeroctaAuto,
-                                                     PathId::kBareCe}));
+  EXPECT(c2.contention_paths ==
+         std::vector<PathId>({PathId::kNcclKernel, PathId::kZeroctaAuto, PathId::kBareCe}));
   Options c3, c4;
   EXPECT(!parse({"--op", "reducescatter", "--contention-paths", "nccl-ce"}, &c3, &err) &&
          err.find("nccl-ce") != std::string::npos);
@@ -994,8 +1097,9 @@ void test_reduce_scatter() {
   rep.sizes = {1 << 20};
   rep.sweep.push_back(r);
   std::string flat = report_json(rep);
-  flat.erase(std::remove_if(flat.begin(), flat.end(), [](char ch) { return ch == ' ' || ch == '\n'; }),
-             flat.end());
+  flat.erase(
+      std::remove_if(flat.begin(), flat.end(), [](char ch) { return ch == ' ' || ch == '\n'; }),
+      flat.end());
   EXPECT(flat.find("\"op\":\"reducescatter\",\"redop\":\"avg\",\"rs_ctas\":8,") !=
          std::string::npos);
   EXPECT(flat.find("\"dtype\":\"bf16\"") != std::string::npos);
@@ -1029,6 +1133,9 @@ int run_self_test() {
   test_window_registration();
   test_spin_barrier();
   test_reduce_scatter();
+  test_premul_options();
+  test_premul_scalars();
+  test_premul_call_lifetime();
   printf("zerocta-bench self-test: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? kExitOk : kExitFailed;
 }

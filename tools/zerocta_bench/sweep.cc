@@ -33,8 +33,8 @@ static_assert(kBroadcastRoot == 0, "the broadcast check expects the root's patte
 // What the sweep keeps per rank of this process, on that rank's device.
 struct LocalRank {
   int rank = 0;
-  char* a = nullptr;  // the send buffer (the current size's send_bytes)
-  char* b = nullptr;  // the receive buffer (the current size's recv_bytes)
+  char* a = nullptr;    // the send buffer (the current size's send_bytes)
+  char* b = nullptr;    // the receive buffer (the current size's recv_bytes)
   char* ref = nullptr;  // reduce-scatter: NCCL's own result on the same inputs (recv_bytes)
   std::unique_ptr<IterTimer> timer;
   std::unique_ptr<WrongCounter> wrong;
@@ -56,7 +56,7 @@ struct SweepRanks {
   }
   // The op on every local rank (one group call with several).
   void op(const CollShape& s, const std::vector<Placement>& p) {
-    nr.collective(o.op, p, s.count, o.dtype.nccl, streams, o.nccl_redop());
+    nr.collective(o.op, p, s.count, o.dtype.nccl, streams, o.reduction());
   }
   // Reduce-scatter: NCCL's kernel result of the inputs now in place, into each rank's `ref`
   // (out of place, so that an in-place op's input stays whole), every rank done afterwards.
@@ -67,7 +67,7 @@ struct SweepRanks {
       send.push_back(p[i].send);
       recv.push_back(local[i].ref);
     }
-    reference->reduce_scatter(send, recv, s.count, o.dtype.nccl, o.nccl_redop(), streams);
+    reference->reduce_scatter(send, recv, s.count, o.dtype.nccl, o.reduction(), streams);
     synchronize();
     ch->agree_max(0);  // nobody's checked op starts while a peer's reference still runs
   }
@@ -123,6 +123,7 @@ int64_t count_wrong(const Options& o, int rank, int nranks, const CollShape& s, 
     c.type = o.dtype.nccl;
     c.seed = seed;
     c.avg = o.redop == RedOp::kAvg;
+    c.premul = redop_is_premul(o.redop);
     c.ref = ref;
     return wrong->count_rs(c, maxdiff, stream);
   }
@@ -284,8 +285,8 @@ void measure(SweepRanks& w, const CollShape& s, bool in_place, uint64_t seed, ze
     for (size_t i = 0; i < w.local.size(); ++i) {
       w.nr.set_device(static_cast<int>(i));
       double maxdiff = -1;
-      out[i]->wrong = count_wrong(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed,
-                                  w.local[i].ref, &maxdiff, w.local[i].wrong.get(), w.streams[i]);
+      out[i]->wrong = count_wrong(o, w.local[i].rank, w.nr.nranks(), s, p[i], seed, w.local[i].ref,
+                                  &maxdiff, w.local[i].wrong.get(), w.streams[i]);
       out[i]->maxdiff = maxdiff;
     }
   }
@@ -344,7 +345,8 @@ void run_nccl_sweep(const Options& o, PathId path, int worker_rank, int nranks, 
       if (o.op == CollOp::kReduceScatter && o.check) {
         std::vector<int> ranks;
         for (const LocalRank& l : w.local) ranks.push_back(l.rank);
-        w.reference = std::make_unique<NcclReference>(ranks, nranks, ch);
+        w.reference =
+            std::make_unique<NcclReference>(ranks, nranks, o.reduction(), o.dtype.nccl, ch);
       }
     }
     first = false;

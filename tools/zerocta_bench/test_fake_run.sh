@@ -255,6 +255,11 @@ check "--redop avg with allgather exits 2" test $? -eq 2
 check "nccl-ce under reduce-scatter contention exits 2" test $? -eq 2
 "$BENCH" --fake-gpus 2 --quick --paths sum-kernel >"$TMP/u8.txt" 2>&1
 check "sum-kernel with allgather exits 2" test $? -eq 2
+"$BENCH" --fake-gpus 2 --quick --op reducescatter --redop premul --paths sum-kernel \
+  >"$TMP/u9.txt" 2>&1
+check "sum-kernel with --redop premul exits 2" test $? -eq 2
+check "sum-kernel with --redop premul explained" contains "$TMP/u9.txt" \
+  'path "sum-kernel" does not apply to --op reducescatter --redop premul'
 
 # 1c'. Reduce-scatter: every path with its floors, bf16 average, the contention study of
 # reduce-scatters; ZEROCTA_REDUCESCATTER reaches the shim paths, zerocta must take ce.
@@ -319,6 +324,21 @@ for c in cont.values():
 zr = cont["zerocta"]["runs"][0]["per_rank"][0]["routes"]
 assert zr["ce"] > 0 and zr["passthrough"] == 0, zr
 assert d["options"]["contention_bytes"] == 512 * 2**20
+PY
+# A pre-multiplied sum (premul-dev: the scalar in device memory): every path but sum-kernel.
+PATH="$TMP/bin:$PATH" "$BENCH" --fake-gpus 2 --quick --op reducescatter --paths all \
+  --redop premul-dev --json "$TMP/premul.json" >"$TMP/premul.txt" 2>&1
+check "reducescatter premul-dev exits 0" test $? -eq 0
+check "premul-dev banner names the reference" contains "$TMP/premul.txt" \
+  "^# dtype float  redop premul-dev  check: .*float64 sum of each rank's input times its scalar"
+check "premul-dev json" python3 - "$TMP/premul.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["result"] == "OK" and d["options"]["redop"] == "premul-dev", d["options"]
+names = [p["name"] for p in d["paths"]]
+assert names == ["nccl-kernel", "nccl-policy", "zerocta-policy", "zerocta", "zerocta-auto",
+                 "bare-ce"], names
+assert all(r["redop"] == "premul-dev" for p in d["paths"] for r in p["rows"])
 PY
 ZCB_FAKE_FALLBACK=zerocta "$BENCH" --fake-gpus 2 --quick --op reducescatter --paths zerocta \
   >"$TMP/rsfb.txt" 2>&1
