@@ -32,8 +32,8 @@ struct Args {
   void* dst;
   unsigned long long count;  // elements
   int nsrc;
-  int premul;             // nonzero: a pre-multiplied sum, src[0] this rank's own chunk
-  unsigned scale_bits;    // the scale in the element type's bits (fp32: all 32; fp16/bf16: 16)
+  int premul;           // nonzero: a pre-multiplied sum, src[0] this rank's own chunk
+  unsigned scale_bits;  // the scale in the element type's bits (fp32: all 32; fp16/bf16: 16)
   unsigned pad;
   // Source k's own scale, one element in device memory, where set (each rank's scalar of a
   // pre-multiplied sum made by ncclRedOpCreatePreMulSum); scale_bits where null.
@@ -114,15 +114,23 @@ struct Scales {
 
 // kUnroll results (vectors or single elements) from the sources: at(k, u) is source k's u-th
 // value, valid where u < n. The loop over the sources is unrolled to kMaxSources (guarded by
-// nsrc) so that each source's scale stays in a register.
+// nsrc) so that each source's scale stays in a register, and my own chunk is loaded first even
+// where it is summed last, so that its loads are in flight with the next source's. Measured
+// side by side on an H200 (64 MiB sources, 32 CTAs): loading it last made the averages of two
+// sources 14-16 % slower; a loop over a run-time count made fp32 sums 5-25 % slower; the loop
+// specialised for each count of sources (a template argument) made fp32 sums 20-40 % slower.
 template <typename T, typename X, typename At>
 __device__ void combine(const Args& a, const Scales<T>& sc, int n, X* out, At at) {
   using O = Ops<T>;
-  X acc[kUnroll], x[kUnroll];
-  // Every loop runs kUnroll times, guarded, so that the arrays stay in registers.
+  X acc[kUnroll], x[kUnroll], own[kUnroll];
+  // Every loop runs kUnroll times, guarded, so that the arrays stay in registers. My own
+  // chunk's loads first, so that they are in flight with the next source's.
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
-    if (u < n) acc[u] = a.premul ? O::mul(at(1, u), sc.s[1]) : at(0, u);
+    if (u < n) own[u] = at(0, u);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (u < n) acc[u] = a.premul ? O::mul(at(1, u), sc.s[1]) : own[u];
 #pragma unroll
   for (int k = 1; k < kMaxSources; ++k) {
     if (k >= a.nsrc) break;
@@ -137,10 +145,7 @@ __device__ void combine(const Args& a, const Scales<T>& sc, int n, X* out, At at
   if (a.premul) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (u < n) x[u] = at(0, u);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (u < n) acc[u] = O::fma(x[u], sc.s[0], acc[u]);
+      if (u < n) acc[u] = O::fma(own[u], sc.s[0], acc[u]);
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
@@ -152,16 +157,15 @@ __device__ void combine(const Args& a, const Scales<T>& sc, int n, X* out, At at
 template <typename T, typename X>
 __device__ void sum_range(const Args& a, const Scales<T>& sc, unsigned long long count) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * blockDim.x +
-                                   threadIdx.x;
+  const unsigned long long first =
+      static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   X* dst = static_cast<X*>(a.dst);
   for (unsigned long long base = first; base < count; base += kUnroll * stride) {
     int n = 0;
     while (n < kUnroll && base + n * stride < count) ++n;
     X out[kUnroll];
-    combine<T, X>(a, sc, n, out, [&](int k, int u) {
-      return static_cast<const X*>(a.src[k])[base + u * stride];
-    });
+    combine<T, X>(a, sc, n, out,
+                  [&](int k, int u) { return static_cast<const X*>(a.src[k])[base + u * stride]; });
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (u < n) dst[base + u * stride] = out[u];
