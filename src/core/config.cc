@@ -60,8 +60,8 @@ constexpr LogLevel kLogLevels[] = {LogLevel::kNone, LogLevel::kWarn, LogLevel::k
                                    LogLevel::kDebug};
 constexpr CtaPolicyMode kCtaPolicies[] = {CtaPolicyMode::kZero, CtaPolicyMode::kEfficiency,
                                           CtaPolicyMode::kDefault, CtaPolicyMode::kKeep};
-constexpr RouteMode kRouteModes[] = {RouteMode::kAuto, RouteMode::kZerocta,
-                                             RouteMode::kNccl, RouteMode::kOff};
+constexpr RouteMode kRouteModes[] = {RouteMode::kAuto, RouteMode::kZerocta, RouteMode::kNccl,
+                                     RouteMode::kOff};
 
 constexpr const char* kLogVar = "ZEROCTA_LOG";
 constexpr const char* kNcclDebugVar = "NCCL_DEBUG";
@@ -133,7 +133,8 @@ const std::vector<VarSpec>& specs() {
         "measured where the route beats NCCL's kernel path)."},
        [](const char* t, Config* c) { return parse_count(t, &c->auto_max_ranks); }},
       {{"ZEROCTA_REDUCESCATTER", "enum", "auto|zerocta|nccl|off", "nccl",
-        "Route of reduce-scatters (sum and average of float, half and bfloat16): nccl = NCCL's "
+        "Route of reduce-scatters (sum, average and pre-multiplied sums of float, half and "
+        "bfloat16): nccl = NCCL's "
         "kernels, the default; auto = zerocta's copy-engine route (peers' chunks pushed by copy "
         "engines, summed by a small kernel) from ZEROCTA_MIN_BYTES of input up on 2 ranks, when "
         "every rank agreed; zerocta = that route for every such reduce-scatter on up to 8 "

@@ -286,8 +286,8 @@ bool reducescatter_dtype_ok(ncclDataType_t t) {
 
 std::vector<PathId> sweep_path_set(CollOp op, RedOp red) {
   std::vector<PathId> set = sweep_path_set(op);
-  // sum-kernel launches the route's kernel with one scale for every source; the scalars of a
-  // pre-multiplied sum differ by rank.
+  // sum-kernel launches the route's kernel with one scale for every source (an average's
+  // floor); the scalars of a pre-multiplied sum differ by rank.
   if (op == CollOp::kReduceScatter && redop_is_premul(red))
     set.erase(std::remove(set.begin(), set.end(), PathId::kSumKernel), set.end());
   return set;

@@ -858,7 +858,7 @@ void test_spin_barrier() {
 namespace {
 
 // --redop premul and premul-dev: reduce-scatters only, their names in the columns, and no
-// sum-kernel path (its kernel takes one scale for every rank).
+// sum-kernel path (it launches the kernel with one scale for every rank).
 void test_premul_options() {
   Options p, d;
   EXPECT(parse({"--op", "reducescatter", "--redop", "premul"}, &p));

@@ -52,7 +52,8 @@ void run_sum_kernel_sweep(const Options& o, int nranks, Channel* ch) {
     fatal("sum-kernel sums 2..%d chunks, not %d", zc::kChunkSumMaxSources, nranks);
   const void* fn = kernel_for(o.dtype.nccl);
   if (!fn) fatal("sum-kernel: no reduction kernel for %s", o.dtype.name);
-  // parse_options keeps sum-kernel out of the pre-multiplied sums: one scale for every chunk.
+  // parse_options keeps sum-kernel out of the pre-multiplied sums: it launches with one scale for
+  // every chunk.
   if (redop_is_premul(o.redop)) fatal("sum-kernel: no --redop %s", redop_name(o.redop));
   ZCB_CUDA(cudaSetDevice(0));
   for (int r = 0; r < nranks; ++r) {  // the row speaks for every rank (see below)
