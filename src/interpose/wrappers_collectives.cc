@@ -439,7 +439,7 @@ ZC_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, s
   ZC_COLLECTIVE_HEAD(ncclReduceScatter,
                      (sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
   const RealNccl& real = *e.real;
-  const ChainLink link{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, agreed_redop(op)};
+  const ChainLink link{ChainedCall::kReduceScatter, recvcount, datatype, kNoRoot, op};
   // Resolved now: the application may destroy a pre-multiplied sum once the call returned, and
   // a group's ops are issued at its end.
   const ResolvedRedOp rop = resolve_red_op(st ? &st->premul_sums : nullptr, op);

@@ -1,10 +1,13 @@
-// Fake NCCL: memory, buffer and window registration, custom reduction operators.
+// Fake NCCL: memory, buffer and window registration, custom reduction operators (numbered per
+// rank, as NCCL numbers them per communicator).
 // ncclMemAlloc hands out host memory (these tests run without a GPU).
 // ncclCommWindowRegister calls the public ncclCommRegister from a thread of its own, the way
 // the real NCCL calls its API from its internal threads: a shim must recognise such inner
 // calls by the caller's address, not by a thread-local "inside NCCL" flag.
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "fake_nccl_internal.h"
@@ -19,12 +22,22 @@ struct Window {
   void* reg_handle = nullptr;
 };
 
-std::atomic<int> g_next_redop{ncclNumOps};
+// The pre-multiplied sums made and not destroyed. Their numbers are mangled by the rank, as
+// NCCL mangles them by the communicator's address (ncclUserRedOpMangle): one op's number
+// differs from rank to rank.
+std::mutex g_redops_mu;
+std::set<int> g_redops;
+int g_next_redop = 0;
+
+int mangled_redop(int index, int rank) { return (ncclNumOps + index) ^ ((rank + 1) << 8); }
 
 }  // namespace
 
 namespace fake {
-bool redop_exists(int op) { return op >= 0 && (op < ncclNumOps || op < g_next_redop.load()); }
+bool redop_exists(int op) {
+  std::lock_guard<std::mutex> lock(g_redops_mu);
+  return op >= 0 && (op < ncclNumOps || g_redops.count(op) != 0);
+}
 }  // namespace fake
 
 ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
@@ -126,8 +139,13 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
                           static_cast<int>(residence)) +
                      name_of(comm);
   if (fake::should_fail("ncclRedOpCreatePreMulSum")) return finish(line, ncclInternalError);
-  if (op == nullptr || fake::find_comm(comm) == nullptr) return finish(line, ncclInvalidArgument);
-  *op = static_cast<ncclRedOp_t>(g_next_redop++);
+  fake::Comm* fc = fake::find_comm(comm);
+  if (op == nullptr || fc == nullptr) return finish(line, ncclInvalidArgument);
+  {
+    std::lock_guard<std::mutex> lock(g_redops_mu);
+    *op = static_cast<ncclRedOp_t>(mangled_redop(g_next_redop++, fc->rank));
+    g_redops.insert(*op);
+  }
   fake::log_line(line + strf(" -> 0 op=%d", static_cast<int>(*op)));
   return ncclSuccess;
 }
@@ -137,6 +155,8 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   std::string line = strf("ncclRedOpDestroy op=%d comm=", static_cast<int>(op)) + name_of(comm);
   if (fake::should_fail("ncclRedOpDestroy")) return finish(line, ncclInternalError);
   if (fake::find_comm(comm) == nullptr || op < ncclNumOps) return finish(line, ncclInvalidArgument);
+  std::lock_guard<std::mutex> lock(g_redops_mu);
+  if (g_redops.erase(op) == 0) return finish(line, ncclInvalidArgument);
   return finish(line, ncclSuccess);
 }
 FAKE_PNCCL_ALIAS(ncclRedOpDestroy)

@@ -2391,6 +2391,34 @@ TEST(RouteSetup, RanksWhoseCallsDriftedApartFailAndRanksMakingTheSameCallsRoute)
   }
 }
 
+// The same calls with a pre-multiplied sum, made on the communicator just before its all-reduce:
+// NCCL numbers such ops per communicator (the fake by rank, as NCCL mangles them by the
+// communicator's address), so the ranks' call chains must compare them as one reduction, not by
+// number, or the next all-gather would fail as a drift on every rank.
+TEST(RouteSetup, APreMulSumNumberedPerRankLeavesTheCallChainsAlike) {
+  Scratch s, chan, rdv;
+  RunResult r = run_route(
+      {"ranks", "2", "basic"},
+      with(route_env(chan, rdv, unique_id_text()),
+           {{"DRV_AG_REPEAT", "2"}, {"DRV_AG_EXTRA_ALLREDUCE", "2"}, {"DRV_AG_CHECK", "1"}}),
+      s);
+  expect_clean_pair(r, chan);
+  std::set<std::string> ops;
+  for (const std::string& line : log_calls(r, "ncclRedOpCreatePreMulSum")) {
+    const size_t at = line.find(" op=");
+    if (at != std::string::npos) ops.insert(line.substr(at));
+  }
+  EXPECT_EQ(ops.size(), 2u) << "each rank's op numbered apart\n" << r.describe();
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(warns(r, pid_of(r, k)), std::vector<std::string>{}) << r.describe();
+    EXPECT_EQ(rnum(r, k, "ag.extra_rc"), 0);
+    EXPECT_EQ(rnum(r, k, "ag.premul_destroy_rc"), 0);
+    expect_rank_routed(r, k, 3);  // both all-gathers, then DRV_AG_CHECK's
+    EXPECT_EQ(rnum(r, k, "ag.next_data_ok"), 1);
+  }
+}
+
 // ncclGroupSimulateEnd launches nothing and is a local query, so one rank may simulate a group
 // alone: the calls in it leave its call chain as it was, and the all-gathers after it still
 // pair and route.

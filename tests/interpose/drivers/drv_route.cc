@@ -42,6 +42,8 @@
 //             same all-reduce inside a group of its own; =3: inside the all-gather's group, a
 //             group of both; DRV_AG_EXTRA_ALLREDUCE=1: after the first one only, one ncclAllReduce
 //             on its stream, <tag>.extra_rc — set on one rank, the ranks' calls drift apart;
+//             =2: the same all-reduce as a pre-multiplied sum made on the communicator just
+//             before it and destroyed after it (NCCL numbers such ops per communicator);
 //             DRV_AG_SIMULATE_ALLREDUCE=1: before the first one, a group of one ncclAllReduce
 //             ended by ncclGroupSimulateEnd, which launches nothing, <tag>.simulate_rc),
 //             DRV_AG_CHECK=1 (ncclCommGetAsyncError and one more all-gather after them),
@@ -550,7 +552,7 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
       cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
     other = nullptr;
   const bool with_ag = interleave == 3;  // the all-reduce in the all-gather's group
-  const bool extra_allreduce = env_long("DRV_AG_EXTRA_ALLREDUCE", 0) == 1;
+  const long extra_allreduce = env_long("DRV_AG_EXTRA_ALLREDUCE", 0);
   if (env_long("DRV_AG_SIMULATE_ALLREDUCE", 0) == 1) {
     ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
     ncclGroupStart();
@@ -593,9 +595,16 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
     if (other) cuStreamSynchronize(other);
     if (rc == ncclSuccess) rc = op;
     ok = ok && g.data_ok();
-    if (i == 0 && extra_allreduce) {
-      out(tag + ".extra_rc", ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, ncclSum, c,
+    if (i == 0 && extra_allreduce != 0) {
+      float half = 0.5f;
+      ncclRedOp_t redop = ncclSum;
+      if (extra_allreduce == 2 &&
+          ncclRedOpCreatePreMulSum(&redop, &half, ncclFloat, ncclScalarHostImmediate, c) !=
+              ncclSuccess)
+        out(tag + ".premul_rc", 1);
+      out(tag + ".extra_rc", ncclAllReduce(g.recv.data(), g.recv.data(), 1, ncclFloat, redop, c,
                                            reinterpret_cast<cudaStream_t>(g.stream)));
+      if (redop != ncclSum) out(tag + ".premul_destroy_rc", ncclRedOpDestroy(redop, c));
       if (g.stream) cuStreamSynchronize(g.stream);
     }
   }
