@@ -3,10 +3,14 @@
     torchrun --standalone --nproc-per-node=2 fsdp2_gpt.py --config compute|comm|comm-narrow|host-bound|tiny
         [--steps 60] [--warmup 10] [--prefetch 2] [--seed 1234]
         [--deterministic strict|warn|off] [--out run.json] [--profile-steps N [--keep-trace]]
+        [--grad-divide F]
 
 Precision: fp32 sharded master weights and optimizer state; MixedPrecisionPolicy(param_dtype
 bf16, reduce_dtype fp32), so blocks compute in bf16, all-gathers move bf16 and gradients are
-reduce-scattered in fp32. The loss is computed in fp32.
+reduce-scattered in fp32. The loss is computed in fp32. FSDP2 reduces them with ncclAvg; with
+--grad-divide F (not the number of ranks) it divides by F instead, which PyTorch 2.11 does with a
+pre-multiplied sum by 1/F (ncclRedOpCreatePreMulSum, a host scalar) - the reduce-scatter route's
+other reduction.
 
 FSDP2 (`fully_shard`) per block, then the root (embeddings, final LN, head). Every FSDP module
 prefetches the all-gathers of the next --prefetch blocks in forward and of the previous ones in
@@ -68,9 +72,10 @@ CONFIGS = {
 PRECISION = "fp32 master + AdamW state; bf16 compute and all-gather; fp32 reduce-scatter"
 
 
-def build_model(cfg, prefetch, device):
+def build_model(cfg, prefetch, device, grad_divide=None):
     """The GPT on the meta device, sharded with fully_shard, then materialised (uninitialised)
-    on `device`: no rank ever holds the whole fp32 model."""
+    on `device`: no rank ever holds the whole fp32 model. grad_divide: every FSDP module's
+    gradient divide factor (None: FSDP2's default, the average)."""
     with torch.device("meta"):
         model = gpt_model.GPT(cfg["vocab"], cfg["width"], cfg["depth"], cfg["heads"],
                               cfg["seq"], cfg["mlp_ratio"])
@@ -93,6 +98,9 @@ def build_model(cfg, prefetch, device):
         # first blocks' all-gathers too.
         model.set_modules_to_forward_prefetch(blocks[:prefetch])
         model.set_modules_to_backward_prefetch(blocks[::-1][:prefetch])
+    if grad_divide is not None:
+        for module in [*blocks, model]:
+            module.set_gradient_divide_factor(grad_divide)
     model.to_empty(device=device)
     return model
 
@@ -124,7 +132,11 @@ def main():
                    help="profile the last N steps for the exposed all-gather share (0 = off)")
     p.add_argument("--keep-trace", action="store_true",
                    help="keep each rank's exported trace of the profiled steps")
+    p.add_argument("--grad-divide", type=float, default=None, metavar="F",
+                   help="divide gradients by F (a pre-multiplied sum when F is not the ranks)")
     args = p.parse_args()
+    if args.grad_divide is not None and args.grad_divide <= 0:
+        p.error("--grad-divide must be positive")
     if args.profile_steps < 0:
         p.error("--profile-steps must not be negative")
     if args.steps <= args.warmup + args.profile_steps:
@@ -140,7 +152,7 @@ def main():
               (world, PRECISION, args.prefetch, args.deterministic,
                train_common.zerocta_stats.version() or "not loaded"), flush=True)
 
-    model = build_model(cfg, args.prefetch, device)
+    model = build_model(cfg, args.prefetch, device, args.grad_divide)
     init_params(model, cfg, args.seed, rank, world, device)
     n_params = sum(q.numel() for q in model.parameters())  # DTensor numel: the global size
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95),
@@ -151,7 +163,7 @@ def main():
     bits, values, step_ms = train_common.train(model, opt, cfg, args, rank, world, device,
                                                profiler=profiler)
     header = {"name": args.config, "precision": PRECISION, "params": n_params,
-              "prefetch": args.prefetch}
+              "prefetch": args.prefetch, "grad_divide": args.grad_divide}
     shards = [q.to_local() if isinstance(q, DTensor) else q for q in model.parameters()]
     status = train_common.report("fsdp2_gpt", args, cfg, header, shards, bits, values, step_ms,
                                  rank, device, profiler)
