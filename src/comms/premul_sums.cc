@@ -43,8 +43,4 @@ ResolvedRedOp resolve_red_op(const PreMulSums* sums, ncclRedOp_t op) {
   return r;
 }
 
-int32_t agreed_redop(ncclRedOp_t op) {
-  return static_cast<int32_t>(op < ncclNumOps ? op : ncclNumOps);
-}
-
 }  // namespace zc

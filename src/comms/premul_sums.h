@@ -56,10 +56,4 @@ class PreMulSums {
 // with its scalar, anything else kOther.
 ResolvedRedOp resolve_red_op(const PreMulSums* sums, ncclRedOp_t op);
 
-// The value ranks compare for an op in their posts (OpPost::redop): NCCL numbers a
-// communicator's own ops apart on each rank (ncclUserRedOpMangle, by the communicator's
-// address), so every pre-multiplied sum compares as one value, as call_chain.h's
-// reduction_of() does for the call chain.
-int32_t agreed_redop(ncclRedOp_t op);
-
 }  // namespace zc

@@ -54,6 +54,18 @@ struct ChainPoint {
   uint64_t hash = 0;
 };
 
+// Codes of a reduction beside the built-in ones (below ncclNumOps), in one byte.
+constexpr uint64_t kNoReductionCode = 0xfe;
+constexpr uint64_t kCustomReductionCode = 0xff;
+// A reduction as every rank names it, for the call chain and the exchange's posts: built-in ones
+// by value, every custom one alike (NCCL numbers a communicator's own ops apart on each rank,
+// ncclUserRedOpMangle, by the communicator's address).
+constexpr uint64_t agreed_reduction(int op) {
+  return op < 0                              ? kNoReductionCode
+         : op < static_cast<int>(ncclNumOps) ? static_cast<uint64_t>(op)
+                                             : kCustomReductionCode;
+}
+
 namespace chain_detail {
 // Any nonzero start: a chain of no calls must not hash to 0, the value of a zeroed post.
 constexpr uint64_t kSeed = 0x9e3779b97f4a7c15ull;
@@ -67,22 +79,15 @@ constexpr uint64_t mix(uint64_t h) {
   h ^= h >> 33;
   return h;
 }
-// Codes of a link's reduction beside the built-in ones (below ncclNumOps), in one byte.
-constexpr uint64_t kNoReductionCode = 0xfe;
-constexpr uint64_t kCustomReductionCode = 0xff;
-// The reduction as every rank names it: built-in ones by value, every custom one alike.
-constexpr uint64_t reduction_of(int op) {
-  return op < 0                              ? kNoReductionCode
-         : op < static_cast<int>(ncclNumOps) ? static_cast<uint64_t>(op)
-                                             : kCustomReductionCode;
-}
+
 // NCCL's datatypes (ncclNumTypes of them) fit one byte; collective, datatype and reduction one
 // byte each and the root 32 bits make one word.
 inline uint64_t next(uint64_t hash, const ChainLink& l) {
   const bool bytes = l.op == kNoReduction;
   const uint64_t size = bytes ? l.count * nccl_type_size(l.datatype) : l.count;
   const uint64_t type = bytes ? 0 : static_cast<uint64_t>(l.datatype & 0xff);
-  const uint64_t what = static_cast<uint64_t>(l.call) | (type << 8) | (reduction_of(l.op) << 16) |
+  const uint64_t what = static_cast<uint64_t>(l.call) | (type << 8) |
+                        (agreed_reduction(l.op) << 16) |
                         (static_cast<uint64_t>(static_cast<uint32_t>(l.root)) << 32);
   return mix(mix(hash ^ size) ^ what);
 }

@@ -38,7 +38,7 @@ void post_for(const CommState& st, size_t count, ncclDataType_t type, ncclRedOp_
   p->mode = capturing ? OpMode::kCaptured : OpMode::kEager;
   p->count = count;
   p->datatype = type;
-  p->redop = agreed_redop(op);
+  p->redop = static_cast<int32_t>(agreed_reduction(op));
   p->pid = static_cast<int32_t>(getpid());
   p->calls = chain.calls;
   p->chain = chain.hash;
