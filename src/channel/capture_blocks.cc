@@ -8,18 +8,23 @@ namespace {
 
 // The region: an epoch word (its own cache line), then [nranks][per_rank] blocks of
 //   state      (generation << 32) | orphan bit << 16 | references
-//   started, ready_push[nranks], ready_pull[nranks], done_from[nranks]   (64-bit words)
+//   started, then kSets sets of nranks words (64-bit): an all-gather's ready_push, ready_pull
+//   and done_from; a reduce-scatter's tokens, a set per (which, buffer).
 constexpr size_t kHeader = 64;
 constexpr uint64_t kOrphanBit = uint64_t{1} << 16;
 constexpr uint64_t kRefsMask = kOrphanBit - 1;
 // Up to 1024 captured ops alive per rank and communicator, within 4 MiB of pinned memory for
-// the whole communicator at any size (at 64 ranks: 62 each).
+// the whole communicator at any size (at 64 ranks: 31 each).
 constexpr uint32_t kMaxBlocks = 1024;
 constexpr size_t kBudget = size_t{4} << 20;
 // A word's low half is its first four bytes: the signal a 32-bit stream write sets.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "words are split into halves by address");
 
-size_t bytes_of_block(uint32_t nranks) { return (8 * (2 + 3 * size_t{nranks}) + 63) / 64 * 64; }
+constexpr uint32_t kSets = 2 * CaptureBlocks::kTokenBuffers;  // the reduce-scatter's need most
+constexpr uint32_t kReadyPush = 0, kReadyPull = 1, kDoneFrom = 2;
+// The words a block's release covers: started and every set.
+size_t words_of_block(uint32_t nranks) { return 1 + kSets * size_t{nranks}; }
+size_t bytes_of_block(uint32_t nranks) { return (8 * (1 + words_of_block(nranks)) + 63) / 64 * 64; }
 
 uint32_t gen_of(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
 
@@ -98,7 +103,7 @@ uint32_t CaptureBlocks::refs(uint32_t owner, CaptureRef ref) const {
 void CaptureBlocks::orphan(uint32_t owner, CaptureRef ref) {
   if (ref.index >= per_rank_) return;
   uint64_t* w = words(owner, ref.index);
-  for (size_t i = 0; i < 1 + 3 * size_t{nranks_}; ++i) release(w + i);
+  for (size_t i = 0; i < words_of_block(nranks_); ++i) release(w + i);
   std::atomic<uint64_t>* s = state(owner, ref.index);
   uint64_t v = s->load(std::memory_order_acquire);
   while (gen_of(v) == ref.gen && !(v & kOrphanBit))
@@ -118,14 +123,22 @@ uint64_t CaptureBlocks::orphan_epoch() const {
 }
 
 uint64_t* CaptureBlocks::started(uint32_t owner, CaptureRef ref) { return words(owner, ref.index); }
+uint64_t* CaptureBlocks::word(uint32_t owner, CaptureRef ref, uint32_t set, uint32_t peer) const {
+  return words(owner, ref.index) + 1 + size_t{set} * nranks_ + peer;
+}
 uint64_t* CaptureBlocks::ready_push(uint32_t owner, CaptureRef ref, uint32_t peer) {
-  return words(owner, ref.index) + 1 + peer;
+  return word(owner, ref, kReadyPush, peer);
 }
 uint64_t* CaptureBlocks::ready_pull(uint32_t owner, CaptureRef ref, uint32_t peer) {
-  return words(owner, ref.index) + 1 + nranks_ + peer;
+  return word(owner, ref, kReadyPull, peer);
 }
 uint64_t* CaptureBlocks::done_from(uint32_t owner, CaptureRef ref, uint32_t peer) {
-  return words(owner, ref.index) + 1 + 2 * size_t{nranks_} + peer;
+  return word(owner, ref, kDoneFrom, peer);
+}
+uint64_t* CaptureBlocks::rs_token(uint32_t owner, CaptureRef ref, uint32_t peer, TokenOf which,
+                                  int b) {
+  return word(owner, ref, static_cast<uint32_t>(which) * kTokenBuffers + static_cast<uint32_t>(b),
+              peer);
 }
 
 void CaptureBlocks::release(uint64_t* word) {
@@ -136,7 +149,7 @@ void CaptureBlocks::release_all() {
   for (uint32_t r = 0; r < nranks_; ++r)
     for (uint32_t i = 0; i < per_rank_; ++i) {
       uint64_t* w = words(r, i);
-      for (size_t k = 0; k < 1 + 3 * size_t{nranks_}; ++k) release(w + k);
+      for (size_t k = 0; k < words_of_block(nranks_); ++k) release(w + k);
     }
 }
 

@@ -24,6 +24,11 @@
 //   ready    ready_push[p] / ready_pull[p]: the owner's buffers are ready for peer p's push
 //            stream / pull stream (two words: a flag has exactly one consumer).
 //   done     done_from[p]: peer p has finished with the owner's buffers.
+//   token    a captured reduce-scatter's (reduce_scatter_plan.h) instead of ready and done:
+//            rs_token(owner, ref, p, which, b), buffer b of the owner's scratch or of peer p's,
+//            in the block of whichever of the two arrived first (the later one reads its
+//            post; the earlier one never waits to learn of the later one's block). Two
+//            writers take turns on it (free, landed), each after waiting for the other's state.
 //   orphan   a block whose owner destroyed the graph holding it before ever replaying it, while
 //            a peer still holds it: that peer's replays can never pair. Every wait on it is
 //            released and the peer's host, seeing its own replay started, poisons the
@@ -75,6 +80,13 @@ class CaptureBlocks {
   uint64_t* ready_push(uint32_t owner, CaptureRef ref, uint32_t peer);
   uint64_t* ready_pull(uint32_t owner, CaptureRef ref, uint32_t peer);
   uint64_t* done_from(uint32_t owner, CaptureRef ref, uint32_t peer);
+  // A reduce-scatter's pair (owner, peer), the owner the earlier to arrive: the token of buffer
+  // b of the owner's scratch (kOwnersBuffer: the peer pushes into it) or of the peer's.
+  enum class TokenOf : uint8_t { kOwnersBuffer = 0, kPeersBuffer = 1 };
+  static constexpr int kTokenBuffers = 2;
+  // A word's release (its high half's lowest bit): a stream waits for (word & (bit | state)).
+  static constexpr uint64_t kReleaseBit = uint64_t{1} << 32;
+  uint64_t* rs_token(uint32_t owner, CaptureRef ref, uint32_t peer, TokenOf which, int b);
 
   // Sets the release half of a word / of every word of every block (abort, poison).
   static void release(uint64_t* word);
@@ -85,6 +97,8 @@ class CaptureBlocks {
  private:
   std::atomic<uint64_t>* state(uint32_t owner, uint32_t index) const;
   uint64_t* words(uint32_t owner, uint32_t index) const;
+  // The word of set `set` (below started) for `peer`.
+  uint64_t* word(uint32_t owner, CaptureRef ref, uint32_t set, uint32_t peer) const;
   size_t block_bytes() const;
   char* base_;
   uint32_t nranks_;

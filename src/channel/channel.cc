@@ -23,9 +23,10 @@ namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f6368616eull;  // "zerochan"
 // Bumped whenever the segment's layout or what ranks expect of each other's memory changes
-// (8: the reduce-scatter scratch's head of scalars before its slots): ranks of different
-// versions then pass through.
-constexpr uint32_t kVersion = 8;
+// (9: capture blocks with a reduce-scatter's tokens, and the reduce-scatter scratch split into a
+// region for eager ops and one for captured ones): ranks of different versions then pass
+// through.
+constexpr uint32_t kVersion = 9;
 // A child's channel has one slot per parent rank; parents beyond this size never route here.
 constexpr uint32_t kMaxCapacity = 1u << 16;
 // Tries at creating or joining: each retry follows a name that changed under this opener (a

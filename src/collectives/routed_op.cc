@@ -85,6 +85,18 @@ void check_captured_replays(CommState& st) {
     routed_op_fail(st, "copy-engine route", ncclRemoteError, "a graph replay", why);
 }
 
+bool make_capture_streams(const CudaDriver& cu, CeComm* ce) {
+  for (int k = 1; k < kDirectStreams; ++k)
+    if (!ce->capture_streams[k] &&
+        cu.cuStreamCreate(&ce->capture_streams[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+      return false;
+  for (int e = 0; e < kDirectEvents; ++e)
+    if (!ce->capture_events[e] &&
+        cu.cuEventCreate(&ce->capture_events[e], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      return false;
+  return true;
+}
+
 RelaxedCapture::RelaxedCapture(bool on) : on_(on) {
   if (on_) cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode_);
 }

@@ -53,6 +53,28 @@ class RelaxedCapture {
   CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
 };
 
+// The streams and events of the communicator's captured ops (CeComm::capture_streams), made at
+// its first (in relaxed capture mode); false when CUDA refuses one.
+bool make_capture_streams(const CudaDriver& cu, CeComm* ce);
+
+// A flag block claimed for a captured op goes back unless the op's graph keeps it (its hold).
+class BlockClaim {
+ public:
+  BlockClaim(CaptureBlocks& blocks, uint32_t me, CaptureRef ref)
+      : blocks_(blocks), me_(me), ref_(ref) {}
+  ~BlockClaim() {
+    if (ref_.valid()) blocks_.drop(me_, ref_);
+  }
+  void handed_over() { ref_ = CaptureRef{}; }
+  BlockClaim(const BlockClaim&) = delete;
+  BlockClaim& operator=(const BlockClaim&) = delete;
+
+ private:
+  CaptureBlocks& blocks_;
+  uint32_t me_;
+  CaptureRef ref_;
+};
+
 // This rank is done with op `seq`'s posts, whatever happens after it arrived (where a job of
 // the push issuer reads them later, PostsRead waits for it too).
 class FinishPosts {

@@ -73,21 +73,26 @@ uint32_t register_flags(const CudaDriver& cu, const JoinPlan& plan, const Channe
 // The reduce-scatter's scratch, where its setting asks for that route (rs_scratch.h); a rank
 // without one is no problem for the all-gathers, and its reduce-scatters go to NCCL on every
 // rank (the agreed facts say it has none).
-void make_rs_scratch(const CudaDriver& cu, int device, CeComm* ce, MemberFacts* f) {
+// Its two regions (reduce_scatter_plan.h) are sized for the communicator's capacity: a child's
+// are no larger than its parent's.
+void make_rs_scratch(const CudaDriver& cu, const JoinPlan& plan, CeComm* ce, MemberFacts* f) {
   if (!route_asked(config().reducescatter)) return;
   const char* why = "this build carries no reduction kernel (nvcc was not found)";
-  if (config().rs_scratch_bytes == 0) {
-    why = "ZEROCTA_RS_SCRATCH=0";
+  const uint64_t bytes =
+      2 * rs_region_bytes(static_cast<int>(plan.capacity), config().rs_scratch_bytes);
+  if (bytes == 0) {
+    why = "ZEROCTA_RS_SCRATCH holds no region";
   } else if (chunk_sum_built()) {
-    ScopedDevice on(device);
+    ScopedDevice on(plan.device);
     std::unique_ptr<RsScratch> scratch(new RsScratch);
-    if (on.ok() && scratch->create(cu, device, config().rs_scratch_bytes, &why)) {
+    if (on.ok() && scratch->create(cu, plan.device, bytes, &why)) {
       f->rs_scratch = scratch->facts();
       ce->rs_scratch = std::move(scratch);
       return;
     }
   }
-  ZC_INFO("route: dev %d: copy-engine reduce-scatter off on this communicator: %s", device, why);
+  ZC_INFO("route: dev %d: copy-engine reduce-scatter off on this communicator: %s", plan.device,
+          why);
 }
 
 // What this rank can check of every other member it sees after publishing its own facts: a
@@ -302,7 +307,7 @@ void route_join(CommState& st, const JoinPlan& plan) {
   g_route_comms.fetch_add(1);
   st.ce->join_index = plan.join_index;
   f.problems = register_flags(*cu, plan, *st.channel, st.ce.get(), &f);
-  if (f.problems == 0) make_rs_scratch(*cu, plan.device, st.ce.get(), &f);
+  if (f.problems == 0) make_rs_scratch(*cu, plan, st.ce.get(), &f);
   st.channel->publish(f);
   if (f.problems == 0)
     st.channel->add_problems(plan.join_index, check_members(*cu, plan, f, st.channel->members()));
@@ -330,9 +335,11 @@ void route_freeze(CommState& st, bool on_app_thread) {
   say_decision(st, a);
   if (a.commit) {
     st.members = std::move(a.ranks);
+    const uint64_t scratch_needed = 2 * rs_region_bytes(st.nranks, config().rs_scratch_bytes);
     st.every_rank_has_rs_scratch =
+        scratch_needed != 0 &&
         std::all_of(st.members.begin(), st.members.end(),
-                    [](const MemberFacts& m) { return m.rs_scratch.bytes != 0; });
+                    [&](const MemberFacts& m) { return m.rs_scratch.bytes >= scratch_needed; });
     st.route_why = "";
     st.ce->ops.reset(new OpExchange(st.channel->op_region(), static_cast<uint32_t>(st.nranks)));
     watch_flags(st.ce->ops.get(), st.rank);

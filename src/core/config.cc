@@ -140,10 +140,11 @@ const std::vector<VarSpec>& specs() {
         "every rank agreed; zerocta = that route for every such reduce-scatter on up to 8 "
         "ranks; off = the same as nccl."},
        [](const char* t, Config* c) { return parse_enum(t, kRouteModes, &c->reducescatter); }},
-      {{"ZEROCTA_RS_SCRATCH", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "64M",
-        "GPU memory per communicator into which the peers push a routed reduce-scatter's "
-        "chunks (two slices of each peer, an op larger than a slice going in several; 0 = no "
-        "copy-engine reduce-scatter)."},
+      {{"ZEROCTA_RS_SCRATCH", "size", "bytes, or with a K/M/G/T or KiB/MiB/GiB/TiB suffix", "128M",
+        "GPU memory per communicator at most into which the peers push a routed reduce-scatter's "
+        "chunks: half for ops issued eagerly, half for ops captured into CUDA graphs, each half "
+        "two slices of up to 16 MiB of each peer (2 ranks use 66M; an op larger than a slice "
+        "goes in several; 0 = no copy-engine reduce-scatter)."},
        [](const char* t, Config* c) { return parse_size(t, &c->rs_scratch_bytes); }},
       {{"ZEROCTA_RS_CTAS", "count", "0 (the default) or a number of CTAs", "32",
         "CTAs of the kernel that sums a routed reduce-scatter's chunks (few: it runs beside "

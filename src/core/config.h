@@ -22,9 +22,11 @@ constexpr uint64_t kDefaultMinBytes = 64ull << 20;
 // auto's route is measured to beat NCCL's kernel path on 2, 3 and 4 ranks, alone and beside
 // GEMMs (docs/PERFORMANCE.md); 8 GPUs were not lent to measure it.
 constexpr uint64_t kDefaultAutoMaxRanks = 4;
-// The reduce-scatter's scratch per communicator: every rank's peers push their chunks into it,
-// two slices of each peer (reduce_scatter_plan.h); 64 MiB gives 2 ranks 32 MiB slices' room.
-constexpr uint64_t kDefaultRsScratchBytes = 64ull << 20;
+// The reduce-scatter's scratch per communicator, at most: every rank's peers push their chunks
+// into it, two slices of each peer, in a region for eager ops and one for captured ops
+// (reduce_scatter_plan.h); 128 MiB gives 3 or more ranks 64 MiB regions, and 2 ranks their
+// slices of the largest size (16 MiB) in 2 x 32 MiB.
+constexpr uint64_t kDefaultRsScratchBytes = 128ull << 20;
 // The most ranks whose reduce-scatters auto routes: 2, the count the route is built and first
 // measured for (docs/PERFORMANCE.md, "Reduce-scatter"); larger counts take ZEROCTA_REDUCESCATTER=zerocta.
 constexpr uint64_t kRsAutoMaxRanks = 2;

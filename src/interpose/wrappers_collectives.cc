@@ -245,7 +245,8 @@ RouteDecision reduce_scatter_route(const std::shared_ptr<CommState>& st, size_t 
   in.total_bytes = in.bytes_valid ? recvcount * ts * n : 0;
   in.min_bytes = cfg.min_bytes;
   in.auto_max_ranks = kRsAutoMaxRanks;
-  in.slice = rs_slice_bytes(recvcount * ts, ts, in.nranks, cfg.rs_scratch_bytes);
+  in.slice = rs_slice_bytes(recvcount * ts, ts, in.nranks,
+                            rs_region_bytes(in.nranks, cfg.rs_scratch_bytes));
   *total_bytes = in.total_bytes;
   *slice = in.slice;
   return choose_reduce_scatter_route(in);
@@ -276,8 +277,15 @@ ncclResult_t issue_ce_reduce_scatter(const RealNccl& real, const std::shared_ptr
   return on_route_or_forward(
       zerocta_op_reducescatter, total,
       [&](bool* to_nccl) {
-        return ce_reduce_scatter(*st, sendbuff, recvbuff, recvcount, datatype, op, slice, s,
-                                 stream_is_capturing(s), chain, to_nccl);
+        RsCall call;
+        call.send = sendbuff;
+        call.recv = recvbuff;
+        call.recvcount = recvcount;
+        call.datatype = datatype;
+        call.op = op;
+        call.slice = slice;
+        call.stream = s;
+        return ce_reduce_scatter(*st, call, stream_is_capturing(s), chain, to_nccl);
       },
       [&] {
         return forward_reduce_scatter(real, st, sendbuff, recvbuff, recvcount, datatype, op.op,

@@ -80,7 +80,7 @@ bool CaptureLife::broken_replay(uint32_t rank, const char** why) {
   for (GraphHold* h : live_)
     if (h->suspect && CaptureBlocks::signalled(blocks_->started(rank, h->mine))) {
       *why =
-          "a CUDA graph replayed an all-gather whose peer graph was destroyed without ever "
+          "a CUDA graph replayed a collective whose peer graph was destroyed without ever "
           "being replayed (a capture discarded or retried on one rank only)";
       return true;
     }
@@ -108,7 +108,7 @@ void graph_gone(GraphHold* h) {
   if (peer_replayed) {
     // A peer's replay has started on it already: it could only have been released.
     ZC_WARN(
-        "zero-copy all-gather on rank %u: a CUDA graph holding op %llu was destroyed without "
+        "copy-engine route on rank %u: a CUDA graph holding op %llu was destroyed without "
         "ever being replayed while a peer replayed it; the communicator is poisoned",
         h->rank, static_cast<unsigned long long>(h->seq));
     h->life->channel().poison(ncclRemoteError);

@@ -1,5 +1,6 @@
-// Zero-copy all-gathers captured into CUDA graphs: what a graph keeps alive, and what happens
-// when a graph goes.
+// Routed collectives captured into CUDA graphs (all-gathers, and reduce-scatters over tokens of
+// their own, reduce_scatter_plan.h): what a graph keeps alive, and what happens when a graph
+// goes.
 //
 // A captured op is posted and paired like an eager one (op_exchange.h: the same verdict, the
 // same pair settlement, no rendezvous — a rank that captures never waits for a peer beyond the

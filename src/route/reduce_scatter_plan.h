@@ -41,6 +41,22 @@
 // counters. The streams and events are the all-gather's (direct_plan.h): push is its push
 // stream, reduce its pull stream, and kRsEnd its kEvEnd, so that NCCL's order among the
 // communicator's ops (comm_order.h) holds for both collectives alike.
+//
+// A captured op (captured_ops.h) replays what it captured, so it cannot count: its flags are
+// tokens (capture_blocks.h), one word per pair of ranks, buffer and direction, whose owner
+// passes it back and forth — free (kRsTokenFree, written by the rank whose buffer it is) and
+// landed (kRsTokenLanded, written by the rank that pushes into it); each side waits for the
+// other's state before it writes its own, so neither write can overtake the other's wait. Its
+// slices are numbered from 0 in every replay, into a scratch region of their own (the
+// scratch's second half, rs_region_bytes), whose buffers are free when the op starts: the
+// previous op that used them ended on this rank's stream before this one started.
+//   reduce  wait kRsStart; for each buffer the op uses and each peer: write token_in free;
+//           per slice i: wait token_in[p] landed for every peer; sum; [i + 2 < slices: write
+//           token_in[p] free for every peer]
+//   push    wait kRsStart; write started; per slice i: wait token_out[p] free for every peer;
+//           [scalars]; copy; write token_out[p] landed for every peer
+// An op that can never pair (`broken`: a peer's graph is gone already) only marks itself
+// started: the host that sees that poisons the communicator (captured_ops.h).
 #pragma once
 
 #include <cstdint>
@@ -85,7 +101,13 @@ enum class RsOpKind : uint8_t {
                // scalars != 0: their ranks' scalars at scalars, scalars + kRsScalarWordBytes, ...
   kRecord,     // record event `event` on this stream
   kWaitEvent,  // make this stream wait for event `event`
+  kWaitToken,  // wait until the 64-bit word at dst holds `value` in its low half or is released
+               // (capture_blocks.h)
 };
+
+// A captured op's token states (values a stream writes into a token's low half).
+constexpr uint32_t kRsTokenFree = 1;
+constexpr uint32_t kRsTokenLanded = 2;
 
 struct RsOp {
   RsStream stream;
@@ -119,16 +141,30 @@ struct RsOpView {
   uint32_t scalar_bytes = 0;
   bool write_scalar = false;
   uint32_t scalar_bits = 0;
+  // A captured op: its tokens (token_in[p][b]: my buffer b, peer p pushing into it; token_out
+  // [p][b]: peer p's buffer b, me pushing), my block's started word, and whether it can never
+  // pair. first_slice is 0 and scratch and peer_scratch address the captured region.
+  bool captured = false;
+  bool broken = false;
+  uint64_t started = 0;
+  uint64_t token_in[kMaxRanks][kRsBuffers] = {};
+  uint64_t token_out[kMaxRanks][kRsBuffers] = {};
 };
 
+// A scratch is two regions: the first for ops issued eagerly, the second for captured ops
+// (whose tokens cannot tell eager ops' counters when a buffer is free). The bytes of each on a
+// communicator of `nranks` ranks whose setting (ZEROCTA_RS_SCRATCH) is `setting` bytes: half
+// of it, or less where that holds two slices of the largest size of every peer. A scratch of
+// twice that is enough; the captured region starts that far into it.
+uint64_t rs_region_bytes(int nranks, uint64_t setting);
 // The slice of an op whose output chunk is `chunk` bytes of `elem`-byte elements, on `nranks`
-// ranks whose scratch is `scratch_bytes` each: a pure function of what every rank of the op
-// knows alike. Whole elements, 256-byte aligned, two of every peer fit the scratch after its
-// head; 0 when not even one aligned slice fits.
-uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem, int nranks, uint64_t scratch_bytes);
+// ranks whose scratch regions are `region_bytes` each: a pure function of what every rank of
+// the op knows alike. Whole elements, 256-byte aligned, two of every peer fit the region after
+// its head; 0 when not even one aligned slice fits.
+uint64_t rs_slice_bytes(uint64_t chunk, uint64_t elem, int nranks, uint64_t region_bytes);
 // The slices of such an op.
 uint64_t rs_slices(uint64_t chunk, uint64_t slice);
-// The scratch an op of `nranks` ranks with slices of `slice` bytes needs.
+// The scratch region an op of `nranks` ranks with slices of `slice` bytes needs.
 uint64_t rs_scratch_bytes(int nranks, uint64_t slice);
 
 // Appends the plan (clears nothing: the caller reuses one vector).

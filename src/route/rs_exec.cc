@@ -1,11 +1,26 @@
 #include "rs_exec.h"
 
+#include "capture_blocks.h"
 #include "ce_exec.h"
 
 namespace zc {
 namespace {
 
-bool is_flag_op(RsOpKind k) { return k == RsOpKind::kWaitGeq || k == RsOpKind::kWrite; }
+bool is_flag_op(RsOpKind k) {
+  return k == RsOpKind::kWaitGeq || k == RsOpKind::kWrite || k == RsOpKind::kWaitToken;
+}
+
+CUstreamBatchMemOpParams flag_op(const RsOp& f) {
+  if (f.kind == RsOpKind::kWrite) return flag_write_op(f.dst, f.value);
+  if (f.kind == RsOpKind::kWaitGeq) return flag_wait_op(f.dst, f.value);
+  // A token (capture_blocks.h): its state in the low half, or the release in the high one.
+  CUstreamBatchMemOpParams p{};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  p.waitValue.address = f.dst;
+  p.waitValue.value64 = CaptureBlocks::kReleaseBit | f.value;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
+  return p;
+}
 
 CUresult launch_sum(const CudaDriver& cu, const RsOp& op, const RsSum& sum, CUstream s) {
   if (!sum.kernels || op.nsrc > kChunkSumMaxSources || op.bytes % sum.elem != 0)
@@ -42,13 +57,13 @@ CUresult issue_rs_plan(const CudaDriver& cu, const CUstream streams[kRsStreams],
     CUresult r = CUDA_SUCCESS;
     switch (op.kind) {
       case RsOpKind::kWaitGeq:
+      case RsOpKind::kWaitToken:
       case RsOpKind::kWrite: {
         unsigned n = 0;
         while (n < kMaxMemOps && i + n < plan.size() && is_flag_op(plan[i + n].kind) &&
                plan[i + n].stream == op.stream) {
-          const RsOp& f = plan[i + n];
-          batch[n++] = f.kind == RsOpKind::kWrite ? flag_write_op(f.dst, f.value)
-                                                  : flag_wait_op(f.dst, f.value);
+          batch[n] = flag_op(plan[i + n]);
+          ++n;
         }
         r = cu.cuStreamBatchMemOp(s, n, batch, 0);
         i += n - 1;

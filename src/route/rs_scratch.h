@@ -7,11 +7,16 @@
 // Exported as a POSIX file descriptor kept in this process's fd service (fd_exchange.h); open to
 // every GPU of this process that can reach this one, so that peers in this process push into it
 // by address. A peer in another process imports it once, at the first routed reduce-scatter.
+// Either way a peer keeps it until its own scratch goes: its own mapping of the import, or a
+// reference to the allocation in this process — after an abort or a poison released its waits,
+// or in a graph that outlives this rank's communicator, a peer's queued pushes may still land in
+// it after its owner let it go.
 // Bounded (ZEROCTA_RS_SCRATCH), counted in the stats' pool_bytes, never grown: an op larger
 // than its slices goes in several.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "cuda_driver.h"
 #include "direct_plan.h"
@@ -23,7 +28,7 @@ namespace zc {
 class RsScratch {
  public:
   RsScratch() = default;
-  ~RsScratch();  // unmaps the peers' and releases its own: with no copy still running into them
+  ~RsScratch();  // lets its own and the peers' go: with no copy of its own still running
   RsScratch(const RsScratch&) = delete;
   RsScratch& operator=(const RsScratch&) = delete;
 
@@ -40,10 +45,11 @@ class RsScratch {
   uint64_t peer_addr(int peer) const { return peer_addr_[peer]; }
 
  private:
-  MappedAllocation own_;
+  std::shared_ptr<MappedAllocation> own_;
   ScratchFacts facts_;
   uint64_t peer_addr_[kMaxRanks] = {};
   MappedAllocation imported_[kMaxRanks];
+  std::shared_ptr<MappedAllocation> local_peer_[kMaxRanks];  // peers' in this process
 };
 
 }  // namespace zc

@@ -30,8 +30,8 @@
 //
 // Routes: with ZCTEST_RS_SOAK_EXPECT_CE=1 (the default when the shim is preloaded with
 // ZEROCTA_REDUCESCATTER=zerocta) every eager reduce-scatter must have taken the copy-engine
-// route (the shim's counters, zerocta_get_stats, advance by one per op). A captured one goes to
-// NCCL on every rank for now: only its result and that it finishes are required.
+// route (the shim's counters, zerocta_get_stats, advance by one per op), a captured one too (by
+// one per captured call: its replays are the graph's).
 //
 // Hangs fail: a stream not done within ZCTEST_OP_TIMEOUT_S (60) fails the rank, an iteration
 // not done within ZCTEST_RS_SOAK_WATCHDOG_S (120; host calls that block included) ends it,
@@ -215,7 +215,7 @@ struct RsSoakResult {
   uint64_t ops, eager_ops, replayed_ops, captured_calls, in_place_ops, cumem_ops, moves;
   uint64_t failed_ops;
   uint64_t differ_from_nccl, beyond_bound, nccl_beyond_bound, input_changed, poison_changed;
-  uint64_t not_routed;  // eager ops the shim did not count on the copy-engine route
+  uint64_t not_routed;  // ops (eager, or captured calls) the shim did not count on the route
   uint64_t route_calls[zerocta_route_count];  // the shim's reduce-scatter counters
   int shim_loaded;
   TypeSummary types[kTypes];
@@ -657,6 +657,17 @@ class RsSoak {
     return stats.counters[zerocta_op_reducescatter][route].calls;
   }
 
+  // With ZCTEST_RS_SOAK_EXPECT_CE, every op of `plan` issued since the route's counter read
+  // `ce_before` was counted on it.
+  void expect_routed(const IterPlan& plan, uint64_t ce_before, const std::string& what) {
+    const uint64_t routed = shim_calls(zerocta_route_ce) - ce_before;
+    if (!cfg_.expect_ce || routed == plan.ops.size()) return;
+    not_routed_ += plan.ops.size() - std::min<uint64_t>(routed, plan.ops.size());
+    report_limited("NOT ROUTED " + what + ": " + std::to_string(routed) + " of " +
+                   std::to_string(plan.ops.size()) +
+                   " reduce-scatters counted on the copy-engine route");
+  }
+
   void run_eager(long it, const IterPlan& plan) {
     const std::string what = describe(it, plan, 0, -1);
     std::vector<uint64_t> seeds;
@@ -666,13 +677,7 @@ class RsSoak {
     }
     const uint64_t ce_before = shim_calls(zerocta_route_ce);
     issue(plan, true, what);
-    const uint64_t routed = shim_calls(zerocta_route_ce) - ce_before;
-    if (cfg_.expect_ce && routed != plan.ops.size()) {
-      not_routed_ += plan.ops.size() - std::min<uint64_t>(routed, plan.ops.size());
-      report_limited("NOT ROUTED " + what + ": " + std::to_string(routed) + " of " +
-                     std::to_string(plan.ops.size()) +
-                     " reduce-scatters counted on the copy-engine route");
-    }
+    expect_routed(plan, ce_before, what);
     issue_reference(plan, what);
     wait_all(plan, what);
     eager_ops_ += plan.ops.size();
@@ -686,6 +691,7 @@ class RsSoak {
     ZG_CUDA(cudaDeviceSynchronize());
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
+    const uint64_t ce_before = shim_calls(zerocta_route_ce);
     ZG_CUDA(cudaStreamBeginCapture(s, plan.capture_mode));
     try {
       issue(plan, false, what + " (capture)");
@@ -695,6 +701,7 @@ class RsSoak {
       throw;
     }
     ZG_CUDA(cudaStreamEndCapture(s, &graph));
+    expect_routed(plan, ce_before, what + " (capture)");
     ZG_CUDA(cudaGraphInstantiate(&exec, graph, 0));
     captured_calls_ += plan.ops.size();
     for (int replay = 0; replay < kReplays; ++replay) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The copy-engine reduce-scatter end to end on one GPU (tests/gpu/rs_one_gpu_test.cc): 2 and 3
 # ranks in processes of their own, the fake NCCL for their meeting, a library built with
-# -DZEROCTA_SHARED_GPU_TEST=ON. Logs under OUT; each rank's host time per routed op (the
+# -DZEROCTA_SHARED_GPU_TEST=ON; every case kind eager, then captured into a CUDA graph and
+# replayed (and a graph of two ops). Logs under OUT; each rank's host time per routed op (the
 # library's exit report, ZEROCTA_STATS=1) in OUT/rs-one-gpu-host-times.txt.
 #
 #   tests/gpu/run_rs_one_gpu.sh SHARED_GPU_BUILD TEST_BINARY OUT

@@ -79,6 +79,11 @@ inline std::vector<std::string> shim_lines(const RunResult& r, const std::string
   return out;
 }
 
+inline bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return contains(l, needle); });
+}
+
 // Its WARN lines.
 inline std::vector<std::string> warns(const RunResult& r, const std::string& pid) {
   return shim_lines(r, pid, "WARN");

@@ -65,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"FreshBuffers", 2, {{"DRV_RS_FRESH", "1"}}},
         // Each op in a group of its own: issued at the group's end.
         Case{"Grouped", 2, {{"DRV_RS_GROUP", "1"}}},
-        // 20 MB a rank through 4 MiB slices: both scratch buffers reused within and across ops.
+        // 20 MB a rank through 2 MiB slices (the eager half of 8M, two slices of the peer):
+        // both scratch buffers reused within and across ops.
         Case{"ManySlices", 2, {{"DRV_RS_COUNT", "5000000"}, {"ZEROCTA_RS_SCRATCH", "8M"}}},
         // An odd count: chunks off every alignment, a short last slice.
         Case{"OddCount", 2, {{"DRV_RS_COUNT", "262147"}, {"ZEROCTA_RS_SCRATCH", "1M"}}},
@@ -86,6 +87,134 @@ INSTANTIATE_TEST_SUITE_P(
              2,
              {{"DRV_RS_OP", "premul"}, {"DRV_RS_SCALAR", "mixed"}, {"DRV_RS_GROUP", "1"}}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// Reduce-scatters captured into a CUDA graph on every rank (drv_route DRV_RS_CAPTURE), the graph
+// replayed three times with fresh inputs, then eager ops: every replay and every eager op right,
+// all of them on the route (a captured op counts once, at its call), NCCL never called.
+class CapturedReduceScatterRoute : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CapturedReduceScatterRoute, EveryReplayOfEveryRankIsRight) {
+  const Case& c = GetParam();
+  Scratch s, chan, rdv;
+  const Env env = with({{"DRV_RS_CAPTURE", "1"},
+                        {"DRV_RS_REPLAYS", "3"},
+                        {"DRV_RS_REPEAT", "2"},
+                        {"FAKE_CUDA_WAIT_MS", "3000"}},
+                       c.env);
+  const RunResult r =
+      run_route({"ranks", std::to_string(c.nranks), "basic"}, rs_env(chan, rdv, env), s);
+  long long captured = 1;
+  for (const auto& [name, value] : c.env)
+    if (name == "DRV_RS_CAPTURE_OPS") captured = std::stoll(value);
+  expect_summed(r, chan, c.nranks, captured + 2);
+  for (int k = 0; k < c.nranks; ++k) {
+    EXPECT_EQ(rnum(r, k, "rs.capture_rc"), 0) << "rank " << k << "\n" << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.replay_ok"), 3) << "rank " << k << "\n" << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.async"), 0) << "rank " << k << "\n" << r.describe();
+  }
+  EXPECT_EQ(log_calls(r, "ncclReduceScatter").size(), 0u) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CapturedReduceScatterRoute,
+    ::testing::Values(
+        Case{"Sum", 2, {}},
+        Case{"Bf16AverageInPlace",
+             2,
+             {{"DRV_RS_TYPE", "bf16"}, {"DRV_RS_OP", "avg"}, {"DRV_RS_IN_PLACE", "1"}}},
+        // 1.2 MB a rank through slices of about 256 KiB: both buffers of the captured half
+        // passed back and forth within every replay.
+        Case{"ManySlices", 2, {{"DRV_RS_COUNT", "300001"}, {"ZEROCTA_RS_SCRATCH", "2M"}}},
+        // Two ops in one graph: the second's buffers are free once the first ended.
+        Case{"TwoOpsInOneGraph",
+             2,
+             {{"DRV_RS_CAPTURE_OPS", "2"},
+              {"ZEROCTA_RS_SCRATCH", "2M"},
+              {"DRV_RS_COUNT", "200003"}}},
+        Case{"ThreeRanks", 3, {{"DRV_RS_CAPTURE_OPS", "2"}}},
+        // Three pre-multiplied sums in one group in the capture: issued at the group's end,
+        // their reductions destroyed before it.
+        Case{"GroupedPreMulSums",
+             2,
+             {{"DRV_RS_CAPTURE_OPS", "3"},
+              {"DRV_RS_CAPTURE_GROUP", "1"},
+              {"DRV_RS_OP", "premul"},
+              {"DRV_RS_SCALAR", "mixed"}}},
+        Case{"FourRanksPreMulSumMixedScalars",
+             4,
+             {{"DRV_RS_OP", "premul"}, {"DRV_RS_SCALAR", "mixed"}, {"DRV_RS_IN_PLACE", "1"}}},
+        Case{"PreMulSumDeviceScalarsManySlices",
+             2,
+             {{"DRV_RS_OP", "premul"},
+              {"DRV_RS_SCALAR", "device"},
+              {"DRV_RS_COUNT", "300001"},
+              {"ZEROCTA_RS_SCRATCH", "2M"}}}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// Rank 0 captures a reduce-scatter and destroys the graph without launching it, then captures
+// it again; rank 1 captures once. Rank 1's op can never pair: its replays are released (no
+// hang) and, its replay having started on an orphaned op, it poisons the communicator; rank 0
+// finds the poison. An error on both, never a wrong result reported as right.
+TEST(CapturedReduceScatterRouteWith, ACaptureDiscardedOnOneRankIsAnErrorOnEveryRankNeverAHang) {
+  Scratch s, chan, rdv;
+  const RunResult r = run_route(
+      {"ranks", "2", "basic", "r0:DRV_RS_CAPTURE_DISCARD=1", "r0:DRV_SLEEP_BEFORE_REPLAY_MS=400"},
+      rs_env(chan, rdv,
+             {{"DRV_RS_CAPTURE", "1"}, {"DRV_RS_REPLAYS", "1"}, {"FAKE_CUDA_WAIT_MS", "3000"}}),
+      s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_TRUE(rnum(r, k, "rs.rc") != 0 || rnum(r, k, "rs.async") != 0) << r.describe();
+    EXPECT_EQ(rnum(r, k, "rs.data_ok"), 0) << r.describe();
+  }
+  EXPECT_EQ(rnum(r, 0, "rs.discard_rc"), 0);
+  // Whichever host saw it first says why: rank 1 finding its replay started on an orphaned op,
+  // or rank 0 destroying its graph after rank 1's replay started.
+  EXPECT_TRUE(any_contains(warns(r, pid_of(r, 0)), "destroyed without ever being replayed") ||
+              any_contains(warns(r, pid_of(r, 1)), "destroyed without ever being replayed"))
+      << r.describe();
+}
+
+// One rank captures where the other runs the op eagerly: the posts' modes differ, an error on
+// both ranks, never a hang.
+TEST(CapturedReduceScatterRouteWith, OneRankCapturingWhereTheOtherRunsEagerlyBothFail) {
+  Scratch s, chan, rdv;
+  const RunResult r =
+      run_route({"ranks", "2", "basic", "r1:DRV_RS_CAPTURE=1", "r1:DRV_RS_REPLAYS=1"},
+                rs_env(chan, rdv, {{"FAKE_CUDA_WAIT_MS", "3000"}}), s);
+  expect_clean_pair(r, chan);
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_TRUE(rnum(r, k, "rs.rc") != 0 || rnum(r, k, "rs.async") != 0) << r.describe();
+  }
+  EXPECT_TRUE(contains(r.err, "captured a collective")) << r.describe();
+}
+
+// Every rank in one process, the peers' scratch reached by address: a rank keeps each peer's
+// scratch until its own goes, so destroying rank 1 first leaves its scratch mapped (rank 0's
+// queued or released pushes may still land there), and destroying rank 0 too frees both. (The
+// fake runs a stream's operations when they are issued, so with one thread issuing both ranks'
+// ops rank 0's sums cannot wait for rank 1's pushes: the sums are not checked here; the GPU's
+// run_rs_one_gpu.sh and the CPU tests above check them.)
+TEST(ReduceScatterRouteWith, ARankKeepsItsPeersScratchInItsProcessUntilItsOwnGoes) {
+  Scratch s, chan, rdv;
+  const RunResult r =
+      run_route({"grouped-init"},
+                with(route_env(chan, rdv, unique_id_text()), {{"ZEROCTA_ALLGATHER", "nccl"},
+                                                              {"ZEROCTA_REDUCESCATTER", "zerocta"},
+                                                              {"DRV_GROUPED_RS", "1"},
+                                                              {"FAKE_CUDA_WAIT_MS", "0"}}),
+                s);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(r.num("rs.rc"), 0) << r.describe();
+  EXPECT_EQ(r.num("rs.rs_ce"), 2) << r.describe();
+  const long long before = r.num("rs.live_reserve0");
+  EXPECT_EQ(r.num("rs.live_reserve1"), before) << "rank 1's scratch went before rank 0's\n"
+                                               << r.describe();
+  EXPECT_LE(r.num("rs.live_reserve2"), before - 2) << "both scratches still mapped\n"
+                                                   << r.describe();
+}
 
 // The push issuer's CUDA context of its own (GPU memory, docs/PERFORMANCE.md) serves the
 // all-gather's deferred pushes: a process that routes reduce-scatters alone never makes it.

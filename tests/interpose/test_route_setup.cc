@@ -45,11 +45,6 @@ std::vector<std::string> decisions(const RunResult& r, const std::string& pid) {
   return out;
 }
 
-bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
-  return std::any_of(lines.begin(), lines.end(),
-                     [&](const std::string& l) { return contains(l, needle); });
-}
-
 // Fake CUDA lines of one process for one entry point that succeeded.
 // Integer count of the fake CUDA's lines for `fn` of process `pid` that succeeded and hold
 // `needle` (an argument's value).

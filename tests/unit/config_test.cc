@@ -256,7 +256,7 @@ TEST(TableTest, DocumentedDefaultsMatchTheRequirements) {
       {"ZEROCTA_MIN_BYTES", "64M"},
       {"ZEROCTA_AUTO_MAX_RANKS", "4"},
       {"ZEROCTA_REDUCESCATTER", "nccl"},
-      {"ZEROCTA_RS_SCRATCH", "64M"},
+      {"ZEROCTA_RS_SCRATCH", "128M"},
       {"ZEROCTA_RS_CTAS", "32"},
       {"ZEROCTA_STATS", ""},
       {"ZEROCTA_NVTX", "1"},
@@ -766,7 +766,7 @@ TEST(Fingerprint, IsStableAcrossBuilds) {
   EXPECT_EQ(config_fingerprint(Config{}),
             fnv1a("zerocta-config-v3 enable=1 cta_policy=zero allgather=nccl "
                   "min_bytes=67108864 auto_max_ranks=4 reducescatter=nccl "
-                  "rs_scratch_bytes=67108864"));
+                  "rs_scratch_bytes=134217728"));
   Config c = parse_env({{"ZEROCTA_ENABLE", "0"},
                         {"ZEROCTA_CTA_POLICY", "keep"},
                         {"ZEROCTA_ALLGATHER", "auto"},

@@ -350,37 +350,6 @@ ncclResult_t fail(CommState& st, ncclResult_t code, const char* what, const char
   return routed_op_fail(st, kName, code, what, why);
 }
 
-// The captured ops' streams and events, made at the first (in relaxed mode).
-bool capture_streams(const CudaDriver& cu, CeComm* ce) {
-  for (int k = 1; k < kDirectStreams; ++k)
-    if (!ce->capture_streams[k] &&
-        cu.cuStreamCreate(&ce->capture_streams[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-      return false;
-  for (int e = 0; e < kDirectEvents; ++e)
-    if (!ce->capture_events[e] &&
-        cu.cuEventCreate(&ce->capture_events[e], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-      return false;
-  return true;
-}
-
-// A flag block claimed for a captured op goes back unless the op's graph keeps it (its hold).
-class BlockClaim {
- public:
-  BlockClaim(CaptureBlocks& blocks, uint32_t me, CaptureRef ref)
-      : blocks_(blocks), me_(me), ref_(ref) {}
-  ~BlockClaim() {
-    if (ref_.valid()) blocks_.drop(me_, ref_);
-  }
-  void handed_over() { ref_ = CaptureRef{}; }
-  BlockClaim(const BlockClaim&) = delete;
-  BlockClaim& operator=(const BlockClaim&) = delete;
-
- private:
-  CaptureBlocks& blocks_;
-  uint32_t me_;
-  CaptureRef ref_;
-};
-
 }  // namespace
 
 struct RoutedAllGather::State {
@@ -585,7 +554,7 @@ ncclResult_t RoutedAllGather::State::issue() {
     // NCCL's would, and goes as a graph never replayed (its blocks orphaned for a peer that
     // captured it) — no poison: a framework falls back to eager after a failed capture.
     if (!(graph = capturing_graph(stream))) return ncclUnhandledCudaError;
-    if (!capture_streams(*cu, ce))
+    if (!make_capture_streams(*cu, ce))
       return fail(st, ncclUnhandledCudaError, "capturing", "cannot create the capture streams");
     streams = ce->capture_streams;
     events = ce->capture_events;

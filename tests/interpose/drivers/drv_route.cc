@@ -625,6 +625,15 @@ void all_gather(const std::string& tag, ncclComm_t c, int r, int n, bool grouped
 // rank checks its output against the sum it makes itself. Prints <tag>.rc (the first failure),
 // <tag>.data_ok, <tag>.wrong (elements wrong) and <tag>.async (ncclCommGetAsyncError after the
 // ops).
+// Captured reduce-scatters first, with DRV_RS_CAPTURE=1: DRV_RS_CAPTURE_OPS (default 1) ops,
+// each with buffers of its own (DRV_RS_CAPTURE_GROUP=1: in one group, their reductions destroyed
+// before the group ends), captured into one graph on the rank's stream (global mode), the
+// graph launched DRV_RS_REPLAYS times (default 3), fresh inputs (and a poisoned output) before
+// each launch, every op's output checked after it: <tag>.capture_rc (the first captured call's
+// error), <tag>.end_capture, <tag>.instantiate, <tag>.launch_rc, <tag>.replay_ok (replays whose
+// every output was right); then the eager ops as above. DRV_RS_CAPTURE_DISCARD=1 first captures
+// one such graph and destroys it unlaunched (<tag>.discard_rc). DRV_SLEEP_BEFORE_REPLAY_MS
+// sleeps before each launch. Wrong elements of the replays count in <tag>.wrong too.
 float rs_input(int rank, long op, size_t i) {
   return static_cast<float>((static_cast<size_t>(rank) * 5 + static_cast<size_t>(op) * 3 + i * 7) %
                             13);
@@ -659,29 +668,81 @@ ncclRedOp_t make_premul(ncclComm_t c, int r, bool bf16, uint8_t* device_scalar) 
   return op;
 }
 
-void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
-  const size_t count = static_cast<size_t>(env_long("DRV_RS_COUNT", 1000));
-  const bool bf16 = env_str("DRV_RS_TYPE", "float") == "bf16";
-  const bool avg = env_str("DRV_RS_OP", "sum") == "avg";
-  const bool premul = env_str("DRV_RS_OP", "sum") == "premul";
-  Buffer device_scalar(4, g_device, std::vector<int>{g_device});
-  const bool in_place = env_long("DRV_RS_IN_PLACE", 0) == 1;
-  const bool fresh_each = env_long("DRV_RS_FRESH", 0) == 1;
-  const bool grouped = env_long("DRV_RS_GROUP", 0) == 1;
-  const size_t elem = bf16 ? 2 : 4, chunk = count * elem, total = chunk * static_cast<size_t>(n);
-  auto store = [&](uint8_t* at, float v) {
+// One reduce-scatter's buffers and its settings (DRV_RS_*): fills its input for an op's number,
+// checks its output against the sum of every rank's input for that number.
+class RsOp {
+ public:
+  RsOp(int r, int n, int device = g_device)
+      : r_(r),
+        n_(n),
+        device_(device),
+        count_(static_cast<size_t>(env_long("DRV_RS_COUNT", 1000))),
+        bf16_(env_str("DRV_RS_TYPE", "float") == "bf16"),
+        avg_(env_str("DRV_RS_OP", "sum") == "avg"),
+        premul_(env_str("DRV_RS_OP", "sum") == "premul"),
+        in_place_(env_long("DRV_RS_IN_PLACE", 0) == 1),
+        elem_(bf16_ ? 2 : 4),
+        chunk_(count_ * elem_),
+        scalar_(4, device, std::vector<int>{device}) {}
+
+  // New buffers (the old ones freed first).
+  void renew() {
+    send_.reset();
+    recv_.reset();
+    send_ = std::make_unique<Buffer>(chunk_ * static_cast<size_t>(n_), device_,
+                                     std::vector<int>{device_});
+    if (!in_place_) recv_ = std::make_unique<Buffer>(chunk_, device_, std::vector<int>{device_});
+  }
+  bool has_buffers() const { return send_ != nullptr; }
+
+  void fill(long op) {
+    for (size_t i = 0; i < count_ * static_cast<size_t>(n_); ++i)
+      store(send_->data() + i * elem_, rs_input(r_, op, i));
+    if (!in_place_) memset(out(), 0xee, chunk_);
+  }
+
+  // The call, its reduction made before it and destroyed after it; *destroyed: the destroy's.
+  ncclResult_t issue(ncclComm_t c, CUstream stream, ncclResult_t* destroyed) {
+    const ncclRedOp_t redop = premul_ ? make_premul(c, r_, bf16_, scalar_.data())
+                              : avg_  ? ncclAvg
+                                      : ncclSum;
+    const ncclResult_t res =
+        ncclReduceScatter(send_->data(), out(), count_, bf16_ ? ncclBfloat16 : ncclFloat, redop, c,
+                          reinterpret_cast<cudaStream_t>(stream));
+    *destroyed = premul_ ? ncclRedOpDestroy(redop, c) : ncclSuccess;
+    return res;
+  }
+
+  long wrong(long op) const {
+    long wrong = 0;
+    for (size_t i = 0; i < count_; ++i) {
+      float want = 0;
+      for (int p = 0; p < n_; ++p)
+        want +=
+            rs_input(p, op, static_cast<size_t>(r_) * count_ + i) * (premul_ ? rs_scalar(p) : 1);
+      if (avg_) want *= 0.5f;
+      wrong += load(out() + i * elem_) != want;
+    }
+    return wrong;
+  }
+
+ private:
+  uint8_t* out() const {
+    return in_place_ ? send_->data() + static_cast<size_t>(r_) * chunk_ : recv_->data();
+  }
+  void store(uint8_t* at, float v) const {
     uint32_t bits;
     memcpy(&bits, &v, 4);
-    if (bf16) {
+    if (bf16_) {
       const uint16_t top = static_cast<uint16_t>(bits >> 16);  // exact: small integers
       memcpy(at, &top, 2);
     } else {
       memcpy(at, &bits, 4);
     }
-  };
-  auto load = [&](const uint8_t* at) {
+  }
+  float load(const uint8_t* at) const {
     uint32_t bits = 0;
-    if (bf16) {
+    if (bf16_) {
       uint16_t top;
       memcpy(&top, at, 2);
       bits = static_cast<uint32_t>(top) << 16;
@@ -691,30 +752,110 @@ void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
     float v;
     memcpy(&v, &bits, 4);
     return v;
-  };
-  std::unique_ptr<Buffer> send, recv;
+  }
+
+  int r_, n_, device_;
+  size_t count_;
+  bool bf16_, avg_, premul_, in_place_;
+  size_t elem_, chunk_;
+  Buffer scalar_;  // a device-resident scalar's home
+  std::unique_ptr<Buffer> send_, recv_;
+};
+
+// DRV_RS_CAPTURE_OPS reduce-scatters captured into one graph on `stream`; *rc: the first
+// failure of a captured call; null when the capture failed (*end says how).
+CUgraph capture_reduce_scatters(ncclComm_t c, CUstream stream,
+                                const std::vector<std::unique_ptr<RsOp>>& ops, ncclResult_t* rc,
+                                CUresult* end) {
+  CUgraph graph = nullptr;
+  *end = cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  if (*end != CUDA_SUCCESS) return nullptr;
+  const bool grouped = env_long("DRV_RS_CAPTURE_GROUP", 0) == 1;
+  if (grouped) ncclGroupStart();
+  for (const std::unique_ptr<RsOp>& op : ops) {
+    ncclResult_t destroyed;
+    const ncclResult_t res = op->issue(c, stream, &destroyed);
+    if (*rc == ncclSuccess) *rc = res != ncclSuccess ? res : destroyed;
+  }
+  if (grouped) {
+    const ncclResult_t group_end = ncclGroupEnd();
+    if (*rc == ncclSuccess) *rc = group_end;
+  }
+  *end = cuStreamEndCapture(stream, &graph);
+  return graph;
+}
+
+// DRV_RS_CAPTURE=1's graph, its exec and its ops' buffers: kept until the eager ops after it
+// have run (a graph's hold is what tells a host that its replay could never pair).
+struct CapturedRs {
+  std::vector<std::unique_ptr<RsOp>> ops;
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  ~CapturedRs() {
+    if (exec) cuGraphExecDestroy(exec);
+    if (graph) cuGraphDestroy(graph);
+  }
+};
+
+// DRV_RS_CAPTURE=1's part (see above); returns the wrong elements of its replays.
+long captured_reduce_scatters(const std::string& tag, ncclComm_t c, int r, int n, CUstream stream,
+                              CapturedRs* cap, ncclResult_t* rc) {
+  std::vector<std::unique_ptr<RsOp>>& ops = cap->ops;
+  for (long k = 0, m = env_long("DRV_RS_CAPTURE_OPS", 1); k < m; ++k) {
+    ops.push_back(std::make_unique<RsOp>(r, n));
+    ops.back()->renew();
+  }
+  CUresult end = CUDA_SUCCESS;
+  if (env_long("DRV_RS_CAPTURE_DISCARD", 0) == 1) {
+    ncclResult_t discard_rc = ncclSuccess;
+    if (CUgraph g = capture_reduce_scatters(c, stream, ops, &discard_rc, &end)) cuGraphDestroy(g);
+    out(tag + ".discard_rc", discard_rc);
+  }
+  ncclResult_t capture_rc = ncclSuccess;
+  cap->graph = capture_reduce_scatters(c, stream, ops, &capture_rc, &end);
+  out(tag + ".capture_rc", capture_rc);
+  out(tag + ".end_capture", end);
+  if (*rc == ncclSuccess) *rc = capture_rc;
+  out(tag + ".instantiate",
+      cap->graph ? cuGraphInstantiate(&cap->exec, cap->graph, 0) : CUDA_ERROR_INVALID_VALUE);
+  const long replays = env_long("DRV_RS_REPLAYS", 3);
+  const long sleep_ms = env_long("DRV_SLEEP_BEFORE_REPLAY_MS", 0);
+  const long m = static_cast<long>(ops.size());
+  CUresult launch_rc = CUDA_SUCCESS;
+  long wrong = 0, ok = 0;
+  for (long i = 0; i < replays && cap->exec; ++i) {
+    for (long k = 0; k < m; ++k) ops[static_cast<size_t>(k)]->fill(100 + i * m + k);
+    if (sleep_ms > 0) usleep(static_cast<useconds_t>(sleep_ms) * 1000);
+    const CUresult launched = cuGraphLaunch(cap->exec, stream);
+    cuStreamSynchronize(stream);
+    if (launch_rc == CUDA_SUCCESS) launch_rc = launched;
+    long wrong_here = 0;
+    for (long k = 0; k < m; ++k) wrong_here += ops[static_cast<size_t>(k)]->wrong(100 + i * m + k);
+    wrong += wrong_here;
+    ok += launched == CUDA_SUCCESS && wrong_here == 0;
+  }
+  out(tag + ".launch_rc", launch_rc);
+  out(tag + ".replay_ok", ok);
+  return wrong + (cap->exec ? 0 : 1);
+}
+
+void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
+  const bool fresh_each = env_long("DRV_RS_FRESH", 0) == 1;
+  const bool grouped = env_long("DRV_RS_GROUP", 0) == 1;
   CUstream stream = nullptr;
   cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
   ncclResult_t rc = ncclSuccess;
   long wrong = 0;
+  CapturedRs captured;
+  if (env_long("DRV_RS_CAPTURE", 0) == 1)
+    wrong += captured_reduce_scatters(tag, c, r, n, stream, &captured, &rc);
+  RsOp rs(r, n);
   for (long op = 0, repeat = env_long("DRV_RS_REPEAT", 3); op < repeat; ++op) {
-    if (!send || fresh_each) {
-      send.reset();
-      recv.reset();
-      send = std::make_unique<Buffer>(total, g_device, std::vector<int>{g_device});
-      if (!in_place) recv = std::make_unique<Buffer>(chunk, g_device, std::vector<int>{g_device});
-    }
-    for (size_t i = 0; i < count * static_cast<size_t>(n); ++i)
-      store(send->data() + i * elem, rs_input(r, op, i));
-    uint8_t* out = in_place ? send->data() + static_cast<size_t>(r) * chunk : recv->data();
-    if (!in_place) memset(out, 0xee, chunk);
+    if (!rs.has_buffers() || fresh_each) rs.renew();
+    rs.fill(op);
     if (grouped) ncclGroupStart();
-    const ncclRedOp_t redop = premul ? make_premul(c, r, bf16, device_scalar.data())
-                              : avg  ? ncclAvg
-                                     : ncclSum;
-    ncclResult_t res = ncclReduceScatter(send->data(), out, count, bf16 ? ncclBfloat16 : ncclFloat,
-                                         redop, c, reinterpret_cast<cudaStream_t>(stream));
-    const ncclResult_t destroyed = premul ? ncclRedOpDestroy(redop, c) : ncclSuccess;
+    ncclResult_t destroyed = ncclSuccess;
+    ncclResult_t res = rs.issue(c, stream, &destroyed);
     if (rc == ncclSuccess) rc = destroyed;
     if (grouped) {
       const ncclResult_t end = ncclGroupEnd();
@@ -722,13 +863,7 @@ void reduce_scatter(const std::string& tag, ncclComm_t c, int r, int n) {
     }
     if (stream) cuStreamSynchronize(stream);
     if (rc == ncclSuccess) rc = res;
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int p = 0; p < n; ++p)
-        want += rs_input(p, op, static_cast<size_t>(r) * count + i) * (premul ? rs_scalar(p) : 1);
-      if (avg) want *= 0.5f;
-      wrong += load(out + i * elem) != want;
-    }
+    wrong += rs.wrong(op);
   }
   if (stream) cuStreamDestroy(stream);
   ncclResult_t state = ncclSuccess;
@@ -1411,6 +1546,43 @@ int default_log() {
   return 0;
 }
 
+// DRV_GROUPED_RS=1 (every rank in this process): one reduce-scatter of each rank in a group
+// (rs.wrong: elements wrong), then the communicators destroyed one by one, highest rank first,
+// with the fake driver's live address reservations after each (rs.live_reserve<k>: after k
+// destroys), and after the buffers are freed (rs.live_reserve_end).
+int grouped_reduce_scatters(int first, int n, const std::vector<ncclComm_t>& c) {
+  std::vector<std::unique_ptr<RsOp>> ops;
+  long wrong = 0;
+  ncclResult_t rc = ncclSuccess;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const int r = first + static_cast<int>(i);
+    ops.push_back(std::make_unique<RsOp>(r, n, r));
+    ops.back()->renew();
+    ops.back()->fill(0);
+  }
+  ncclGroupStart();
+  for (size_t i = 0; i < c.size(); ++i) {
+    make_current(first + static_cast<int>(i));
+    ncclResult_t destroyed = ncclSuccess;
+    const ncclResult_t res = ops[i]->issue(c[i], nullptr, &destroyed);
+    if (rc == ncclSuccess) rc = res != ncclSuccess ? res : destroyed;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (rc == ncclSuccess) rc = end;
+  for (const std::unique_ptr<RsOp>& op : ops) wrong += op->wrong(0);
+  out("rs.rc", rc);
+  out("rs.wrong", wrong);
+  stats("rs");
+  out("rs.live_reserve0", fake_cuda_live("reserve"));
+  for (size_t k = c.size(); k-- > 0;) {
+    out("destroy", ncclCommDestroy(c[k]));
+    out("rs.live_reserve" + std::to_string(c.size() - k), fake_cuda_live("reserve"));
+  }
+  ops.clear();
+  out("rs.live_reserve_end", fake_cuda_live("reserve"));
+  return 0;
+}
+
 // One thread creates ranks `first` .. `first + local - 1` of a communicator of `n` ranks in one
 // group (the rest, if any, in other processes), then all-gathers on all of them in another group
 // (the multi-GPU-per-process pattern), or with DRV_AG_UNGROUPED=1 one by one, outside any group.
@@ -1480,6 +1652,7 @@ int grouped_ranks(int first, int local, int n) {
     stats("ag");
   }
   out("rounds.live_reserve", fake_cuda_live("reserve"));
+  if (env_long("DRV_GROUPED_RS", 0) == 1) return grouped_reduce_scatters(first, n, c);
   for (ncclComm_t x : c) out("destroy", ncclCommDestroy(x));
   report("end");
   cuda_live("end");
