@@ -14,12 +14,7 @@ CUstreamBatchMemOpParams mem_op(const DirectOp& op) {
   if (op.kind == DirectOpKind::kWaitGeq) return flag_wait_op(op.dst, op.value);
   if (op.kind == DirectOpKind::kWrite) return flag_write_op(op.dst, op.value);
   // kWaitSignal: a captured op's word (capture_blocks.h), signalled or released.
-  CUstreamBatchMemOpParams p{};
-  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-  p.waitValue.address = op.dst;
-  p.waitValue.value64 = kCaptureWaitMask;
-  p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
-  return p;
+  return word_wait_any_op(op.dst, kCaptureWaitMask);
 }
 
 // A copy, an event record or an event wait on `s`; `event` is the one the op names.
@@ -41,7 +36,6 @@ CUresult stream_op(const CudaDriver& cu, const DirectOp& op, CUstream s, CUevent
   }
 }
 
-
 }  // namespace
 
 CUstreamBatchMemOpParams flag_wait_op(uint64_t flag, uint32_t value) {
@@ -50,6 +44,15 @@ CUstreamBatchMemOpParams flag_wait_op(uint64_t flag, uint32_t value) {
   p.waitValue.address = flag;
   p.waitValue.value = value;
   p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return p;
+}
+
+CUstreamBatchMemOpParams word_wait_any_op(uint64_t word, uint64_t mask) {
+  CUstreamBatchMemOpParams p{};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  p.waitValue.address = word;
+  p.waitValue.value64 = mask;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
   return p;
 }
 

@@ -18,6 +18,9 @@ constexpr unsigned kMaxMemOps = 255;
 // op_exchange.h: local operations, which CUDA 13.1 drivers still allow).
 CUstreamBatchMemOpParams flag_wait_op(uint64_t flag, uint32_t value);
 CUstreamBatchMemOpParams flag_write_op(uint64_t flag, uint32_t value);
+// A wait until the 64-bit word at `word` has any bit of `mask` set: a captured op's word
+// (capture_blocks.h), its state in the low half or its release in the high one.
+CUstreamBatchMemOpParams word_wait_any_op(uint64_t word, uint64_t mask);
 // `n` copies on `s` in one cuMemcpyBatchAsync (the driver must have it) with the attributes NCCL's
 // copy-engine collectives use (stream order, prefer overlap with compute); one cuMemcpyAsync for
 // one copy.

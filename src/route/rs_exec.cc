@@ -14,12 +14,7 @@ CUstreamBatchMemOpParams flag_op(const RsOp& f) {
   if (f.kind == RsOpKind::kWrite) return flag_write_op(f.dst, f.value);
   if (f.kind == RsOpKind::kWaitGeq) return flag_wait_op(f.dst, f.value);
   // A token (capture_blocks.h): its state in the low half, or the release in the high one.
-  CUstreamBatchMemOpParams p{};
-  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-  p.waitValue.address = f.dst;
-  p.waitValue.value64 = CaptureBlocks::kReleaseBit | f.value;
-  p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
-  return p;
+  return word_wait_any_op(f.dst, CaptureBlocks::kReleaseBit | f.value);
 }
 
 CUresult launch_sum(const CudaDriver& cu, const RsOp& op, const RsSum& sum, CUstream s) {
