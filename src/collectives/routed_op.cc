@@ -97,6 +97,22 @@ bool make_capture_streams(const CudaDriver& cu, CeComm* ce) {
   return true;
 }
 
+std::unique_ptr<GraphHold> new_graph_hold(const CommState& st, uint64_t seq, BlockClaim& claim,
+                                          const char** why) {
+  if (!claim.ref().valid()) {
+    *why = cuda_driver()->capture_ok ? "every flag block is held by a live graph"
+                                     : "this CUDA driver cannot capture the route's operations";
+    return nullptr;
+  }
+  std::unique_ptr<GraphHold> hold(new GraphHold);
+  hold->life = st.ce->life;
+  hold->rank = static_cast<uint32_t>(st.rank);
+  hold->seq = seq;
+  hold->mine = claim.ref();
+  claim.handed_over();
+  return hold;
+}
+
 RelaxedCapture::RelaxedCapture(bool on) : on_(on) {
   if (on_) cuda_driver()->cuThreadExchangeStreamCaptureMode(&mode_);
 }

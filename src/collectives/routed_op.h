@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <memory>
 
 #include "comm_state.h"
 
@@ -65,6 +66,7 @@ class BlockClaim {
   ~BlockClaim() {
     if (ref_.valid()) blocks_.drop(me_, ref_);
   }
+  CaptureRef ref() const { return ref_; }
   void handed_over() { ref_ = CaptureRef{}; }
   BlockClaim(const BlockClaim&) = delete;
   BlockClaim& operator=(const BlockClaim&) = delete;
@@ -74,6 +76,12 @@ class BlockClaim {
   uint32_t me_;
   CaptureRef ref_;
 };
+
+// A captured op's hold on what its graph replays (captured_ops.h), taking over the block its
+// post claimed (`claim`); null with *why where the post has none (the driver cannot capture, or
+// every block is held by a live graph).
+std::unique_ptr<GraphHold> new_graph_hold(const CommState& st, uint64_t seq, BlockClaim& claim,
+                                          const char** why);
 
 // This rank is done with op `seq`'s posts, whatever happens after it arrived (where a job of
 // the push issuer reads them later, PostsRead waits for it too).

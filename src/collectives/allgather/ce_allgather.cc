@@ -474,20 +474,10 @@ bool RoutedAllGather::State::post_and_arrive(ncclResult_t* result) {
 // A captured op's hold on what its graph replays (captured_ops.h); false with *result when no
 // flag block could be had.
 bool RoutedAllGather::State::hold_for_graph(ncclResult_t* result) {
-  if (!mine.block.valid()) {
-    *result = fail(st, ncclSystemError, "capturing an all-gather",
-                   cuda_driver()->capture_ok
-                       ? "every flag block is held by a live graph"
-                       : "this CUDA driver cannot capture the route's operations");
-    return false;
-  }
-  hold.reset(new GraphHold);
-  hold->life = st.ce->life;
-  hold->rank = static_cast<uint32_t>(st.rank);
-  hold->seq = a.seq;
-  hold->mine = mine.block;
-  claim->handed_over();
-  return true;
+  const char* why = "";
+  hold = new_graph_hold(st, a.seq, *claim, &why);
+  if (!hold) *result = fail(st, ncclSystemError, "capturing an all-gather", why);
+  return hold != nullptr;
 }
 
 // Stages this rank's buffers where later peers cannot reach them, and settles its pairs with

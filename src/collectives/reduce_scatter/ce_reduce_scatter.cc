@@ -193,22 +193,15 @@ struct UnattachedHold {
 // through the communicator's CaptureLife, the scratch and its peers' mappings). The graph
 // orders it among the communicator's ops.
 ncclResult_t issue_captured(CommState& st, const RsCall& call, uint64_t chunk, const Arrival& a,
-                            const OpPost& mine, BlockClaim& claim) {
+                            BlockClaim& claim) {
   CeComm& ce = *st.ce;
   const CudaDriver& cu = *cuda_driver();
-  if (!mine.block.valid())
-    return routed_op_fail(st, kName, ncclSystemError, "capturing a reduce-scatter",
-                          cu.capture_ok ? "every flag block is held by a live graph"
-                                        : "this CUDA driver cannot capture the route's operations");
+  const char* why = "";
   UnattachedHold h;
-  h.hold.reset(new GraphHold);
-  h.hold->life = ce.life;
-  h.hold->rank = static_cast<uint32_t>(st.rank);
-  h.hold->seq = a.seq;
-  h.hold->mine = mine.block;
-  claim.handed_over();
+  h.hold = new_graph_hold(st, a.seq, claim, &why);
+  if (!h.hold) return routed_op_fail(st, kName, ncclSystemError, "capturing a reduce-scatter", why);
   build_view(st, call, chunk, true);
-  set_tokens(st, a, mine.block, *h.hold);
+  set_tokens(st, a, h.hold->mine, *h.hold);
   set_scalar(call.op, nccl_type_size(call.datatype), &ce.rs_view);
   ce.rs_plan.clear();
   build_reduce_scatter_plan(ce.rs_view, &ce.rs_plan);
@@ -225,7 +218,6 @@ ncclResult_t issue_captured(CommState& st, const RsCall& call, uint64_t chunk, c
       r != CUDA_SUCCESS)
     return routed_op_fail(st, kName, ncclUnhandledCudaError, "capturing its copies and sums",
                           cuda_error_string(r));
-  const char* why = "";
   if (!attach_to_graph(std::move(h.hold), graph, &why))
     return routed_op_fail(st, kName, ncclUnhandledCudaError, "capturing", why);
   return ncclSuccess;
@@ -278,7 +270,7 @@ ncclResult_t ce_reduce_scatter(CommState& st, const RsCall& call, bool capturing
   }
   const uint64_t chunk = call.recvcount * nccl_type_size(call.datatype);
   const ncclResult_t r =
-      capturing ? issue_captured(st, call, chunk, a, mine, claim) : issue_eager(st, call, chunk);
+      capturing ? issue_captured(st, call, chunk, a, claim) : issue_eager(st, call, chunk);
   if (r != ncclSuccess) return r;
   lap(&host.issue);
   stats_op_host_times(host);
